@@ -1,0 +1,24 @@
+r"""The synthetic spatial task (paper Sec. 5.2, Table 3): which way does the arrow point that
+the base of the Y points at? 12 px cells on a 9x9 (108 px), 14x14 (168 px) or 23x23 grid.
+
+The main job (a small ViT sized for a laptop CPU; ~5 minutes on 2 cores):
+  python train.py --config configs/arrows.py --workdir /tmp/arrows
+  python eval.py --config configs/arrows.py --workdir /tmp/arrows
+
+Arguments: pe (default liere8), variant ('' = the small model below; Ti, S, B, L), grid (9).
+"""
+from liere_jax import config_lib
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, pe='liere8', variant='', grid=9)
+  size = 12 * arg.grid
+  model = config_lib.model_config(pe=arg.pe, variant=arg.variant, patch=(12, 12),
+                                  input_size=(size, size), channels=3, num_classes=4,
+                                  width=128, depth=4, heads=4, mlp_dim=512)
+  if arg.variant:
+    model.width = model.depth = model.heads = model.mlp_dim = 0
+  data = config_lib.data_config(name='arrows', augment='none', grid=arg.grid, num_eval=2000)
+  return config_lib.base_config(model=model, data=data, batch_size=128, total_steps=400,
+                                lr=1e-3, warmup_steps=40, checkpoint_every=100, log_every=20,
+                                resolutions=(14 * 12,))

@@ -1,0 +1,5 @@
+"""Pytest setup: eight fake CPU devices (before JAX starts) and the repo on sys.path."""
+import os
+
+os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
