@@ -29,11 +29,19 @@ def _flops(fn, *args) -> float:
   return float(cost['flops'])
 
 
+def _count(tree) -> int:
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
+
+
+def param_counts(model_cfg) -> dict:
+  """{'params_total', 'params_pe'} without allocating the parameters."""
+  params = nnx.state(nnx.eval_shape(lambda: ViT(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
+  return dict(params_total=_count(params), params_pe=_count(params['pe']) if 'pe' in params else 0)
+
+
 def summarize(model_cfg) -> dict:
   model = nnx.eval_shape(lambda: ViT(model_cfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(model)
-  params = nnx.state(model, nnx.Param)
-  count = lambda tree: sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
   x = jax.ShapeDtypeStruct((1, *model_cfg.input_size, model_cfg.channels), jnp.float32)
 
   def forward(state, x, ctx=None):
@@ -46,8 +54,7 @@ def summarize(model_cfg) -> dict:
   flops_cached = _flops(forward, state, x, ctx) if ctx is not None else flops
   return dict(
       pe=model_cfg.pe.name,
-      params_total=count(params),
-      params_pe=count(params['pe']) if 'pe' in params else 0,
+      **param_counts(model_cfg),
       tokens=math.prod(model.train_grid) + model.num_prefix,
       gflops_per_image=flops / 1e9,
       gflops_per_image_cached_pe=flops_cached / 1e9,

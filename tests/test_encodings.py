@@ -1,0 +1,180 @@
+"""Position encodings and the ViT: invariances, equivalences, counts, shapes and errors."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from liere_jax import encodings
+from liere_jax.model import ViT
+from liere_jax.positions import grid_positions, with_prefix
+from liere_jax.summary import param_counts
+from tests.helpers import load_config, tiny_model, tiny_model_config
+
+ALL = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere2', 'liere8',
+       'liere16', 'liere6')
+RELATIVE = ('rope_axial', 'rope_mixed', 'alibi', 'liere2', 'liere8', 'liere6')
+
+
+def _logits(model, pos, q, k, layer=0):
+  """Attention logits [H, T, T] of fixed q, k [1, T, H, d] at positions pos [T, n]."""
+  ctx = model.pe.context(jnp.asarray(pos), 0)
+  q, k, bias = model.pe.attend(ctx, layer, q, k)
+  out = jnp.einsum('bqhd,bkhd->hqk', q, k)
+  return out if bias is None else out + bias
+
+
+@pytest.mark.parametrize('pe,n_dims,exact', [
+    ('liere8', 1, True), ('liere32', 1, True), ('rope_mixed', 2, True),
+    ('rope_axial', 2, True), ('rope_mixed', 3, True), ('alibi', 2, True),
+    ('liere8', 2, False)])
+def test_relative_position_invariance(pe, n_dims, exact):
+  """Shifting every position leaves the logits unchanged exactly where the math says so
+  (commuting generators); in 2D LieRE's generators do not commute, and it shows."""
+  model = tiny_model(pe=pe, n_dims=n_dims, width=64, heads=1)
+  rng = np.random.default_rng(0)
+  pos = rng.uniform(0, 3, (12, n_dims)).astype(np.float32)
+  if pe in ('rope_mixed', 'rope_axial', 'alibi'):
+    pos = np.round(pos * 3)
+  q = jnp.asarray(rng.normal(size=(1, 12, 1, 64)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(1, 12, 1, 64)), jnp.float32)
+  shift = np.asarray([1.5, -2.0, 0.5][:n_dims], np.float32)
+  a, b = _logits(model, pos, q, k), _logits(model, pos + shift, q, k)
+  diff = float(jnp.abs(a - b).max() / jnp.abs(a).max())
+  if exact:
+    assert diff < 2e-5, f'{pe} {n_dims}D: relative change {diff:.2e} under a shift'
+  else:
+    assert diff > 1e-3, f'{pe} {n_dims}D is unexpectedly shift invariant ({diff:.2e})'
+
+
+def test_liere2_equals_rope_mixed_with_mapped_parameters():
+  """LieRE with 2x2 blocks is RoPE-Mixed: generator = -frequency, same positions."""
+  kw = dict(n_dims=2, width=32, heads=2, depth=2)
+  rope = tiny_model(pe='rope_mixed', **kw)
+  liere = tiny_model(pe='liere2', positions='integer', seed=1, **kw)
+  n, depth, _ = rope.pe.freqs.shape
+  freqs = rope.pe.freqs[...].reshape(n, depth, 2, -1)  # [n, L, H, pairs]
+  liere.pe.generators[...] = -jnp.transpose(freqs, (1, 2, 0, 3))[..., None]
+  nnx.update(liere, nnx.state(rope, nnx.Not(nnx.PathContains('pe'))))
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+  (out_r, att_r), (out_l, att_l) = (m(x, return_attention=True) for m in (rope, liere))
+  for a, b in zip(att_r, att_l):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  np.testing.assert_allclose(out_r, out_l, atol=1e-5)
+
+
+@pytest.mark.parametrize('block,count', [(2, 9216), (4, 27648), (8, 64512), (16, 138240),
+                                         (32, 285696), (64, 580608)])
+def test_table10_pe_parameter_counts_vit_b(block, count):
+  cfg = load_config('configs/cifar100.py', f'pe=liere{block},variant=B')
+  counts = param_counts(cfg.model)
+  assert counts['params_pe'] == count
+  assert 85.1e6 < counts['params_total'] < 85.9e6  # "relative to the model size of 85.2M"
+
+
+@pytest.mark.parametrize('share,shape', [('none', (2, 2)), ('layers', (1, 2)),
+                                         ('heads', (2, 1)), ('all', (1, 1))])
+def test_sharing_modes(share, shape):
+  model = tiny_model(pe='liere8', share=share)
+  assert model.pe.generators.shape == shape + (2, 2, 28)
+  y = model(jnp.ones((1, 16, 16, 3)))
+  assert y.shape == (1, 5)
+
+
+@pytest.mark.parametrize('pe', ALL)
+@pytest.mark.parametrize('n_dims,sizes', [(1, (16, 28)), (2, (16, 24)), (3, (8, 12))])
+def test_shapes_1d_2d_3d_and_unseen_resolutions(pe, n_dims, sizes):
+  model = tiny_model(pe=pe, n_dims=n_dims, size=sizes[0], width=48, heads=2,
+                     pool='mean' if pe == 'liere6' else 'cls')
+  forward = nnx.jit(lambda model, x: model(x))
+  for size in sizes:
+    x = jnp.ones((2,) + (size,) * n_dims + (3,))
+    y = forward(model, x)
+    assert y.shape == (2, 5) and bool(jnp.all(jnp.isfinite(y))), (pe, size)
+
+
+@pytest.mark.parametrize('pe', ('none',) + RELATIVE)
+def test_shuffling_tokens_changes_relative_encodings_only(pe):
+  """Without positions a CLS-pooled ViT is permutation invariant; relative encodings are not."""
+  model = tiny_model(pe=pe)
+  model.head.kernel[...] = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+  patches = x.reshape(2, 4, 4, 4, 4, 3).transpose(0, 1, 3, 2, 4, 5).reshape(2, 16, 4, 4, 3)
+  perm = np.random.default_rng(0).permutation(16)
+  shuffled = patches[:, perm].reshape(2, 4, 4, 4, 4, 3).transpose(0, 1, 3, 2, 4, 5)
+  diff = float(jnp.abs(model(x) - model(shuffled.reshape(x.shape))).max())
+  if pe == 'none':
+    assert diff < 1e-5
+  else:
+    assert diff > 1e-4, f'{pe}: shuffling the patches did not change the output'
+
+
+@pytest.mark.parametrize('pe', RELATIVE[:2] + ('liere8',))
+def test_cls_token_is_not_rotated(pe):
+  model = tiny_model(pe=pe)
+  ctx = model.pe_context((4, 4))
+  rot = np.asarray(ctx)[..., 0, :, :, :]  # [..., blocks, b, b] of the CLS token
+  np.testing.assert_array_equal(rot, np.broadcast_to(np.eye(rot.shape[-1]), rot.shape))
+
+
+def test_default_position_modes_and_cached_context():
+  assert tiny_model(pe='liere8').pe.positions == 'normalized'
+  assert tiny_model(pe='rope_mixed').pe.positions == 'integer'
+  model = tiny_model(pe='liere8')
+  model.head.kernel[...] = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
+  x = jax.random.normal(jax.random.key(0), (2, 24, 24, 3))
+  ctx = model.pe_context((6, 6))
+  np.testing.assert_array_equal(model(x), model(x, ctx=ctx))
+  assert not np.allclose(model(x), model(x, positions='rescaled'))
+
+
+def test_positions_modes():
+  np.testing.assert_allclose(grid_positions((3,), (3,), 'normalized')[:, 0], [0, .5, 1])
+  np.testing.assert_allclose(grid_positions((5,), (3,), 'normalized')[:, 0], [0, .5, 1, 1.5, 2])
+  np.testing.assert_allclose(grid_positions((5,), (3,), 'rescaled')[:, 0], [0, .25, .5, .75, 1])
+  pos = grid_positions((2, 3), (2, 3), 'integer')
+  np.testing.assert_array_equal(pos[:4], [[0, 0], [0, 1], [0, 2], [1, 0]])  # row-major (r, c)
+  assert with_prefix(pos, 1).shape == (7, 2)
+
+
+def test_bf16_compute_keeps_float32_parameters_and_rotations():
+  cfg = tiny_model_config(pe='liere8')
+  cfg.dtype = 'bfloat16'
+  model = ViT(cfg, rngs=nnx.Rngs(0))
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  assert model.pe_context((4, 4)).dtype == jnp.float32
+  assert bool(jnp.all(jnp.isfinite(model(jnp.ones((1, 16, 16, 3))))))
+
+
+def test_abs_resize_keeps_the_training_grid_exact():
+  model = tiny_model(pe='abs')
+  x = jnp.zeros((1, 17, 32))
+  np.testing.assert_array_equal(model.pe.embed(x, (4, 4), 1)[0],
+                                model.pe.embedding[0])
+  assert model.pe.embed(jnp.zeros((1, 37, 32)), (6, 6), 1).shape == (1, 37, 32)
+
+
+@pytest.mark.parametrize('change,match', [
+    (dict(pe='rope'), r"model.pe.name='rope' is unknown.*liere<b>"),
+    (dict(pe='liere1'), r"block size 1 must be in \[2, head_dim=16\]"),
+    (dict(pe='liere32'), r"block size 32 must be in \[2, head_dim=16\].*liere16"),
+    (dict(share='layer'), r"model.pe.share='layer' is unknown"),
+    (dict(positions='sequential'), r"model.pe.positions='sequential' is unknown"),
+])
+def test_bad_configs_name_the_value_and_the_fix(change, match):
+  with pytest.raises(ValueError, match=match):
+    tiny_model(**change)
+
+
+def test_input_dimensionality_mismatch_raises_before_compiling():
+  model = tiny_model(pe='liere8')  # 2D model
+  lowered = []
+  fn = jax.jit(lambda x: (lowered.append(1), model(x))[1])
+  with pytest.raises(ValueError, match=r'expects \[batch, 2 spatial axes, 3 channels\]'):
+    fn(jnp.ones((1, 4, 16, 16, 3)))  # video into an image model
+  with pytest.raises(ValueError, match='not divisible by patch'):
+    model(jnp.ones((1, 18, 16, 3)))
+  with pytest.raises(ValueError, match=r'patch=\(4, 4\) has 2 axes.*input_size=\(8, 16, 16\)'):
+    cfg = tiny_model_config()
+    cfg.input_size = (8, 16, 16)
+    ViT(cfg, rngs=nnx.Rngs(0))
