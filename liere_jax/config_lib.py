@@ -34,6 +34,7 @@ def model_config(*, pe: str, variant, patch, input_size, channels, num_classes, 
   m.num_classes = num_classes
   m.pool = pool
   m.dropout = dropout
+  m.qkv_bias = True  # False matches the official LieRE layout (its to_qkv has no bias).
   m.dtype = 'float32'
   m.pe = ml_collections.ConfigDict()
   m.pe.name = pe

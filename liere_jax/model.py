@@ -9,7 +9,8 @@ Parameter tree (stable names; the PyTorch port maps them one to one):
   cls_token [1, 1, D]                          (pool='cls' only)
   pe/...                                       (see encodings.py)
   blocks/<i>/norm1/{scale, bias} [D]
-  blocks/<i>/attn/qkv/{kernel [D, 3D], bias [3D]}   output laid out (q|k|v, head, head_dim)
+  blocks/<i>/attn/qkv/{kernel [D, 3D], bias [3D]}   output laid out (q|k|v, head, head_dim);
+                                                    no bias with qkv_bias=False (official LieRE)
   blocks/<i>/attn/proj/{kernel [D, D], bias [D]}
   blocks/<i>/norm2/{scale, bias} [D]
   blocks/<i>/mlp/fc1/{kernel [D, M], bias [M]}, blocks/<i>/mlp/fc2/{kernel [M, D], bias [D]}
@@ -28,7 +29,7 @@ from liere_jax import encodings
 from liere_jax.positions import grid_positions, with_prefix
 
 VARIANTS = {'Ti': (192, 12, 3), 'S': (384, 12, 6), 'B': (768, 12, 12), 'L': (1024, 24, 16)}
-LN_EPS = 1e-6
+LN_EPS = 1e-5  # PyTorch's default, as in the official LieRE code.
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
@@ -65,10 +66,10 @@ def validate(cfg: ml_collections.ConfigDict):
 
 class Attention(nnx.Module):
 
-  def __init__(self, width, heads, *, dtype, rngs):
+  def __init__(self, width, heads, *, qkv_bias, dtype, rngs):
     self.heads = heads
     dense = dict(dtype=dtype, kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
-    self.qkv = nnx.Linear(width, 3 * width, **dense)
+    self.qkv = nnx.Linear(width, 3 * width, use_bias=qkv_bias, **dense)
     self.proj = nnx.Linear(width, width, **dense)
 
   def __call__(self, x, pe, ctx, layer):
@@ -97,10 +98,10 @@ class Mlp(nnx.Module):
 
 class Block(nnx.Module):
 
-  def __init__(self, width, heads, mlp_dim, *, dropout, dtype, rngs):
+  def __init__(self, width, heads, mlp_dim, *, qkv_bias, dropout, dtype, rngs):
     norm = dict(epsilon=LN_EPS, dtype=dtype, rngs=rngs)
     self.norm1 = nnx.LayerNorm(width, **norm)
-    self.attn = Attention(width, heads, dtype=dtype, rngs=rngs)
+    self.attn = Attention(width, heads, qkv_bias=qkv_bias, dtype=dtype, rngs=rngs)
     self.norm2 = nnx.LayerNorm(width, **norm)
     self.mlp = Mlp(width, mlp_dim, dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
@@ -134,7 +135,8 @@ class ViT(nnx.Module):
                               train_grid=self.train_grid, num_prefix=self.num_prefix, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
     self.blocks = nnx.List([
-        Block(width, heads, mlp_dim, dropout=cfg.dropout, dtype=dtype, rngs=rngs)
+        Block(width, heads, mlp_dim, qkv_bias=cfg.qkv_bias, dropout=cfg.dropout, dtype=dtype,
+              rngs=rngs)
         for _ in range(depth)])
     self.norm = nnx.LayerNorm(width, epsilon=LN_EPS, dtype=dtype, rngs=rngs)
     self.head = nnx.Linear(width, cfg.num_classes, dtype=dtype,

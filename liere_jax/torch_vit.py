@@ -1,0 +1,561 @@
+"""PyTorch port of the liere_jax ViT: one self-contained file (torch, numpy, safetensors only).
+
+Copy this file into a PyTorch code base to run a model trained with liere_jax:
+
+    from torch_vit import load_liere_safetensors
+    model = load_liere_safetensors('run.safetensors')   # reads run.json beside it
+    model.eval()
+    logits = model(images)                              # images: [B, C, H, W] float32
+
+Layout: inputs are channels-first, the PyTorch convention: [B, C, T] (1D), [B, C, H, W] (2D),
+[B, C, T, H, W] (3D). Any size divisible by the patch size works; positions follow the
+model's position mode (see `grid_positions`), the absolute embedding is resized exactly as
+jax.image.resize does (Keys cubic a=-0.5 in 2D, linear otherwise, antialiased when shrinking).
+
+The math is the JAX model's (liere_jax/model.py, encodings.py, rotations.py): pre-norm blocks,
+LayerNorm eps 1e-5, exact GELU, attention logits q.k / sqrt(d) in float32 plus an optional ALiBi
+bias, float32 softmax; the final LayerNorm runs on every token before CLS or mean pooling.
+Rotary encodings rotate q and k per head in blocks of b contiguous dims (x' = R x); dims past
+the last whole block stay as they are; CLS (position 0) gets the identity.
+LieRE: R(p) = expm(sum_a p_a A_a), A_a block-diagonal skew-symmetric from the strict upper
+triangles (np.triu_indices(b, 1) order); torch.linalg.matrix_exp in float32 for b > 2, the
+closed form [[cos t, sin t], [-sin t, cos t]] (t = A[0, 1]) for b = 2.
+
+Parameter names mirror the JAX tree ('blocks/0/attn/qkv/kernel' -> 'blocks.0.attn.qkv.weight',
+LayerNorm scale -> weight; Linear weights [out, in], the patch conv [D, C, *patch]); the
+position-encoding parameters keep their JAX names and shapes: pe.embedding [1, T, D] (abs),
+pe.freqs [n, depth, heads*d/2] (rope_mixed), pe.generators [L', H', n, d//b, b(b-1)/2]
+(liere<b>; L' = 1 / H' = 1 when shared over layers / heads).
+"""
+import json
+import math
+import os
+
+import numpy as np
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+LN_EPS = 1e-5
+VARIANTS = {'Ti': (192, 12, 3), 'S': (384, 12, 6), 'B': (768, 12, 12), 'L': (1024, 24, 16)}
+POSITION_MODES = ('normalized', 'integer', 'rescaled')
+SHARE = ('none', 'layers', 'heads', 'all')
+PE_NAMES = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere<b>')
+
+
+class WeightsMismatchError(ValueError):
+  """A weights file does not fit the model: a missing, unexpected or wrongly shaped tensor."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Positions, tables and resizing (numpy; exactly liere_jax/positions.py and encodings.py).
+
+
+def grid_positions(grid, train_grid, mode):
+  """Patch positions [prod(grid), n] float32, row-major, in the input's axis order.
+
+  normalized: i / (n_train - 1) (the training grid spans [0, 1], larger grids extend it);
+  integer: i; rescaled: i / (n - 1) on the current grid.
+  """
+  if mode not in POSITION_MODES:
+    raise ValueError(f'positions={mode!r} is unknown; use one of {POSITION_MODES}.')
+  if len(grid) != len(train_grid):
+    raise ValueError(f'The input has a {len(grid)}D patch grid {tuple(grid)} but the model was '
+                     f'built for {len(train_grid)}D grids {tuple(train_grid)}.')
+  axes = []
+  for n, n_train in zip(grid, train_grid):
+    i = np.arange(n, dtype=np.float64)
+    if mode == 'normalized':
+      i = i / max(n_train - 1, 1)
+    elif mode == 'rescaled':
+      i = i / max(n - 1, 1)
+    axes.append(i)
+  mesh = np.meshgrid(*axes, indexing='ij')
+  return np.stack([m.reshape(-1) for m in mesh], axis=-1).astype(np.float32)
+
+
+def sincos_table(pos, dim, temperature=10000.):
+  """Fixed sin-cos features [T, dim]: dim split evenly over the n axes (unused dims zero)."""
+  n = pos.shape[-1]
+  k = dim // (2 * n)
+  omega = 1. / temperature ** (np.arange(k) / max(k, 1))
+  angles = pos[:, :, None] * omega
+  feats = np.concatenate([np.sin(angles), np.cos(angles)], axis=-1).reshape(len(pos), -1)
+  return np.pad(feats, ((0, 0), (0, dim - feats.shape[-1]))).astype(np.float32)
+
+
+def _keys_cubic(x):  # Keys (1981) cubic kernel, a = -0.5 (jax.image 'cubic').
+  out = ((1.5 * x - 2.5) * x) * x + 1.
+  out = np.where(x >= 1., ((-0.5 * x + 2.5) * x - 4.) * x + 2., out)
+  return np.where(x >= 2., 0., out)
+
+
+def _triangle(x):
+  return np.maximum(0., 1. - np.abs(x))
+
+
+def resize_weights(in_size, out_size, method):
+  """[in_size, out_size] resampling matrix of jax.image.resize(..., method, antialias=True):
+  half-pixel centres, the kernel widened by in/out when shrinking, weights normalised to 1."""
+  kernel = {'cubic': _keys_cubic, 'linear': _triangle}[method]
+  inv_scale = in_size / out_size
+  kernel_scale = max(inv_scale, 1.)
+  sample = (np.arange(out_size, dtype=np.float64) + 0.5) * inv_scale - 0.5
+  w = kernel(np.abs(sample[None, :] - np.arange(in_size, dtype=np.float64)[:, None])
+             / kernel_scale)
+  total = w.sum(axis=0, keepdims=True)
+  w = np.where(np.abs(total) > 1000. * float(np.finfo(np.float32).eps),
+               w / np.where(total != 0, total, 1), 0.)
+  inside = (sample >= -0.5) & (sample <= in_size - 0.5)
+  return np.where(inside[None, :], w, 0.).astype(np.float32)
+
+
+def resize_grid(x, grid, method):
+  """x: [*old_grid, D] -> [*grid, D], axis by axis (axes of equal size are left alone)."""
+  for axis, n in enumerate(grid):
+    if x.shape[axis] != n:
+      w = torch.as_tensor(resize_weights(x.shape[axis], n, method), device=x.device)
+      x = torch.movedim(torch.tensordot(x, w.to(x.dtype), dims=([axis], [0])), -1, axis)
+  return x
+
+
+# ----------------------------------------------------------------------------------------------
+# Rotations.
+
+
+def skew(params, block):
+  """[..., b(b-1)/2] strict-upper-triangle entries -> [..., b, b] skew-symmetric U - U^T."""
+  rows, cols = np.triu_indices(block, k=1)
+  u = params.new_zeros(params.shape[:-1] + (block, block))
+  u[..., torch.as_tensor(rows), torch.as_tensor(cols)] = params
+  return u - u.transpose(-1, -2)
+
+
+def expm_rotations(a):
+  """exp(a) for skew-symmetric a [..., b, b], float32; closed form for b = 2."""
+  a = a.float()
+  if a.shape[-1] == 2:
+    t = a[..., 0, 1]
+    c, s = torch.cos(t), torch.sin(t)
+    return torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)
+  return torch.linalg.matrix_exp(a)
+
+
+def angle_rotations(angles):
+  """[..., k] angles -> [..., k, 2, 2] rotations [[cos, -sin], [sin, cos]]."""
+  c, s = torch.cos(angles), torch.sin(angles)
+  return torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)
+
+
+def liere_rotations(generators, pos, block):
+  """generators [L, H, n, k, b(b-1)/2], positions [T, n] -> rotations [L, H, T, k, b, b]."""
+  g = generators.float()
+  coeffs = sum(pos[:, a].reshape(1, 1, -1, 1, 1) * g[:, :, a, None]
+               for a in range(pos.shape[-1]))
+  return expm_rotations(skew(coeffs, block))
+
+
+def rotate(x, rot):
+  """x [B, T, H, d] rotated by rot [H or 1, T, k, b, b] (x' = R x on the first k*b dims)."""
+  k, b = rot.shape[-3], rot.shape[-1]
+  rot = rot.transpose(0, 1)  # [T, H or 1, k, b, b], broadcast over heads.
+  xr = x[..., :k * b].float().reshape(*x.shape[:-1], k, b)
+  if b == 2:
+    out = torch.stack([rot[..., 0, 0] * xr[..., 0] + rot[..., 0, 1] * xr[..., 1],
+                       rot[..., 1, 0] * xr[..., 0] + rot[..., 1, 1] * xr[..., 1]], -1)
+  else:
+    out = torch.matmul(rot, xr.unsqueeze(-1)).squeeze(-1)
+  out = out.reshape(*x.shape[:-1], k * b).to(x.dtype)
+  return torch.cat([out, x[..., k * b:]], dim=-1) if k * b < x.shape[-1] else out
+
+
+# ----------------------------------------------------------------------------------------------
+# Position encodings: embed (absolute), context (once per forward pass), attend (per layer).
+
+
+class Encoding(nn.Module):
+  default_positions = 'integer'
+
+  def embed(self, x, grid, num_prefix):
+    return x
+
+  def context(self, pos, num_prefix):
+    return None
+
+  def attend(self, ctx, layer, q, k):
+    return q, k, None
+
+
+class NoPE(Encoding):
+  pass
+
+
+class Absolute(Encoding):
+  """Learned embedding [1, T_train, D] (CLS slot first); resized to other grids like
+  jax.image.resize ('cubic' in 2D, 'linear' otherwise)."""
+
+  def __init__(self, dim, train_grid, num_prefix):
+    super().__init__()
+    self.train_grid = tuple(train_grid)
+    self.embedding = nn.Parameter(0.02 * torch.randn(1, num_prefix + math.prod(train_grid), dim))
+
+  def embed(self, x, grid, num_prefix):
+    emb = self.embedding
+    if tuple(grid) != self.train_grid:
+      prefix, patches = emb[:, :num_prefix], emb[0, num_prefix:]
+      patches = patches.reshape(self.train_grid + (-1,))
+      patches = resize_grid(patches, grid, 'cubic' if len(grid) == 2 else 'linear')
+      emb = torch.cat([prefix, patches.reshape(1, -1, emb.shape[-1])], dim=1)
+    return x + emb.to(x.dtype)
+
+
+class SinCos(Encoding):
+  """Fixed sin-cos table on integer positions; CLS gets zeros."""
+
+  def __init__(self, dim):
+    super().__init__()
+    self.dim = dim
+
+  def embed(self, x, grid, num_prefix):
+    table = sincos_table(grid_positions(grid, grid, 'integer'), self.dim)
+    table = np.concatenate([np.zeros((num_prefix, self.dim), np.float32), table])
+    return x + torch.as_tensor(table, device=x.device).to(x.dtype)
+
+
+class RopeAxial(Encoding):
+  """Fixed frequencies 1/100^(2nj/d); pairs of axis a follow those of axis a-1."""
+
+  def __init__(self, head_dim, n_dims, theta=100.):
+    super().__init__()
+    per_axis = head_dim // (2 * n_dims)
+    freqs = 1. / theta ** (np.arange(per_axis) * 2 * n_dims / head_dim)
+    self.register_buffer('freqs', torch.tensor(freqs, dtype=torch.float32), persistent=False)
+
+  def context(self, pos, num_prefix):
+    angles = (pos[:, :, None] * self.freqs).reshape(pos.shape[0], -1)
+    return angle_rotations(angles)[None]  # [1, T, pairs, 2, 2]
+
+  def attend(self, ctx, layer, q, k):
+    return rotate(q, ctx), rotate(k, ctx), None
+
+
+def _random_frame(n):
+  if n == 1:
+    return torch.ones(1, 1)
+  if n == 2:
+    phi = float(torch.rand(()) * 2 * math.pi)
+    return torch.tensor([[math.cos(phi), math.sin(phi)], [-math.sin(phi), math.cos(phi)]])
+  q, r = torch.linalg.qr(torch.randn(n, n))
+  return q * torch.sign(torch.diagonal(r))
+
+
+class RopeMixed(Encoding):
+  """Learned frequencies freqs [n, depth, heads * d/2]; angle = sum_a freqs[a] * p_a."""
+
+  def __init__(self, depth, heads, head_dim, n_dims, theta=10.):
+    super().__init__()
+    pairs = head_dim // 2
+    per_dir = -(-pairs // n_dims)
+    mag = 1. / theta ** (np.arange(0, head_dim, 2 * n_dims)[:per_dir] / head_dim)
+    frames = torch.stack([_random_frame(n_dims) for _ in range(depth * heads)])
+    freqs = torch.einsum('mca,j->amcj', frames, torch.tensor(mag, dtype=torch.float32))
+    freqs = freqs.reshape(n_dims, depth * heads, -1)[..., :pairs]
+    self.freqs = nn.Parameter(freqs.reshape(n_dims, depth, heads * pairs).contiguous())
+    self.heads = heads
+
+  def context(self, pos, num_prefix):
+    n, depth, _ = self.freqs.shape
+    freqs = self.freqs.float().reshape(n, depth, self.heads, 1, -1)  # [n, L, H, 1, pairs]
+    angles = sum(pos[:, a].reshape(1, 1, -1, 1) * freqs[a] for a in range(n))
+    return angle_rotations(angles)  # [L, H, T, pairs, 2, 2]
+
+  def attend(self, ctx, layer, q, k):
+    return rotate(q, ctx[layer]), rotate(k, ctx[layer]), None
+
+
+class ALiBi(Encoding):
+  """Logit bias -m_h * ||p_q - p_k||, slopes 2^(-8(h+1)/H); CLS has zero bias both ways."""
+
+  def __init__(self, heads):
+    super().__init__()
+    slopes = 2. ** (-8. * np.arange(1, heads + 1) / heads)
+    self.register_buffer('slopes', torch.tensor(slopes, dtype=torch.float32), persistent=False)
+
+  def context(self, pos, num_prefix):
+    dist = torch.sqrt(torch.sum(torch.square(pos[:, None] - pos[None]), -1))
+    is_patch = torch.arange(pos.shape[0], device=pos.device) >= num_prefix
+    dist = dist * (is_patch[:, None] & is_patch[None])
+    return -self.slopes[:, None, None] * dist  # [H, T, T]
+
+  def attend(self, ctx, layer, q, k):
+    return q, k, ctx
+
+
+class LieRE(Encoding):
+  """generators [L', H', n, d//b, b(b-1)/2]; R(p) = expm(sum_a p_a A_a) per layer and head."""
+  default_positions = 'normalized'
+
+  def __init__(self, block, depth, heads, head_dim, n_dims, share='none', init_scale=2 * math.pi):
+    super().__init__()
+    self.block = block
+    layers = 1 if share in ('layers', 'all') else depth
+    heads_ = 1 if share in ('heads', 'all') else heads
+    shape = (layers, heads_, n_dims, head_dim // block, block * (block - 1) // 2)
+    self.generators = nn.Parameter(init_scale * torch.rand(shape))
+
+  def context(self, pos, num_prefix):
+    return liere_rotations(self.generators, pos, self.block)  # [L', H', T, k, b, b]
+
+  def attend(self, ctx, layer, q, k):
+    rot = ctx[layer if ctx.shape[0] > 1 else 0]
+    return rotate(q, rot), rotate(k, rot), None
+
+
+def liere_block(name):
+  """The block size b of a 'liere<b>' name, else None."""
+  if name.startswith('liere') and name[5:].isdigit():
+    return int(name[5:])
+  return None
+
+
+def build_encoding(pe, *, width, depth, heads, train_grid, num_prefix):
+  head_dim, n = width // heads, len(train_grid)
+  name = pe['name']
+  block = liere_block(name)
+  share = pe.get('share') or 'none'
+  if share not in SHARE:
+    raise ValueError(f'pe.share={share!r} is unknown; use one of {SHARE}.')
+  if pe.get('positions') is not None and pe['positions'] not in POSITION_MODES:
+    raise ValueError(f'pe.positions={pe["positions"]!r} is unknown; use one of '
+                     f'{POSITION_MODES} or null.')
+  if block is not None:
+    if not 2 <= block <= head_dim:
+      raise ValueError(f'pe.name={name!r}: block size must be in [2, head_dim={head_dim}].')
+    return LieRE(block, depth, heads, head_dim, n, share,
+                 pe.get('init_scale') or 2 * math.pi)
+  if name in ('rope_axial', 'rope_mixed') and head_dim < 2 * n:
+    raise ValueError(f'{name} needs head_dim >= {2 * n} for {n}D positions, got {head_dim}.')
+  builders = {
+      'none': lambda: NoPE(),
+      'abs': lambda: Absolute(width, train_grid, num_prefix),
+      'sincos': lambda: SinCos(width),
+      'rope_axial': lambda: RopeAxial(head_dim, n),
+      'rope_mixed': lambda: RopeMixed(depth, heads, head_dim, n),
+      'alibi': lambda: ALiBi(heads),
+  }
+  if name not in builders:
+    raise ValueError(f'pe.name={name!r} is unknown; use one of {PE_NAMES}.')
+  return builders[name]()
+
+
+# ----------------------------------------------------------------------------------------------
+# The ViT.
+
+
+class Attention(nn.Module):
+
+  def __init__(self, width, heads, qkv_bias=True):
+    super().__init__()
+    self.heads = heads
+    self.qkv = nn.Linear(width, 3 * width, bias=qkv_bias)
+    self.proj = nn.Linear(width, width)
+
+  def forward(self, x, pe, ctx, layer):
+    b, t, width = x.shape
+    q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, -1).unbind(2)  # [B, T, H, d] each
+    q, k, bias = pe.attend(ctx, layer, q, k)
+    logits = torch.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(q.shape[-1])
+    logits = logits.float()
+    if bias is not None:
+      logits = logits + bias
+    weights = torch.softmax(logits, dim=-1)
+    out = torch.einsum('bhqk,bkhd->bqhd', weights.to(v.dtype), v).reshape(b, t, width)
+    return self.proj(out), weights
+
+
+class Mlp(nn.Module):
+
+  def __init__(self, width, mlp_dim):
+    super().__init__()
+    self.fc1 = nn.Linear(width, mlp_dim)
+    self.fc2 = nn.Linear(mlp_dim, width)
+
+  def forward(self, x):
+    return self.fc2(F.gelu(self.fc1(x)))  # exact (erf) GELU
+
+
+class Block(nn.Module):
+
+  def __init__(self, width, heads, mlp_dim, qkv_bias=True, dropout=0.):
+    super().__init__()
+    self.norm1 = nn.LayerNorm(width, eps=LN_EPS)
+    self.attn = Attention(width, heads, qkv_bias)
+    self.norm2 = nn.LayerNorm(width, eps=LN_EPS)
+    self.mlp = Mlp(width, mlp_dim)
+    self.dropout = nn.Dropout(dropout)
+
+  def forward(self, x, pe, ctx, layer):
+    y, weights = self.attn(self.norm1(x), pe, ctx, layer)
+    x = x + self.dropout(y)
+    x = x + self.dropout(self.mlp(self.norm2(x)))
+    return x, weights
+
+
+def resolve_config(config):
+  """The model fields (width, depth, heads, mlp_dim, ...) of an exported JSON dict, a model
+  section or a whole liere_jax config.json (its 'model' section)."""
+  if 'model' in config and 'patch' not in config:
+    config = config['model']
+  c = dict(config)
+  variant = c.get('variant') or ''
+  if variant and variant not in VARIANTS:
+    raise ValueError(f'variant={variant!r} is unknown; use one of {list(VARIANTS)}.')
+  defaults = VARIANTS[variant] if variant else (None, None, None)
+  for key, default in zip(('width', 'depth', 'heads'), defaults):
+    c[key] = c.get(key) or default
+    if not c[key]:
+      raise ValueError(f'The config sets neither {key} nor a variant.')
+  c['mlp_dim'] = c.get('mlp_dim') or 4 * c['width']
+  return c
+
+
+class ViT(nn.Module):
+  """ViT classifier over channels-first inputs [B, C, *spatial] (1D, 2D or 3D).
+
+  forward(x, ctx=None, positions=None, return_attention=False): `positions` overrides the
+  position mode; `ctx = model.pe_context(grid)` can be computed once and reused.
+  """
+
+  def __init__(self, *, width, depth, heads, mlp_dim, patch, input_size, channels,
+               num_classes, pool='cls', qkv_bias=True, pe=None, dropout=0.):
+    super().__init__()
+    pe = dict(pe or {'name': 'none'})
+    patch, input_size = tuple(patch), tuple(input_size)
+    if len(patch) != len(input_size) or not 1 <= len(patch) <= 3:
+      raise ValueError(f'patch={patch} and input_size={input_size} need 1, 2 or 3 axes each.')
+    if any(s % p for s, p in zip(input_size, patch)):
+      raise ValueError(f'input_size={input_size} is not divisible by patch={patch}.')
+    if width % heads:
+      raise ValueError(f'width={width} is not divisible by heads={heads}.')
+    if pool not in ('cls', 'mean'):
+      raise ValueError(f"pool={pool!r} is unknown; use 'cls' or 'mean'.")
+    self.patch, self.input_size, self.channels = patch, input_size, channels
+    self.train_grid = tuple(s // p for s, p in zip(input_size, patch))
+    self.pool = pool
+    self.num_prefix = 1 if pool == 'cls' else 0
+    self.pe_config = pe
+    conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[len(patch)]
+    self.patch_embed = conv(channels, width, patch, stride=patch)
+    if self.num_prefix:
+      self.cls_token = nn.Parameter(0.02 * torch.randn(1, 1, width))
+    self.pe = build_encoding(pe, width=width, depth=depth, heads=heads,
+                             train_grid=self.train_grid, num_prefix=self.num_prefix)
+    self.positions = pe.get('positions') or self.pe.default_positions
+    self.dropout = nn.Dropout(dropout)
+    self.blocks = nn.ModuleList([Block(width, heads, mlp_dim, qkv_bias, dropout)
+                                 for _ in range(depth)])
+    self.norm = nn.LayerNorm(width, eps=LN_EPS)
+    self.head = nn.Linear(width, num_classes)
+
+  @classmethod
+  def from_config(cls, config):
+    """From the JSON written by `python -m liere_jax.export torch` (a dict or a path), a
+    model section, or a liere_jax config.json."""
+    if isinstance(config, (str, os.PathLike)):
+      with open(config) as f:
+        config = json.load(f)
+    c = resolve_config(config)
+    return cls(width=c['width'], depth=c['depth'], heads=c['heads'], mlp_dim=c['mlp_dim'],
+               patch=c['patch'], input_size=c['input_size'], channels=c['channels'],
+               num_classes=c['num_classes'], pool=c.get('pool', 'cls'),
+               qkv_bias=c.get('qkv_bias', True), pe=c['pe'], dropout=c.get('dropout', 0.))
+
+  def grid(self, shape):
+    n = len(self.patch)
+    if len(shape) != n + 2 or shape[1] != self.channels:
+      raise ValueError(f'Input shape {tuple(shape)} does not fit the model: it expects '
+                       f'channels-first [batch, {self.channels} channels, {n} spatial axes].')
+    spatial = tuple(shape[2:])
+    if any(s % p for s, p in zip(spatial, self.patch)):
+      raise ValueError(f'Input size {spatial} is not divisible by patch={self.patch}.')
+    return tuple(s // p for s, p in zip(spatial, self.patch))
+
+  def positions_for(self, grid, positions=None):
+    """Token positions [num_prefix + prod(grid), n] (CLS at zero), float32."""
+    pos = grid_positions(grid, self.train_grid, positions or self.positions)
+    pos = np.concatenate([np.zeros((self.num_prefix, pos.shape[-1]), np.float32), pos])
+    return torch.as_tensor(pos, device=self.head.weight.device)
+
+  def pe_context(self, grid, positions=None):
+    """The encoding's per-forward state for a patch grid: rotations [L, H, T, k, b, b]
+    (LieRE, RoPE-Mixed), [1, T, pairs, 2, 2] (RoPE-Axial), ALiBi biases [H, T, T] or None."""
+    return self.pe.context(self.positions_for(grid, positions), self.num_prefix)
+
+  def forward(self, x, ctx=None, positions=None, return_attention=False):
+    grid = self.grid(x.shape)
+    if ctx is None:
+      ctx = self.pe_context(grid, positions)
+    x = self.patch_embed(x).flatten(2).transpose(1, 2)  # [B, T, D], tokens row-major.
+    if self.num_prefix:
+      x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
+    x = self.dropout(self.pe.embed(x, grid, self.num_prefix))
+    attention = []
+    for layer, block in enumerate(self.blocks):
+      x, weights = block(x, self.pe, ctx, layer)
+      attention.append(weights)
+    x = self.norm(x)
+    x = x[:, 0] if self.pool == 'cls' else x.mean(dim=1)
+    logits = self.head(x).float()
+    return (logits, attention) if return_attention else logits
+
+  def load_liere_state_dict(self, state):
+    """Loads tensors named like `self.state_dict()`; every key accounted for, every shape
+    checked (WeightsMismatchError naming the first mismatched key)."""
+    check_state(self.state_dict(), state)
+    with torch.no_grad():
+      self.load_state_dict({k: torch.as_tensor(np.asarray(v)) if not torch.is_tensor(v) else v
+                            for k, v in state.items()}, strict=True)
+    return self
+
+
+def check_state(expected, found):
+  """Raises WeightsMismatchError on the first missing, unexpected or wrongly shaped key."""
+  missing = [k for k in expected if k not in found]
+  unexpected = sorted(k for k in found if k not in expected)
+  if missing or unexpected:
+    parts = []
+    if missing:
+      parts.append(f'missing key {missing[0]!r}' + (f' (and {len(missing) - 1} more)'
+                                                   if len(missing) > 1 else ''))
+    if unexpected:
+      parts.append(f'unexpected key {unexpected[0]!r}' + (f' (and {len(unexpected) - 1} more)'
+                                                         if len(unexpected) > 1 else ''))
+    raise WeightsMismatchError('The weights do not match the model: ' + '; '.join(parts) +
+                               '. Was the file exported from the run of this config?')
+  for key, ref in expected.items():
+    shape = tuple(found[key].shape)
+    if shape != tuple(ref.shape):
+      raise WeightsMismatchError(f'The weights do not match the model: {key!r} has shape '
+                                 f'{shape}, the model expects {tuple(ref.shape)}.')
+
+
+def config_path_for(path):
+  """FILE.safetensors -> FILE.json (the exported model config beside the weights)."""
+  root, _ = os.path.splitext(os.fspath(path))
+  return root + '.json'
+
+
+def load_liere_safetensors(path, config=None, device='cpu'):
+  """A ViT with the weights of `path` (from `python -m liere_jax.export torch`).
+
+  config: the exported JSON (dict or path); default: FILE.json beside FILE.safetensors.
+  """
+  from safetensors.torch import load_file
+  if config is None:
+    config = config_path_for(path)
+    if not os.path.exists(config):
+      raise FileNotFoundError(f'{config} (the model config written beside {path}) is missing; '
+                              'pass config= or export again.')
+  model = ViT.from_config(config)
+  model.load_liere_state_dict(load_file(os.fspath(path), device='cpu'))
+  return model.to(device)

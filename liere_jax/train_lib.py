@@ -1,0 +1,142 @@
+"""Training and evaluation steps over a device mesh: one code path for 1 CPU, many devices and
+multi-host pods. Parameters are replicated (data parallel) or sharded on their largest divisible
+axis (`sharding='fsdp'`); the batch is split over the 'data' axis. `jax.jit` with explicit
+shardings places everything; the step donates its inputs.
+"""
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from liere_jax.model import ViT
+
+FSDP_MIN_SIZE = 2**14  # Smaller arrays stay replicated under FSDP.
+
+
+def make_mesh() -> jax.sharding.Mesh:
+  return jax.make_mesh((jax.device_count(),), ('data',),
+                       axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def param_sharding(mesh, mode: str) -> Callable[[Any], NamedSharding]:
+  """Leaf -> sharding: replicated ('data') or split on the largest divisible axis ('fsdp')."""
+  if mode not in ('data', 'fsdp'):
+    raise ValueError(f"sharding={mode!r} is unknown; use 'data' or 'fsdp'.")
+  n = mesh.shape['data']
+
+  def fn(x):
+    shape = getattr(x, 'shape', ())
+    if mode == 'data' or math.prod(shape) < FSDP_MIN_SIZE:
+      return NamedSharding(mesh, P())
+    axes = [i for i in np.argsort(shape)[::-1] if shape[i] % n == 0]
+    if not axes:
+      return NamedSharding(mesh, P())
+    spec = [None] * len(shape)
+    spec[axes[0]] = 'data'
+    return NamedSharding(mesh, P(*spec))
+  return fn
+
+
+def make_optimizer(config: ml_collections.ConfigDict):
+  """Adam(W) with linear warmup and cosine decay; optional global-norm clipping."""
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, config.lr, config.warmup_steps, max(config.total_steps, config.warmup_steps + 1))
+  adam = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
+                     weight_decay=config.weight_decay)
+  tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), adam) if config.grad_clip else adam
+  return tx, schedule
+
+
+@dataclasses.dataclass
+class Trainer:
+  """Holds the static parts (graphdefs, optimizer, shardings) and the jitted steps."""
+  config: ml_collections.ConfigDict
+  mesh: jax.sharding.Mesh
+
+  def __post_init__(self):
+    cfg = self.config
+    model = nnx.eval_shape(lambda: ViT(cfg.model, rngs=nnx.Rngs(0)))
+    model.train()
+    self.train_def, params, rest = nnx.split(model, nnx.Param, ...)
+    model.eval()
+    self.eval_def = nnx.graphdef(model)
+    # Non-parameter state is the dropout RNG, reseeded every step: any concrete value will do.
+    self.rest = jax.tree.map(
+        lambda x: (jax.random.key(0) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+                   else jnp.zeros(x.shape, x.dtype)), rest)
+    self.tx, self.schedule = make_optimizer(cfg)
+    params = nnx.to_pure_dict(params)
+    shapes = {'params': params, 'opt_state': jax.eval_shape(self.tx.init, params),
+              'step': jax.ShapeDtypeStruct((), jnp.int32)}
+    self.state_sharding = jax.tree.map(param_sharding(self.mesh, cfg.sharding), shapes)
+    self.abstract_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
+        self.state_sharding)
+    self.batch_sharding = NamedSharding(self.mesh, P('data'))
+    self.replicated = NamedSharding(self.mesh, P())
+    self.train_step = jax.jit(self._train_step, donate_argnums=(0,),
+                              in_shardings=(self.state_sharding, self.batch_sharding),
+                              out_shardings=(self.state_sharding, self.replicated))
+    self.eval_step = jax.jit(self._eval_step, static_argnums=(3,),
+                             in_shardings=(self.state_sharding['params'], self.batch_sharding,
+                                           None))
+
+  def init_state(self, seed: int):
+    """Fresh parameters and optimizer state, created directly in their shardings."""
+    def init():
+      params = nnx.to_pure_dict(nnx.state(ViT(self.config.model, rngs=nnx.Rngs(seed)),
+                                          nnx.Param))
+      return {'params': params, 'opt_state': self.tx.init(params),
+              'step': jnp.zeros((), jnp.int32)}
+    return jax.jit(init, out_shardings=self.state_sharding)()
+
+  def model(self, params, train: bool = False, rng=None) -> ViT:
+    """An NNX model over pure-dict params (inside or outside jit)."""
+    model = nnx.merge(self.train_def if train else self.eval_def, params, self.rest)
+    if rng is not None:
+      nnx.reseed(model, dropout=rng)
+    return model
+
+  def _train_step(self, state, batch):
+    rng = jax.random.fold_in(jax.random.key(self.config.seed), state['step'])
+
+    def loss_fn(params):
+      logits = self.model(params, train=True, rng=rng)(batch['image'])
+      loss = optax.softmax_cross_entropy(logits, batch['label']).mean()
+      return loss, logits
+
+    (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
+    updates, opt_state = self.tx.update(grads, state['opt_state'], state['params'])
+    params = optax.apply_updates(state['params'], updates)
+    metrics = {
+        'loss': loss,
+        'accuracy': jnp.mean(jnp.argmax(logits, -1) == jnp.argmax(batch['label'], -1)),
+        'grad_norm': optax.global_norm(grads),
+        'param_norm': optax.global_norm(params),
+        'lr': self.schedule(state['step']),
+    }
+    return {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}, metrics
+
+  def _eval_step(self, params, batch, ctx, positions=None):
+    """Per-example correctness [b] (masked examples count as incorrect) and the mask."""
+    logits = self.model(params)(batch['image'], ctx=ctx, positions=positions)
+    correct = (jnp.argmax(logits, -1) == batch['label']) & batch['mask']
+    return correct, batch['mask']
+
+  def pe_context(self, params, grid, positions=None):
+    """Rotations (or biases) for a grid, computed once and reused by every eval batch."""
+    fn = jax.jit(lambda p: self.model(p).pe_context(grid, positions),
+                 out_shardings=self.replicated)
+    return fn(params)
+
+  def global_batch(self, local: dict) -> dict:
+    """Per-process numpy batch -> global arrays sharded over 'data' (any process count)."""
+    return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v))
+            for k, v in local.items()}

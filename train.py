@@ -1,0 +1,175 @@
+r"""Trains a ViT from a config on 1 CPU, many devices or a multi-host pod, unchanged.
+
+  python train.py --config configs/arrows.py --workdir /tmp/arrows
+  python train.py --config configs/cifar100.py:pe=liere8,variant=B --workdir DIR \
+      --config.total_steps=1000 --config.batch_size=256
+
+Running the same command again resumes from the latest checkpoint, exactly: the RNG is a
+function of (seed, step) and batch k is `train_ds[k]`. Several processes: set
+--coordinator_address/--num_processes/--process_id (or run on a TPU pod, where
+`jax.distributed.initialize()` finds them itself).
+"""
+import json
+import math
+import os
+import time
+
+import jax
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file[:args].',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints and metrics go.')
+_COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'host:port of process 0.')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in the job.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process.')
+_PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
+
+
+def init_distributed():
+  if _COORDINATOR.value or os.environ.get('TPU_WORKER_HOSTNAMES') or os.environ.get(
+      'SLURM_NTASKS', '1') != '1':
+    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+
+
+def validate(config):
+  """Checks everything we can before compiling or writing anything."""
+  from liere_jax import data, model
+  model.validate(config.model)
+  n = jax.process_count() * jax.local_device_count()
+  if config.batch_size <= 0 or config.batch_size % n:
+    raise ValueError(f'--config.batch_size={config.batch_size} must be a positive multiple of '
+                     f'the {n} devices.')
+  for key in ('total_steps', 'checkpoint_every', 'log_every'):
+    if config[key] <= 0:
+      raise ValueError(f'--config.{key}={config[key]} must be positive.')
+  info = data.dataset_info(config.data)  # Raises how to prepare an unprepared dataset.
+  want = tuple(config.model.input_size) + (config.model.channels,)
+  if tuple(info['input_shape']) != want:
+    raise ValueError(
+        f"The data gives inputs of shape {tuple(info['input_shape'])} but the model expects "
+        f'{want} (model.input_size + model.channels); set --config.model.input_size or '
+        '--config.data.image_size to match.')
+  if info['num_classes'] != config.model.num_classes:
+    raise ValueError(f"The data has {info['num_classes']} classes, model.num_classes="
+                     f'{config.model.num_classes}.')
+  return info
+
+
+class Logger:
+  """metrics.jsonl and TensorBoard events from process 0."""
+
+  def __init__(self, workdir):
+    self.active = jax.process_index() == 0
+    if self.active:
+      from tensorboardX import SummaryWriter
+      self.tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self.jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+
+  def write(self, step, metrics):
+    if not self.active:
+      return
+    for k, v in metrics.items():
+      self.tb.add_scalar(k, v, step)
+    self.jsonl.write(json.dumps({'step': step, **metrics}) + '\n')
+    self.jsonl.flush()
+
+  def close(self):
+    if self.active:
+      self.tb.close()
+      self.jsonl.close()
+
+
+def evaluate(trainer, config, params, *, input_size=None, positions=None):
+  """Top-1 over the whole eval split (nothing dropped), per-example correctness on host."""
+  from jax.experimental import multihost_utils
+
+  from liere_jax import data
+  grid = None
+  correct = []
+  batches = data.eval_batches(config.data, global_batch_size=config.eval_batch_size,
+                              process_index=jax.process_index(),
+                              process_count=jax.process_count(), input_size=input_size)
+  for local in batches:
+    batch = trainer.global_batch(local)
+    if grid is None:  # Rotations once per resolution, reused by every batch.
+      grid = tuple(s // p for s, p in zip(batch['image'].shape[1:-1], config.model.patch))
+      ctx = trainer.pe_context(params, grid, positions)
+    ok, mask = trainer.eval_step(params, batch, ctx, positions)
+    ok, mask = (np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in (ok, mask))
+    correct.append(ok[mask])
+  correct = np.concatenate(correct)
+  return float(correct.mean()), correct
+
+
+def main(argv):
+  del argv
+  init_distributed()
+  from tqdm import tqdm
+
+  from liere_jax import checkpoint, data, train_lib
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  if not workdir:
+    raise app.UsageError('--workdir is required.')
+  validate(config)
+  checkpoint.check_same_model(workdir, config)
+
+  trainer = train_lib.Trainer(config, train_lib.make_mesh())
+  checkpoint.write_config(workdir, config)
+  latest = checkpoint.manager(workdir, keep=config.keep)
+  best = checkpoint.manager(workdir, 'best', best=True)
+  if latest.latest_step() is not None:
+    state, meta = checkpoint.restore(latest, trainer.abstract_state)
+    logging.info('Resumed from step %d.', meta['step'])
+  else:
+    state, meta = trainer.init_state(config.seed), {'step': 0}
+  start = int(meta['step'])
+
+  train_ds = data.train_dataset(config.data, global_batch_size=config.batch_size,
+                                seed=config.seed, process_index=jax.process_index(),
+                                process_count=jax.process_count())
+  batches = data.to_iterator(train_ds, start=start)
+  logger = Logger(workdir)
+  bar = tqdm(total=config.total_steps, initial=start, disable=not _PROGRESS.value
+             or jax.process_index() != 0, desc='train', unit='step')
+  t0, seen = time.time(), 0
+  for step in range(start + 1, config.total_steps + 1):
+    state, metrics = trainer.train_step(state, trainer.global_batch(next(batches)))
+    seen += config.batch_size
+    bar.update()
+    if step % config.log_every == 0 or step == config.total_steps:
+      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      if not math.isfinite(metrics['loss']):
+        latest.wait_until_finished()
+        raise FloatingPointError(
+            f"Loss is {metrics['loss']} at step {step}; stopping. The last good checkpoint "
+            f'(step {latest.latest_step()}) is intact. Lower --config.lr or set '
+            '--config.grad_clip=1.0.')
+      metrics['images_per_s'] = seen / (time.time() - t0)
+      t0, seen = time.time(), 0
+      logger.write(step, metrics)
+      bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}")
+    meta = {'step': step, 'data_position': step, 'seed': config.seed}
+    eval_now = step == config.total_steps or (config.eval_every and step % config.eval_every == 0)
+    if step % config.checkpoint_every == 0 or eval_now:
+      if not math.isfinite(float(metrics['loss'])):
+        continue  # Checked when logged; never checkpoint a non-finite state.
+      checkpoint.save(latest, step, state, meta)
+    if eval_now:
+      accuracy, _ = evaluate(trainer, config, state['params'])
+      logger.write(step, {'eval_accuracy': accuracy})
+      logging.info('step %d: eval accuracy %.4f', step, accuracy)
+      checkpoint.save(best, step, state, meta, metrics={'accuracy': accuracy})
+  bar.close()
+  latest.wait_until_finished()
+  best.wait_until_finished()
+  latest.close()
+  best.close()
+  logger.close()
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config', 'workdir'])
+  app.run(main)
