@@ -28,12 +28,6 @@ _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process.')
 _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
 
 
-def init_distributed():
-  if _COORDINATOR.value or os.environ.get('TPU_WORKER_HOSTNAMES') or os.environ.get(
-      'SLURM_NTASKS', '1') != '1':
-    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-
-
 def validate(config):
   """Checks everything we can before compiling or writing anything."""
   from liere_jax import data, model
@@ -82,34 +76,13 @@ class Logger:
       self.jsonl.close()
 
 
-def evaluate(trainer, config, params, *, input_size=None, positions=None):
-  """Top-1 over the whole eval split (nothing dropped), per-example correctness on host."""
-  from jax.experimental import multihost_utils
-
-  from liere_jax import data
-  grid = None
-  correct = []
-  batches = data.eval_batches(config.data, global_batch_size=config.eval_batch_size,
-                              process_index=jax.process_index(),
-                              process_count=jax.process_count(), input_size=input_size)
-  for local in batches:
-    batch = trainer.global_batch(local)
-    if grid is None:  # Rotations once per resolution, reused by every batch.
-      grid = tuple(s // p for s, p in zip(batch['image'].shape[1:-1], config.model.patch))
-      ctx = trainer.pe_context(params, grid, positions)
-    ok, mask = trainer.eval_step(params, batch, ctx, positions)
-    ok, mask = (np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in (ok, mask))
-    correct.append(ok[mask])
-  correct = np.concatenate(correct)
-  return float(correct.mean()), correct
-
-
 def main(argv):
   del argv
-  init_distributed()
   from tqdm import tqdm
 
-  from liere_jax import checkpoint, data, train_lib
+  from liere_jax import checkpoint, data, evaluation, train_lib
+  logging.set_verbosity(logging.WARNING)
+  train_lib.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   config, workdir = _CONFIG.value, _WORKDIR.value
   if not workdir:
     raise app.UsageError('--workdir is required.')
@@ -122,7 +95,7 @@ def main(argv):
   best = checkpoint.manager(workdir, 'best', best=True)
   if latest.latest_step() is not None:
     state, meta = checkpoint.restore(latest, trainer.abstract_state)
-    logging.info('Resumed from step %d.', meta['step'])
+    print(f"Resumed from step {meta['step']}.")
   else:
     state, meta = trainer.init_state(config.seed), {'step': 0}
   start = int(meta['step'])
@@ -158,9 +131,9 @@ def main(argv):
         continue  # Checked when logged; never checkpoint a non-finite state.
       checkpoint.save(latest, step, state, meta)
     if eval_now:
-      accuracy, _ = evaluate(trainer, config, state['params'])
+      accuracy, _ = evaluation.evaluate(trainer, config, state['params'])
       logger.write(step, {'eval_accuracy': accuracy})
-      logging.info('step %d: eval accuracy %.4f', step, accuracy)
+      bar.write(f'step {step}: eval accuracy {accuracy:.4f}')
       checkpoint.save(best, step, state, meta, metrics={'accuracy': accuracy})
   bar.close()
   latest.wait_until_finished()

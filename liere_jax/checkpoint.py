@@ -84,7 +84,10 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, step: Optional[int] = N
 
 
 def load_params(workdir: str, step: Optional[int] = None, best: bool = False):
-  """(config, params as a nested dict of arrays) from a run's latest / given / best step."""
+  """(config, params, step) from a run's latest / given / best checkpoint.
+
+  Works for training checkpoints and params-only (imported) ones alike.
+  """
   config = read_config(workdir)
   if config is None:
     raise FileNotFoundError(f'{workdir} has no {CONFIG_FILE}: not a liere_jax workdir.')
@@ -98,7 +101,15 @@ def load_params(workdir: str, step: Optional[int] = None, best: bool = False):
     raise ValueError(f'--step {step} is not in {workdir}; available: {sorted(steps)}.')
   item = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
   mngr.close()
-  return config, item.state['params']
+  return config, _int_keys(item.state['params']), step
+
+
+def _int_keys(tree):
+  """Orbax returns the layer indices of `blocks` as strings; the model's tree uses ints."""
+  if not isinstance(tree, dict):
+    return tree
+  return {int(k) if isinstance(k, str) and k.isdigit() else k: _int_keys(v)
+          for k, v in tree.items()}
 
 
 def save_params(workdir: str, config: ml_collections.ConfigDict, params, step: int = 0):

@@ -513,7 +513,7 @@ class ViT(nn.Module):
     checked (WeightsMismatchError naming the first mismatched key)."""
     check_state(self.state_dict(), state)
     with torch.no_grad():
-      self.load_state_dict({k: torch.as_tensor(np.asarray(v)) if not torch.is_tensor(v) else v
+      self.load_state_dict({k: v if torch.is_tensor(v) else torch.tensor(np.array(v))
                             for k, v in state.items()}, strict=True)
     return self
 

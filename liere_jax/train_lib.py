@@ -5,6 +5,7 @@ shardings places everything; the step donates its inputs.
 """
 import dataclasses
 import math
+import os
 from typing import Any, Callable
 
 import jax
@@ -18,6 +19,13 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from liere_jax.model import ViT
 
 FSDP_MIN_SIZE = 2**14  # Smaller arrays stay replicated under FSDP.
+
+
+def init_distributed(coordinator=None, num_processes=None, process_id=None):
+  """jax.distributed for several processes: given explicitly, or found on TPU pods / SLURM."""
+  if coordinator or os.environ.get('TPU_WORKER_HOSTNAMES') or int(
+      os.environ.get('SLURM_NTASKS', '1')) > 1:
+    jax.distributed.initialize(coordinator, num_processes, process_id)
 
 
 def make_mesh() -> jax.sharding.Mesh:

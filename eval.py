@@ -1,0 +1,64 @@
+r"""Evaluates a trained run: top-1 with a bootstrap 95% CI, patch shuffling (paper Table 5),
+other input sizes with sequential and rescaled positions (Fig. 7), CLS attention maps.
+
+  python eval.py --config configs/arrows.py --workdir /tmp/arrows [--best] [--step N]
+
+Writes DIR/eval/results.json and DIR/eval/attention.png.
+"""
+import json
+import os
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file[:args].',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'The run to evaluate.')
+_BEST = flags.DEFINE_bool('best', False, 'Use the best checkpoint instead of the latest.')
+_STEP = flags.DEFINE_integer('step', None, 'Use this step instead of the latest.')
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  from liere_jax import checkpoint, evaluation, train_lib
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  train_lib.init_distributed()
+  checkpoint.check_same_model(workdir, config)
+  _, params, step = checkpoint.load_params(workdir, _STEP.value, best=_BEST.value)
+  trainer = train_lib.Trainer(config, train_lib.make_mesh())
+  params = jax.device_put(params, trainer.state_sharding['params'])
+
+  top1, correct = evaluation.evaluate(trainer, config, params)
+  shuffled, _ = evaluation.evaluate(trainer, config, params, shuffle=True)
+  default_mode = config.model.pe.positions or trainer.model(params).pe.positions
+  resolutions = {}
+  for size in config.get('resolutions', ()):
+    resolutions[str(size)] = {
+        mode: evaluation.evaluate(trainer, config, params, input_size=size, positions=mode)[0]
+        for mode in dict.fromkeys((default_mode, 'rescaled'))}
+  results = dict(
+      step=int(step), pe=config.model.pe.name, n_examples=int(len(correct)), top1=top1,
+      top1_ci95=evaluation.bootstrap_ci(correct), shuffled_top1=shuffled,
+      shuffle_drop=top1 - shuffled, resolutions=resolutions)
+  if jax.process_index() == 0:
+    out = os.path.join(workdir, 'eval')
+    os.makedirs(out, exist_ok=True)
+    results['attention_png'] = os.path.join(out, 'attention.png')
+    evaluation.attention_png(trainer, config, params, results['attention_png'])
+    with open(os.path.join(out, 'results.json'), 'w') as f:
+      json.dump(results, f, indent=1)
+    lo, hi = results['top1_ci95']
+    print(f"{'run':24s}{workdir} (step {step}, pe={results['pe']})")
+    print(f"{'top-1':24s}{top1:.4f}  [{lo:.4f}, {hi:.4f}] 95% CI, n={len(correct)}")
+    print(f"{'top-1, patches shuffled':24s}{shuffled:.4f}  (drop {top1 - shuffled:+.4f})")
+    for size, by_mode in resolutions.items():
+      cells = '  '.join(f'{mode} {acc:.4f}' for mode, acc in by_mode.items())
+      print(f"{'top-1 at ' + size + ' px':24s}{cells}")
+    print(f"{'results':24s}{os.path.join(out, 'results.json')}")
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config', 'workdir'])
+  app.run(main)
