@@ -112,23 +112,23 @@ def main(argv):
     state, metrics = trainer.train_step(state, trainer.global_batch(next(batches)))
     seen += config.batch_size
     bar.update()
-    if step % config.log_every == 0 or step == config.total_steps:
+    meta = {'step': step, 'data_position': step, 'seed': config.seed}
+    eval_now = step == config.total_steps or (config.eval_every and step % config.eval_every == 0)
+    save_now = step % config.checkpoint_every == 0 or eval_now
+    if save_now or step % config.log_every == 0:
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      if not math.isfinite(metrics['loss']):
+      if not math.isfinite(metrics['loss']):  # NaNs persist, so checking here is enough.
         latest.wait_until_finished()
         raise FloatingPointError(
             f"Loss is {metrics['loss']} at step {step}; stopping. The last good checkpoint "
             f'(step {latest.latest_step()}) is intact. Lower --config.lr or set '
             '--config.grad_clip=1.0.')
+    if step % config.log_every == 0 or step == config.total_steps:
       metrics['images_per_s'] = seen / (time.time() - t0)
       t0, seen = time.time(), 0
       logger.write(step, metrics)
       bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}")
-    meta = {'step': step, 'data_position': step, 'seed': config.seed}
-    eval_now = step == config.total_steps or (config.eval_every and step % config.eval_every == 0)
-    if step % config.checkpoint_every == 0 or eval_now:
-      if not math.isfinite(float(metrics['loss'])):
-        continue  # Checked when logged; never checkpoint a non-finite state.
+    if save_now:
       checkpoint.save(latest, step, state, meta)
     if eval_now:
       accuracy, _ = evaluation.evaluate(trainer, config, state['params'])

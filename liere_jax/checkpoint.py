@@ -67,7 +67,10 @@ def manager(workdir: str, name: str = 'checkpoints', keep: int = 2,
   options = ocp.CheckpointManagerOptions(
       max_to_keep=1 if best else keep, create=True, enable_async_checkpointing=True,
       best_fn=(lambda m: m['accuracy']) if best else None, best_mode='max')
-  return ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, name)), options=options)
+  return ocp.CheckpointManager(
+      os.path.abspath(os.path.join(workdir, name)), options=options,
+      item_handlers={'state': ocp.StandardCheckpointHandler(),
+                     'meta': ocp.JsonCheckpointHandler()})
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state, meta: dict, metrics=None):
@@ -99,7 +102,11 @@ def load_params(workdir: str, step: Optional[int] = None, best: bool = False):
     step = mngr.best_step() if best else mngr.latest_step()
   if step not in steps:
     raise ValueError(f'--step {step} is not in {workdir}; available: {sorted(steps)}.')
-  item = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  # Restore onto this process's first device whatever topology wrote the checkpoint.
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                        mngr.item_metadata(step)['state'])
+  item = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
   mngr.close()
   return config, _int_keys(item.state['params']), step
 

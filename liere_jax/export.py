@@ -477,7 +477,8 @@ def _load_run(workdir, step, best):
   from liere_jax import checkpoint
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f'--workdir {workdir} does not exist.')
-  return checkpoint.load_params(workdir, step, best=best)
+  loaded = checkpoint.load_params(workdir, step, best=best)  # (config, params[, step])
+  return loaded[0], loaded[1]
 
 
 def export_torch(workdir, out, step=None, best=False):
@@ -498,7 +499,7 @@ def export_official(workdir, out, step=None, best=False):
   config, params = _load_run(workdir, step, best)
   state, kw = official_layout(params, config.model)
   import torch
-  tensors = {k: torch.from_numpy(v) for k, v in state.items()}
+  tensors = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
   _atomic_write(out, lambda p: torch.save(tensors, p))
   _atomic_write(_json_path(out), lambda p: _write_json(
       p, {'rope_vit_kwargs': kw, 'liere_model': export_json(config)}))

@@ -28,9 +28,11 @@ def init_distributed(coordinator=None, num_processes=None, process_id=None):
     jax.distributed.initialize(coordinator, num_processes, process_id)
 
 
-def make_mesh() -> jax.sharding.Mesh:
-  return jax.make_mesh((jax.device_count(),), ('data',),
-                       axis_types=(jax.sharding.AxisType.Auto,))
+def make_mesh(devices=None) -> jax.sharding.Mesh:
+  """A 1D 'data' mesh over all devices of all processes (or the given ones)."""
+  devices = jax.devices() if devices is None else devices
+  return jax.make_mesh((len(devices),), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=devices)
 
 
 def param_sharding(mesh, mode: str) -> Callable[[Any], NamedSharding]:

@@ -1,0 +1,478 @@
+"""The PyTorch port (liere_jax/torch_vit.py) and the export/import CLI (liere_jax/export.py).
+
+JAX (float32) vs PyTorch: logits within 1e-4, rotations within 1e-5, at the training
+resolution and at a larger (and for abs a smaller) one; export -> import is bit-identical; wrong
+files fail naming the key; the official StanfordMIMI/LieRE layout round-trips and, when the
+official checkout is around (LIERE_OFFICIAL_CHECKOUT, default /work/official/LieRE, plus
+einops), loads with strict=True into its RoPEViT with the same logits.
+"""
+import importlib
+import importlib.util
+import json
+import os
+import re
+import sys
+import types
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip('torch')
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+from safetensors.numpy import load_file, save_file  # noqa: E402
+
+from liere_jax import checkpoint, config_lib, export, torch_vit  # noqa: E402
+from liere_jax.model import ViT  # noqa: E402
+from tests.helpers import tiny_model_config  # noqa: E402
+
+LOGIT_TOL, ROT_TOL = 1e-4, 1e-5
+# Official parity: same math, but torch.matrix_exp vs our expm on b=64 blocks with generator
+# norms in the hundreds (U[0, 2pi) init) and logits of ~25: 1.2e-4 measured.
+OFFICIAL_TOL = 3e-4
+MAX = {}  # Largest differences seen: kind -> (value, case).
+ALL = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere2', 'liere8',
+       'liere16', 'liere6')
+SIZES = {1: (16, 28), 2: (16, 24), 3: (8, 12)}  # (training, larger) input sizes, patch 4.
+
+
+def _record(kind, value, case):
+  if value >= MAX.get(kind, (-1.,))[0]:
+    MAX[kind] = (value, case)
+  return value
+
+
+def _random_params(reference, seed, init_scale=2 * np.pi):
+  """Random values for every parameter (LayerNorms and biases included, the head too), drawn
+  with numpy: building through the initialisers costs seconds of JAX compiles per model."""
+  rng = np.random.default_rng(seed)
+
+  def draw(path, leaf):
+    shape, name = tuple(leaf.shape), path[-1]
+    if name == 'generators':  # The LieRE init: U[0, init_scale), 2 pi by default.
+      x = rng.uniform(0, init_scale, shape)
+    elif name == 'kernel' and path[0] != 'head':
+      x = rng.normal(size=shape) / np.sqrt(np.prod(shape[:-1]))
+    elif name == 'scale':
+      x = 1 + 0.1 * rng.normal(size=shape)
+    elif name == 'bias':
+      x = 0.1 * rng.normal(size=shape)
+    else:  # head kernel, cls_token, abs embedding, rope_mixed freqs.
+      x = rng.normal(size=shape)
+    return jnp.asarray(x, jnp.float32)
+
+  flat = {k: draw(k, v) for k, v in export._flatten(reference).items()}
+  return export._unflatten_like(reference, flat)
+
+
+def _jax_model(seed=0, qkv_bias=True, mlp_dim=0, **kw):
+  """A tiny JAX ViT (tests/helpers.py config) with random parameters, in eval mode."""
+  cfg = tiny_model_config(**kw)
+  cfg.qkv_bias = qkv_bias
+  cfg.mlp_dim = mlp_dim
+  abstract = nnx.eval_shape(lambda: ViT(cfg, rngs=nnx.Rngs(seed)))
+  graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+  nnx.replace_by_pure_dict(params, _random_params(nnx.to_pure_dict(params), seed,
+                                                  cfg.pe.init_scale))
+  rest = jax.tree.map(lambda s: jax.random.key(seed) if jax.dtypes.issubdtype(
+      s.dtype, jax.dtypes.prng_key) else jnp.zeros(s.shape, s.dtype), rest)
+  model = nnx.merge(graphdef, params, rest)
+  model.eval()
+  return model, cfg
+
+
+def _params(model):
+  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def _torch_model(model, cfg):
+  tm = torch_vit.ViT.from_config(export.model_fields(cfg))
+  tm.load_liere_state_dict(export.torch_layout(_params(model), cfg))
+  return tm.eval()
+
+
+def _inputs(n_dims, size, batch=2, seed=0):
+  return np.random.default_rng(seed).normal(size=(batch,) + (size,) * n_dims + (3,)).astype(
+      np.float32)
+
+
+def _nchw(x):
+  return torch.from_numpy(np.ascontiguousarray(np.moveaxis(x, -1, 1)))
+
+
+def _check_parity(jm, tm, n_dims, sizes, case, positions=None, patch=4):
+  for size in sizes:
+    x = _inputs(n_dims, size)
+    y_jax = np.asarray(jm(jnp.asarray(x), positions=positions))
+    with torch.no_grad():
+      y_torch = tm(_nchw(x), positions=positions).numpy()
+      grid = (size // patch,) * n_dims
+      ctx_jax, ctx_torch = jm.pe_context(grid, positions), tm.pe_context(grid, positions)
+    diff = _record('logits', float(np.abs(y_jax - y_torch).max()), f'{case} size {size}')
+    assert diff <= LOGIT_TOL, f'{case} at size {size}: logits differ by {diff:.2e}'
+    assert (ctx_jax is None) == (ctx_torch is None)
+    if ctx_jax is not None:
+      assert np.shape(ctx_jax) == tuple(ctx_torch.shape)
+      kind = 'alibi bias' if 'alibi' in case else 'rotations'
+      rdiff = _record(kind, float(np.abs(np.asarray(ctx_jax) - ctx_torch.numpy()).max()),
+                      f'{case} size {size}')
+      assert rdiff <= ROT_TOL, f'{case} at size {size}: {kind} differ by {rdiff:.2e}'
+
+
+# ----------------------------------------------------------------------------------------------
+# Parity JAX vs PyTorch.
+
+
+@pytest.mark.parametrize('n_dims', [2, 3])
+@pytest.mark.parametrize('pe', ALL)
+def test_parity_every_encoding(pe, n_dims):
+  """width 32, 2 heads: head_dim 16, so liere16 is one dense block and liere6 leaves 4 dims."""
+  jm, cfg = _jax_model(pe=pe, n_dims=n_dims, size=SIZES[n_dims][0], width=32, heads=2)
+  _check_parity(jm, _torch_model(jm, cfg), n_dims, SIZES[n_dims], f'{pe} {n_dims}D')
+
+
+@pytest.mark.parametrize('case', [
+    dict(pe='liere8', n_dims=1),
+    dict(pe='rope_mixed', n_dims=1),
+    dict(pe='liere2', pool='mean'),
+    dict(pe='abs', pool='mean'),
+    dict(pe='liere8', qkv_bias=False),
+    dict(pe='liere8', share='heads', train_only=True),
+    dict(pe='liere2', share='layers'),
+    dict(pe='liere2', share='all'),
+    # Integer positions reach 5 here: the init range shrinks to keep the generator norms
+    # (and so the float32 expm accuracy) where the normalized positions have them.
+    dict(pe='liere8', positions='integer', init_scale=2 * np.pi / 3),
+    dict(pe='liere8', positions='rescaled'),
+    dict(pe='rope_mixed', positions='normalized'),
+], ids=lambda c: ','.join(f'{k}={v}' for k, v in c.items()))
+def test_parity_variants(case):
+  """(Each LieRE shape costs a JAX expm compile of seconds: b > 2 only where it matters.)"""
+  case = dict(case)
+  n_dims = case.pop('n_dims', 2)
+  sizes = SIZES[n_dims][:1] if case.pop('train_only', False) else SIZES[n_dims]
+  jm, cfg = _jax_model(n_dims=n_dims, size=SIZES[n_dims][0], width=32, heads=2, **case)
+  _check_parity(jm, _torch_model(jm, cfg), n_dims, sizes, str(case))
+
+
+def test_parity_positions_override_and_cached_context():
+  jm, cfg = _jax_model(pe='liere8', width=32, heads=2)
+  tm = _torch_model(jm, cfg)
+  _check_parity(jm, tm, 2, (24,), 'liere8 positions=rescaled', positions='rescaled')
+  x = _nchw(_inputs(2, 24))
+  with torch.no_grad():
+    np.testing.assert_array_equal(tm(x, ctx=tm.pe_context((6, 6))).numpy(), tm(x).numpy())
+
+
+@pytest.mark.parametrize('n_dims,sizes', [(1, (8, 20)), (2, (8, 12, 20)), (3, (4,))])
+def test_parity_abs_resize_down_and_up(n_dims, sizes):
+  """jax.image.resize ('cubic' in 2D, else 'linear'; antialiased when shrinking), reproduced."""
+  train = SIZES[n_dims][0]
+  jm, cfg = _jax_model(pe='abs', n_dims=n_dims, size=train, width=32, heads=2)
+  _check_parity(jm, _torch_model(jm, cfg), n_dims, sizes, f'abs {n_dims}D resize')
+
+
+def test_resize_weights_match_jax_image_resize():
+  rng = np.random.default_rng(0)
+  for method in ('cubic', 'linear'):
+    for n_in, n_out in ((4, 6), (4, 9), (7, 3), (6, 2), (5, 5), (1, 4), (4, 1)):
+      x = rng.normal(size=(n_in, 3)).astype(np.float32)
+      want = np.asarray(jax.image.resize(jnp.asarray(x), (n_out, 3), method))
+      got = torch_vit.resize_grid(torch.from_numpy(x), (n_out,), method).numpy()
+      np.testing.assert_allclose(got, want, atol=1e-6, err_msg=f'{method} {n_in}->{n_out}')
+
+
+def test_channels_first_and_shape_errors():
+  jm, cfg = _jax_model(pe='liere8', width=32, heads=2)
+  tm = _torch_model(jm, cfg)
+  with pytest.raises(ValueError, match='channels-first'):
+    tm(torch.zeros(1, 16, 16, 3))
+  with pytest.raises(ValueError, match='not divisible'):
+    tm(torch.zeros(1, 3, 18, 16))
+
+
+# ----------------------------------------------------------------------------------------------
+# Files: export -> safetensors -> import, wrong files, CLI errors.
+
+
+def _full_config(model_cfg):
+  return config_lib.base_config(model=model_cfg, data=config_lib.data_config(name='arrows'),
+                                batch_size=2, total_steps=1, lr=1e-3)
+
+
+def _save_run(tmp_path, name, model, cfg):
+  workdir = str(tmp_path / name)
+  checkpoint.save_params(workdir, _full_config(cfg), _params(model))
+  return workdir
+
+
+def _flat(params):
+  return {'/'.join(map(str, k)): np.asarray(v) for k, v in export._flatten(params).items()}
+
+
+def _assert_bit_identical(a, b):
+  fa, fb = _flat(a), _flat(b)
+  assert fa.keys() == fb.keys()
+  for key in fa:
+    assert fa[key].dtype == fb[key].dtype and fa[key].shape == fb[key].shape, key
+    assert np.array_equal(fa[key], fb[key]), f'{key} changed in the round trip'
+
+
+@pytest.mark.parametrize('kw', [dict(pe='liere8', share='heads'),
+                                dict(pe='abs', n_dims=3, size=8, qkv_bias=False, pool='mean')],
+                         ids=['liere8-2d', 'abs-3d-mean'])
+def test_export_torch_import_round_trip_is_bit_identical(tmp_path, kw):
+  jm, cfg = _jax_model(width=32, heads=2, **kw)
+  workdir = _save_run(tmp_path, 'run', jm, cfg)
+  out = str(tmp_path / 'model.safetensors')
+  assert export.main(['torch', '--workdir', workdir, '--out', out]) == 0
+  assert os.path.exists(str(tmp_path / 'model.json'))
+  # PyTorch side: one call, same logits.
+  tm = torch_vit.load_liere_safetensors(out).eval()
+  n_dims = len(cfg.patch)
+  x = _inputs(n_dims, cfg.input_size[0])
+  with torch.no_grad():
+    diff = float(np.abs(np.asarray(jm(jnp.asarray(x))) - tm(_nchw(x)).numpy()).max())
+  assert _record('logits', diff, f'safetensors {kw}') <= LOGIT_TOL
+  # And back to JAX.
+  back = str(tmp_path / 'back')
+  assert export.main(['import-torch', '--safetensors', out, '--out-workdir', back]) == 0
+  config2, params2 = checkpoint.load_params(back)[:2]
+  _assert_bit_identical(_params(jm), params2)
+  assert config2.model.to_dict() == checkpoint.read_config(workdir).model.to_dict()
+
+
+def _state(model, cfg):
+  return export.torch_layout(_params(model), cfg)
+
+
+@pytest.mark.parametrize('edit,key,pattern', [
+    ('missing', 'blocks.1.mlp.fc2.bias', 'missing key'),
+    ('shape', 'pe.generators', r'has shape \(2, 2, 2, 2, 27\).*expects \(2, 2, 2, 2, 28\)'),
+    ('extra', 'blocks.0.attn.qkv.extra', 'unexpected key'),
+])
+def test_wrong_file_names_the_key(tmp_path, edit, key, pattern):
+  jm, cfg = _jax_model(pe='liere8', width=32, heads=2)
+  state = _state(jm, cfg)
+  if edit == 'missing':
+    del state[key]
+  elif edit == 'shape':
+    state[key] = np.ascontiguousarray(state[key][..., :27])
+  else:
+    state[key] = np.zeros(3, np.float32)
+  path = str(tmp_path / 'bad.safetensors')
+  save_file(state, path)
+  export._write_json(str(tmp_path / 'bad.json'), export.export_json(_full_config(cfg)))
+  with pytest.raises(torch_vit.WeightsMismatchError) as e:
+    torch_vit.load_liere_safetensors(path)
+  assert f"'{key}'" in str(e.value) and re.search(pattern, str(e.value)), str(e.value)
+  with pytest.raises(ValueError) as e:  # The JAX side (import-torch) checks the same.
+    export.from_torch_layout(load_file(path), cfg)
+  assert f"'{key}'" in str(e.value) and re.search(pattern.split('.*')[0], str(e.value)), str(e.value)
+  # The CLI refuses before writing anything.
+  with pytest.raises(SystemExit) as e:
+    export.main(['import-torch', '--safetensors', path, '--out-workdir', str(tmp_path / 'w')])
+  assert e.value.code == 2 and not os.path.exists(str(tmp_path / 'w'))
+
+
+def test_first_mismatched_key_is_named():
+  jm, cfg = _jax_model(pe='liere8', width=32, heads=2)
+  tm = torch_vit.ViT.from_config(export.model_fields(cfg))
+  state = _state(jm, cfg)
+  for key in ('blocks.0.norm1.weight', 'head.bias'):
+    del state[key]
+  with pytest.raises(torch_vit.WeightsMismatchError,
+                     match=r"missing key 'blocks.0.norm1.weight' \(and 1 more\)"):
+    tm.load_liere_state_dict(state)
+
+
+def test_cli_errors_exit_nonzero_before_writing(tmp_path, capsys):
+  jm, cfg = _jax_model(pe='rope_axial', width=128, heads=2, qkv_bias=False, mlp_dim=64)
+  workdir = _save_run(tmp_path, 'run', jm, cfg)
+  cases = [
+      (['torch', '--workdir', str(tmp_path / 'nope'), '--out', str(tmp_path / 'a.safetensors')],
+       'does not exist'),
+      (['torch', '--workdir', workdir, '--out', str(tmp_path / 'a.pt')], 'should end with'),
+      (['torch', '--workdir', workdir, '--step', '7', '--out', str(tmp_path / 'a.safetensors')],
+       '--step 7'),
+      (['official', '--workdir', workdir, '--out', str(tmp_path / 'a.pt')], 'VisionLlama'),
+      (['import-official', '--state-dict', str(tmp_path / 'none.pt'), '--config',
+        os.path.join(workdir, 'config.json'), '--out-workdir', str(tmp_path / 'w')],
+       'does not exist'),
+  ]
+  for argv, message in cases:
+    with pytest.raises(SystemExit) as e:
+      export.main(argv)
+    assert e.value.code == 2, argv
+    assert message in capsys.readouterr().err, argv
+  assert sorted(os.listdir(tmp_path)) == ['run'], 'a failed command wrote something'
+
+
+# ----------------------------------------------------------------------------------------------
+# The official StanfordMIMI/LieRE layout.
+
+OFFICIAL_CHECKOUT = os.environ.get('LIERE_OFFICIAL_CHECKOUT', '/work/official/LieRE')
+OFFICIAL_CASES = [
+    dict(pe='liere8', share='layers'),
+    dict(pe='liere64', share='all'),
+    dict(pe='liere2', share='layers'),  # The official "rope_mixed".
+    dict(pe='liere6', share='layers'),  # 4 head dims left unrotated.
+    dict(pe='liere8', share='layers', positions='integer'),  # generators scaled by n - 1.
+    dict(pe='liere8', share='none', equal_layers=True),
+    dict(pe='rope_mixed', equal_layers=True),
+    dict(pe='abs'),
+    dict(pe='none'),
+    dict(pe='liere8', share='all', n_dims=3),
+]
+
+
+def _official_jax_model(pe, n_dims=2, equal_layers=False, **kw):
+  jm, cfg = _jax_model(pe=pe, n_dims=n_dims, size=16 if n_dims == 2 else 8, width=128,
+                       heads=2, mlp_dim=64, qkv_bias=False, **kw)
+  if equal_layers:  # Every layer slice equal: the case the layer-0 bug does not touch.
+    if pe == 'rope_mixed':
+      jm.pe.freqs[...] = jnp.broadcast_to(jm.pe.freqs[:, :1], jm.pe.freqs.shape)
+    else:
+      jm.pe.generators[...] = jnp.broadcast_to(jm.pe.generators[:1], jm.pe.generators.shape)
+  return jm, cfg
+
+
+def _official_rope_vit():
+  """The official RoPEViT class, or None (no checkout or no einops)."""
+  if not os.path.isdir(os.path.join(OFFICIAL_CHECKOUT, 'models')):
+    return None
+  try:
+    importlib.import_module('einops')
+  except ImportError:
+    return None
+  name = '_liere_official_models'
+  if name not in sys.modules:
+    if importlib.util.find_spec('ipdb') is None:  # Imported (never used) by the official code.
+      sys.modules['ipdb'] = types.ModuleType('ipdb')
+    pkg = types.ModuleType(name)
+    pkg.__path__ = [os.path.join(OFFICIAL_CHECKOUT, 'models')]
+    sys.modules[name] = pkg
+  return importlib.import_module(f'{name}.rope_vit').RoPEViT
+
+
+def _case_id(c):
+  return ','.join(f'{k}={v}' for k, v in c.items())
+
+
+@pytest.mark.parametrize('case', OFFICIAL_CASES, ids=_case_id)
+def test_official_layout_round_trip(case):
+  """Without the official code: export -> import-official gives the same params and logits."""
+  jm, cfg = _official_jax_model(**case)
+  with warnings.catch_warnings():
+    warnings.simplefilter('error', export.Layer0BugWarning)  # No warning: nothing is lost.
+    state, kw = export.official_layout(_params(jm), cfg)
+    back = export.from_official_layout(state, cfg)
+  if (cfg.pe.positions or export.default_positions(cfg.pe.name)) == 'integer':
+    # Multiplied by n - 1 on export, divided on import: equal up to rounding.
+    for key, value in _flat(_params(jm)).items():
+      np.testing.assert_allclose(_flat(back)[key], value, rtol=1e-6, err_msg=key)
+  else:
+    _assert_bit_identical(_params(jm), back)
+  jm2 = nnx.clone(jm)
+  params2 = nnx.state(jm2, nnx.Param)
+  nnx.replace_by_pure_dict(params2, back)
+  nnx.update(jm2, params2)
+  x = jnp.asarray(_inputs(len(cfg.patch), cfg.input_size[0]))
+  diff = float(jnp.abs(jm(x) - jm2(x)).max())
+  assert _record('logits', diff, f'official round trip {case}') <= LOGIT_TOL
+
+
+def _official_logits(rope_vit, state, kw, x):
+  model = rope_vit(**kw)
+  model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()},
+                        strict=True)
+  model.eval()
+  with torch.no_grad():
+    return model(_nchw(x)).numpy()
+
+
+@pytest.mark.parametrize('case', OFFICIAL_CASES, ids=_case_id)
+def test_official_rope_vit_parity(case, capsys):
+  rope_vit = _official_rope_vit()
+  if rope_vit is None:
+    pytest.skip(f'no official LieRE checkout at {OFFICIAL_CHECKOUT} (or no einops)')
+  jm, cfg = _official_jax_model(**case)
+  state, kw = export.official_layout(_params(jm), cfg)
+  x = _inputs(len(cfg.patch), cfg.input_size[0])
+  y_official = _official_logits(rope_vit, state, kw, x)
+  diff = float(np.abs(np.asarray(jm(jnp.asarray(x))) - y_official).max())
+  _record('official logits', diff, str(case))
+  assert diff <= OFFICIAL_TOL, f'{case}: official logits differ by {diff:.2e}'
+
+
+def test_per_layer_export_warns_and_import_reproduces_the_layer0_bug():
+  jm, cfg = _official_jax_model(pe='liere8', share='none')
+  with pytest.warns(export.Layer0BugWarning, match="layer 0's rotations in every layer"):
+    state, kw = export.official_layout(_params(jm), cfg)
+  assert state['position_encoder.generator_raw_params'].shape == (2, 2, 2 * 8, 8, 8)
+  assert kw['rotary_embedding_per_layer'] and kw['rotary_embedding_per_head']
+  with pytest.warns(export.Layer0BugWarning, match='importing layer 0'):
+    back = export.from_official_layout(state, cfg)
+  gen = back['pe']['generators']
+  np.testing.assert_array_equal(gen[1], gen[0])  # What the official model computes.
+  rope_vit = _official_rope_vit()
+  if rope_vit is None:
+    return
+  x = _inputs(2, 16)
+  y_official = _official_logits(rope_vit, state, kw, x)
+  y_ours = np.asarray(jm(jnp.asarray(x)))
+  jm.pe.generators[...] = jnp.asarray(gen)
+  y_bug = np.asarray(jm(jnp.asarray(x)))
+  assert np.abs(y_ours - y_official).max() > 1e-2  # The bug changes the model...
+  diff = float(np.abs(y_bug - y_official).max())  # ...exactly as modelled by the import.
+  assert _record('official logits', diff, 'per-layer, layer 0 replicated') <= OFFICIAL_TOL
+
+
+@pytest.mark.parametrize('kw,message', [
+    (dict(pe='rope_axial'), 'VisionLlama'),
+    (dict(pe='sincos'), 'no sincos encoding'),
+    (dict(pe='alibi'), 'no alibi encoding'),
+    (dict(pe='liere8', pool='mean'), "pool='mean'"),
+    (dict(pe='liere8', width=64, heads=2), 'head_dim=32'),
+    (dict(pe='liere8', n_dims=1), '1D inputs'),
+    (dict(pe='liere8', qkv_bias=True), 'qkv bias'),
+])
+def test_official_export_refuses_what_it_cannot_represent(kw, message):
+  kw = {**dict(width=128, heads=2, mlp_dim=64, qkv_bias=False, size=16), **kw}
+  jm, cfg = _jax_model(**kw)
+  if kw['qkv_bias']:
+    jm.blocks[0].attn.qkv.bias[...] = jnp.ones_like(jm.blocks[0].attn.qkv.bias[...])
+  with pytest.raises(ValueError, match=message):
+    export.official_layout(_params(jm), cfg)
+
+
+def test_official_cli_round_trip(tmp_path):
+  """export official (.pt + .json) -> import-official, through files and torch.load."""
+  jm, cfg = _official_jax_model(pe='liere8', share='layers')
+  workdir = _save_run(tmp_path, 'run', jm, cfg)
+  out = str(tmp_path / 'official.pt')
+  assert export.main(['official', '--workdir', workdir, '--out', out]) == 0
+  state = torch.load(out, weights_only=True)
+  assert state['position_encoder.generator_raw_params'].shape == (2, 1, 2 * 8, 8, 8)
+  back = str(tmp_path / 'back')
+  assert export.main(['import-official', '--state-dict', out, '--config',
+                      str(tmp_path / 'official.json'), '--out-workdir', back]) == 0
+  _assert_bit_identical(_params(jm), checkpoint.load_params(back)[1])
+  rope_vit = _official_rope_vit()
+  if rope_vit is not None:
+    with open(str(tmp_path / 'official.json')) as f:
+      kw = json.load(f)['rope_vit_kwargs']
+    x = _inputs(2, 16)
+    diff = float(np.abs(_official_logits(rope_vit, {k: v.numpy() for k, v in state.items()},
+                                         kw, x) - np.asarray(jm(jnp.asarray(x)))).max())
+    assert _record('official logits', diff, 'CLI .pt') <= OFFICIAL_TOL
+
+
+def test_zz_summary():
+  """Prints the largest differences of this module (run with -s to see them)."""
+  print('\nLargest JAX vs PyTorch differences in tests/test_port.py:')
+  for kind, (value, case) in sorted(MAX.items()):
+    print(f'  {kind:16s} {value:.3e}  ({case})')
