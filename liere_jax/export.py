@@ -11,7 +11,8 @@
       Transformer.forward), so per-layer generators (share='none' or 'heads', rope_mixed)
       export with a warning unless all layers are equal.
   python -m liere_jax.export import-torch --safetensors FILE [--config FILE.json] --out-workdir DIR
-  python -m liere_jax.export import-official --state-dict FILE.pt --config CONFIG.json --out-workdir DIR
+  python -m liere_jax.export import-official --state-dict FILE.pt --config CONFIG.json \
+      --out-workdir DIR
       Back to a params-only JAX checkpoint that eval.py / load_params read. CONFIG.json: the
       JSON written by either export, a workdir's config.json or a plain model section.
 Every error is reported before anything is written (exit status 2).
@@ -94,9 +95,9 @@ def config_from_json(obj: dict, what: str) -> ml_collections.ConfigDict:
   if obj.get('format') == FORMAT:
     if obj.get('source_config'):
       config = ml_collections.ConfigDict(obj['source_config'])
-      found, wanted = model_fields(config.model), {k: obj[k] for k in model_fields(config.model)
-                                                   if k in obj}
-      diff = [k for k in wanted if json.loads(json.dumps(found[k])) != wanted[k]]
+      found = json.loads(json.dumps(model_fields(config.model)))
+      wanted = {k: obj[k] for k in found if k in obj}
+      diff = [k for k in wanted if found[k] != wanted[k]]
       if diff:
         raise ValueError(f'{what}: field {diff[0]!r} = {wanted[diff[0]]!r} disagrees with its '
                          f'source_config ({found[diff[0]]!r}); fix or remove source_config.')
@@ -299,8 +300,10 @@ def _official_leaf(path):
              ('attn', 'proj', 'kernel'): '0.fn.to_out.0.weight',
              ('attn', 'proj', 'bias'): '0.fn.to_out.0.bias',
              ('norm2', 'scale'): '1.norm.weight', ('norm2', 'bias'): '1.norm.bias',
-             ('mlp', 'fc1', 'kernel'): '1.fn.net.0.weight', ('mlp', 'fc1', 'bias'): '1.fn.net.0.bias',
-             ('mlp', 'fc2', 'kernel'): '1.fn.net.3.weight', ('mlp', 'fc2', 'bias'): '1.fn.net.3.bias'}
+             ('mlp', 'fc1', 'kernel'): '1.fn.net.0.weight',
+             ('mlp', 'fc1', 'bias'): '1.fn.net.0.bias',
+             ('mlp', 'fc2', 'kernel'): '1.fn.net.3.weight',
+             ('mlp', 'fc2', 'bias'): '1.fn.net.3.bias'}
     name = table[tuple(sub)]
     return None if name is None else f'transformer.layers.{i}.{name}'
   return {('patch_embed', 'kernel'): 'to_patch_embedding.1.weight',
@@ -365,9 +368,10 @@ def official_layout(params, m):
           * c[:, None, None, None]
     if p.shape[1] > 1 and any(np.any(p[:, i] != p[:, 0]) for i in range(1, p.shape[1])):
       warnings.warn(
-          f'pe={name} (share={m.pe.get("share", "none")}) has per-layer generators, but the official RoPEViT uses layer 0\'s rotations in '
-          'every layer (its Transformer.forward overwrites them at layer 0): the exported '
-          'model will NOT match this one. Use share=layers or share=all for an exact export.',
+          f'pe={name} (share={m.pe.get("share", "none")}) has per-layer generators, but the '
+          'official RoPEViT uses layer 0\'s rotations in every layer (its Transformer.forward '
+          'overwrites them at layer 0): the exported model will NOT match this one. Use '
+          'share=layers or share=all for an exact export.',
           Layer0BugWarning, stacklevel=2)
     state['position_encoder.generator_raw_params'] = p
   state = {k: np.ascontiguousarray(v, np.float32) for k, v in state.items()}
@@ -541,8 +545,9 @@ def load_official_state_dict(path) -> dict:
   try:
     obj = torch.load(path, map_location='cpu', weights_only=True)
   except Exception as e:  # pickle.UnpicklingError and friends: refuse, never unpickle.
-    raise ValueError(f'--state-dict {path} cannot be read with torch.load(weights_only=True): '
-                     f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}') from None
+    raise ValueError(f'--state-dict {path} cannot be read with torch.load(weights_only=True) '
+                     f'({type(e).__name__}): it is no plain state_dict of tensors, and this tool '
+                     'never unpickles arbitrary objects.') from None
   if isinstance(obj, dict) and isinstance(obj.get('state_dict'), dict):
     obj = obj['state_dict']
   if not isinstance(obj, dict) or not all(torch.is_tensor(v) for v in obj.values()):
@@ -571,7 +576,8 @@ def _parser():
                               description=__doc__.split('\n\n')[0])
   sub = p.add_subparsers(dest='command', required=True)
   for name, suffix in (('torch', '.safetensors'), ('official', '.pt')):
-    s = sub.add_parser(name, help=f'a run -> {suffix} ({"torch_vit" if name == "torch" else "official RoPEViT"})')
+    target = 'torch_vit' if name == 'torch' else 'official RoPEViT'
+    s = sub.add_parser(name, help=f'a run -> {suffix} ({target})')
     s.add_argument('--workdir', required=True, help='the training run (config.json + checkpoints)')
     s.add_argument('--step', type=int, default=None, help='checkpoint step (default: latest)')
     s.add_argument('--best', action='store_true', help='the best checkpoint by eval accuracy')

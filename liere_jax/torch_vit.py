@@ -555,14 +555,20 @@ def config_path_for(path):
 def load_liere_safetensors(path, config=None, device='cpu'):
   """A ViT with the weights of `path` (from `python -m liere_jax.export torch`).
 
-  config: the exported JSON (dict or path); default: FILE.json beside FILE.safetensors.
+  config: the exported JSON (dict or path); default: FILE.json beside FILE.safetensors, else
+  the copy of the model fields in the file's metadata.
   """
+  from safetensors import safe_open
   from safetensors.torch import load_file
   if config is None:
     config = config_path_for(path)
-    if not os.path.exists(config):
-      raise FileNotFoundError(f'{config} (the model config written beside {path}) is missing; '
-                              'pass config= or export again.')
+    if not os.path.exists(config):  # The export also stores the model fields in the file.
+      with safe_open(os.fspath(path), framework='pt') as f:
+        meta = (f.metadata() or {}).get('liere_jax')
+      if meta is None:
+        raise FileNotFoundError(f'{config} (the model config written beside {path}) is '
+                                'missing; pass config= or export again.')
+      config = json.loads(meta)
   model = ViT.from_config(config)
   model.load_liere_state_dict(load_file(os.fspath(path), device='cpu'))
   return model.to(device)
