@@ -1,7 +1,7 @@
 r"""The synthetic spatial task (paper Sec. 5.2, Table 3): which way does the arrow point that
 the base of the Y points at? 12 px cells on a 9x9 (108 px), 14x14 (168 px) or 23x23 grid.
 
-The main job (a small ViT sized for a laptop CPU; ~5 minutes on 2 cores):
+The main job (a small ViT sized for a laptop CPU):
   python train.py --config configs/arrows.py --workdir /tmp/arrows
   python eval.py --config configs/arrows.py --workdir /tmp/arrows
 
@@ -19,6 +19,9 @@ def get_config(arg=None):
   if arg.variant:
     model.width = model.depth = model.heads = model.mlp_dim = 0
   data = config_lib.data_config(name='arrows', augment='none', grid=arg.grid, num_eval=2000)
-  return config_lib.base_config(model=model, data=data, batch_size=128, total_steps=400,
-                                lr=1e-3, warmup_steps=40, checkpoint_every=100, log_every=20,
+  # The task has a plateau at the ~44% majority-arrow floor; with lr near 1e-3 LieRE8 leaves
+  # it around step 220 (measured) and is at 99%+ 30 steps later. A longer warmup and 500
+  # steps keep the learning rate high through that transition.
+  return config_lib.base_config(model=model, data=data, batch_size=128, total_steps=500,
+                                lr=1e-3, warmup_steps=100, checkpoint_every=100, log_every=20,
                                 resolutions=(14 * 12,))
