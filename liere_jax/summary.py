@@ -18,11 +18,6 @@ from ml_collections import config_flags
 
 from liere_jax.model import ViT
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file[:args].',
-                                          lock_config=True)
-_JSON = flags.DEFINE_bool('json', False, 'Print one JSON object as the last line.')
-
-
 def _flops(fn, *args) -> float:
   cost = jax.jit(fn).lower(*args).compile().cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -65,7 +60,7 @@ def summarize(model_cfg) -> dict:
 
 def main(argv):
   del argv
-  s = summarize(_CONFIG.value.model)
+  s = summarize(flags.FLAGS.config.model)
   print(f"position encoding      {s['pe']}")
   print(f"parameters             {s['params_total']:,}")
   print(f"  position encoding    {s['params_pe']:,} "
@@ -74,10 +69,12 @@ def main(argv):
   print(f"GFLOPs / image         {s['gflops_per_image']:.3f} (rotations computed in the pass)")
   print(f"GFLOPs / image cached  {s['gflops_per_image_cached_pe']:.3f} (rotations cached)")
   print(f"GMACs / image          {s['gmacs_per_image']:.3f} (paper Table 8 unit)")
-  if _JSON.value:
+  if flags.FLAGS.json:
     print(json.dumps(s))
 
 
-if __name__ == '__main__':
+if __name__ == '__main__':  # Flags only here: the module is imported by tests and tools.
+  config_flags.DEFINE_config_file('config', None, 'Config file[:args].', lock_config=True)
+  flags.DEFINE_bool('json', False, 'Print one JSON object as the last line.')
   flags.mark_flag_as_required('config')
   app.run(main)
