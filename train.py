@@ -117,10 +117,11 @@ def main(argv):
     save_now = step % config.checkpoint_every == 0 or eval_now
     if save_now or step % config.log_every == 0:
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      if not math.isfinite(metrics['loss']):  # NaNs persist, so checking here is enough.
+      bad = [k for k in ('loss', 'param_norm') if not math.isfinite(metrics[k])]
+      if bad:  # NaNs persist, so checking at log and save steps is enough.
         latest.wait_until_finished()
         raise FloatingPointError(
-            f"Loss is {metrics['loss']} at step {step}; stopping. The last good checkpoint "
+            f'{bad[0]} is {metrics[bad[0]]} at step {step}; stopping. The last good checkpoint '
             f'(step {latest.latest_step()}) is intact. Lower --config.lr or set '
             '--config.grad_clip=1.0.')
     if step % config.log_every == 0 or step == config.total_steps:

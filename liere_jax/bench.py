@@ -14,12 +14,15 @@ memory of the compiled forward+backward, and errors against float64 SciPy on a s
 |R - R64|, max |R^T R - I|, gradient relative error against scipy.linalg.expm_frechet). A
 function whose temp memory would not fit is not run: its row says status 'oom'.
 
-step: the config and the same config with --vs applied to its argument string (overrides
---config.key=value apply to both); train steps and eval steps (cached rotations) of the two
-alternate A, B, A, B in one process; medians after warm-up, ratios A / B. --breakdown adds the
-train step with the rotations computed outside (their gradient dropped), the encoding's own
-forward+backward, and XLA FLOP counts. --official times the official PyTorch LieRE train step
-at the same shape in a subprocess (steps alternating with ours).
+step: the config (A) and the same config with --vs applied to its argument string (B);
+overrides --config.key=value apply to both. Train steps, then eval steps (rotations cached:
+computed once outside the timed loop) of the two alternate in one process (A B, B A, A B, ...);
+medians after warm-up, ratios A / B, random inputs of the config's shape. --breakdown adds the
+train step with the rotations fed in (their gradient dropped), the encoding's own
+forward+backward, and XLA FLOP counts (XLA counts a while loop's body once: the chunked
+exponential is undercounted; the steps without it are counted exactly). --official times the
+official PyTorch LieRE train step of A's shape in a subprocess (its interpreter needs torch,
+einops and the official code's imports), one of its steps after each pair of ours.
 
 Timings use block_until_ready and nothing device-specific: the same command runs on CPU, GPU
 and TPU. The last line of --json output is the machine-readable result.
@@ -55,7 +58,7 @@ _OFFICIAL = flags.DEFINE_string('official', None, 'step: an official StanfordMIM
 _OFFICIAL_SCRIPT = flags.DEFINE_string('official_script', '/work/official/time_official.py',
                                        'step: the timing script (build_official_model) to load.')
 _OFFICIAL_PYTHON = flags.DEFINE_string('official_python', None, 'step: interpreter with torch, '
-                                       'einops (and the official code\'s imports); default this one.')
+                                       "einops and the official code's imports; default: this.")
 _OFFICIAL_THREADS = flags.DEFINE_integer('official_threads', None,
                                          'step: torch threads; default: CPU count.')
 _CASE = flags.DEFINE_multi_string('case', None, 'expm: cases (default: all but tiny).')
@@ -116,11 +119,12 @@ def case_inputs(case: Case, seed: int = 0):
   return a, g
 
 
-def available_bytes(device) -> Optional[int]:
-  """Free memory of a device: its allocator's limit (GPU/TPU), else the host's free RAM."""
+def available_bytes(device=None) -> Optional[int]:
+  """Free memory of a device: its allocator's limit (GPU/TPU), else (CPU, or device None)
+  the host's free RAM."""
   stats = None
   try:
-    stats = device.memory_stats()
+    stats = device.memory_stats() if device is not None else None
   except Exception:  # pylint: disable=broad-except
     pass
   if stats and 'bytes_limit' in stats:
@@ -187,10 +191,11 @@ class _JaxImpl:
     self.fwd_bwd = jax.jit(jax.grad(lambda a, g: jnp.sum(expm(a, method) * g)))
 
   def prepare(self, a, g, row):
-    """Compiles both; returns False (row marked 'oom') when forward+backward will not fit."""
-    self.a, self.g = jnp.asarray(a), jnp.asarray(g)
-    free = available_bytes(self.a.devices().pop() if hasattr(self.a, 'devices')
-                           else jax.devices()[0])
+    """Compiles both and reads XLA's memory analysis: a function whose temp + output buffers
+    exceed MEMORY_FRACTION of the free memory is not run (row status 'oom').
+    a, g: device arrays (shared by the JAX implementations)."""
+    self.a, self.g = a, g
+    free = available_bytes(next(iter(a.devices())))
     t0 = time.perf_counter()
     self.fwd_c = self.fwd.lower(self.a).compile()
     compile_fwd = time.perf_counter() - t0
@@ -222,6 +227,9 @@ class _TorchImpl:
   """torch.matrix_exp; its gradient through torch autograd."""
 
   def __init__(self):
+    # torch's OpenMP threads spin-wait between calls by default and then compete with XLA's
+    # threads in this process: on 2 cores that doubled torch's own times. Must precede import.
+    os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
     import torch
     self.torch = torch
     self.name = 'torch'
@@ -231,10 +239,26 @@ class _TorchImpl:
     if self.device == 'cuda':
       self.torch.cuda.synchronize()
 
+  # Peak memory of torch.matrix_exp forward+backward, measured on CPU (torch 2.13): about 50x
+  # (64x64), 67x (8x8) and 85x (2x2) the input's bytes; the forward alone needs far less.
+  # torch has no ahead-of-time memory analysis, so this bound decides whether to run.
+  BWD_BYTES_FACTOR, FWD_BYTES_FACTOR = 96, 16
+
   def prepare(self, a, g, row):
+    """a, g: numpy arrays. Decides from BWD/FWD_BYTES_FACTOR whether to run."""
+    if self.device == 'cuda':
+      free = self.torch.cuda.mem_get_info()[0]
+    else:
+      free = available_bytes(None)
+    self.run_fwd = free is None or self.FWD_BYTES_FACTOR * a.nbytes <= MEMORY_FRACTION * free
+    self.run_bwd = free is None or self.BWD_BYTES_FACTOR * a.nbytes <= MEMORY_FRACTION * free
+    if not self.run_bwd:
+      row['status'] = 'oom'
+      row['note'] = (f'torch fwd+bwd would need ~{self.BWD_BYTES_FACTOR * a.nbytes / 2**30:.0f} '
+                     f'GiB (estimated: {self.BWD_BYTES_FACTOR}x the input); {free / 2**30:.1f} '
+                     'GiB free')
     self.a = self.torch.from_numpy(np.array(a)).to(self.device)
     self.g = self.torch.from_numpy(np.array(g)).to(self.device)
-    self.run_fwd = self.run_bwd = True
     return True
 
   def call_fwd(self):
@@ -283,6 +307,7 @@ def bench_expm(cases: Sequence[str], impls: Sequence[str], repeats: int = 3, war
         np.linspace(0, len(a) - 1, SUBSAMPLE // 2).astype(int),
         np.argsort(norms)[-(SUBSAMPLE // 2):]]))
     a64, g_sub = a[idx].astype(np.float64), g[idx]
+    a_dev = g_dev = None  # One device copy for all JAX implementations.
     active = []
     for name in impls:
       row = dict.fromkeys(ROW_KEYS)
@@ -295,7 +320,12 @@ def bench_expm(cases: Sequence[str], impls: Sequence[str], repeats: int = 3, war
         continue
       log(f'[{case_name}] {name}: compiling')
       try:
-        impl.prepare(a, g, row)
+        if isinstance(impl, _JaxImpl):
+          if a_dev is None:
+            a_dev, g_dev = jnp.asarray(a), jnp.asarray(g)
+          impl.prepare(a_dev, g_dev, row)
+        else:
+          impl.prepare(a, g, row)
         # First calls: warm-up, and the outputs the errors are measured on.
         r = grad = None
         if impl.run_fwd:
@@ -333,7 +363,7 @@ def bench_expm(cases: Sequence[str], impls: Sequence[str], repeats: int = 3, war
           row[kind + '_s'] = statistics.median(impl.times[kind])
       log(f'[{case_name}] {impl.name}: ' + ', '.join(
           f'{k}={row[k]:.3g}' for k in ('fwd_s', 'fwd_bwd_s') if row[k] is not None))
-    del active
+    del active, a_dev, g_dev
   return rows
 
 
@@ -420,6 +450,7 @@ class _StepBench:
                                     None).compile()
     self.eval_compile_s = time.perf_counter() - t0
     self.flops = _flops(self.train_c)
+    self.eval_flops = _flops(self.eval_c)
     self.times = {'train': [], 'eval': []}
     self.extra = {}
     if breakdown:
@@ -455,7 +486,7 @@ class _StepBench:
     p = self.state['params']
     self.cached_c = jax.jit(cached_step).lower(p, self.train_batch, self.ctx).compile()
     self.pe_c = jax.jit(pe_fwd_bwd).lower(p).compile()
-    self.extra['flops_pe_fwd_bwd'] = _flops(self.pe_c)
+    self.extra['xla_flops_pe_fwd_bwd'] = _flops(self.pe_c)
     self.extra['flops_train_cached_rot'] = _flops(self.cached_c)
     self.times.update(train_cached_rot=[], pe_fwd_bwd=[])
 
@@ -591,17 +622,20 @@ def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakd
       log(f'official: unavailable ({off.error})')
   off_times = []
   kinds = ['train', 'eval'] + (['train_cached_rot', 'pe_fwd_bwd'] if breakdown else [])
-  for i in range(warmup + steps):
-    for kind in kinds:
-      for bench in (a, b):
+  # One loop per kind of step; within it A and B alternate, in the order A B, B A, A B, ...
+  # (a step right after another kind of step, or after the other config's, can run slower:
+  # each config goes first as often as second).
+  for kind in kinds:
+    for i in range(warmup + steps):
+      for bench in ((a, b) if i % 2 == 0 else (b, a)):
         dt, out = _timed(getattr(bench, kind))
         del out
         if i >= warmup:
           bench.times[kind].append(dt)
-    if off is not None and off.proc is not None:
-      dt = off.step()
-      if i >= warmup:
-        off_times.append(dt)
+      if kind == 'train' and off is not None and off.proc is not None:
+        dt = off.step()
+        if i >= warmup:
+          off_times.append(dt)
   if off is not None:
     off.close()
   med = lambda bench, k: statistics.median(bench.times[k])
@@ -616,6 +650,7 @@ def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakd
       'compile_s': a.compile_s, 'baseline_compile_s': b.compile_s,
       'eval_compile_s': a.eval_compile_s, 'baseline_eval_compile_s': b.eval_compile_s,
       'flops_train': a.flops, 'baseline_flops_train': b.flops,
+      'flops_eval': a.eval_flops, 'baseline_flops_eval': b.eval_flops,
   }
   if breakdown:
     res.update({
@@ -624,7 +659,7 @@ def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakd
         'cached_rot_ratio': med(a, 'train_cached_rot') / med(b, 'train_cached_rot'),
         'pe_fwd_bwd_s': med(a, 'pe_fwd_bwd'),
         'baseline_pe_fwd_bwd_s': med(b, 'pe_fwd_bwd'),
-        'flops_pe_fwd_bwd': a.extra['flops_pe_fwd_bwd'],
+        'xla_flops_pe_fwd_bwd': a.extra['xla_flops_pe_fwd_bwd'],
         'flops_train_cached_rot': a.extra['flops_train_cached_rot'],
         'baseline_flops_train_cached_rot': b.extra['flops_train_cached_rot'],
     })
@@ -650,12 +685,14 @@ def step_table(res) -> str:
   row('compile train (s)', res['compile_s'], res['baseline_compile_s'])
   row('compile eval (s)', res['eval_compile_s'], res['baseline_eval_compile_s'])
   row('train GFLOP (XLA)', _g(res['flops_train']), _g(res['baseline_flops_train']))
+  row('eval GFLOP (XLA)', _g(res['flops_eval']), _g(res['baseline_flops_eval']))
   if 'train_cached_rot_s' in res:
     row('train, ctx cached (s)', res['train_cached_rot_s'], res['baseline_train_cached_rot_s'])
     row('train, ctx cached GFLOP', _g(res['flops_train_cached_rot']),
         _g(res['baseline_flops_train_cached_rot']))
-    lines.append(f"{'encoding fwd+bwd (s)':22s} {_fmt(res['pe_fwd_bwd_s'], '10.4f')}   "
-                 f"GFLOP {_fmt(_g(res['flops_pe_fwd_bwd']), '.2f')}")
+    lines.append(f"{'encoding fwd+bwd (s)':22s} {_fmt(res['pe_fwd_bwd_s'], '10.4f')} "
+                 f"{_fmt(res['baseline_pe_fwd_bwd_s'], '10.4f')}   (XLA GFLOP "
+                 f"{_fmt(_g(res['xla_flops_pe_fwd_bwd']), '.2f')}: counts a loop body once)")
   if 'official_train_s' in res:
     if res['official_train_s']:
       lines.append(f"official PyTorch train step (s): {res['official_train_s']:.4f}  "
@@ -693,8 +730,8 @@ def main(argv):
   if _OFFICIAL.value:
     official = dict(checkout=_OFFICIAL.value, script=_OFFICIAL_SCRIPT.value,
                     python=_OFFICIAL_PYTHON.value, threads=_OFFICIAL_THREADS.value)
-  res = bench_step(_CONFIG.value, baseline, names=(spec, spec_b), steps=_STEPS.value, warmup=_WARMUP.value,
-                   breakdown=_BREAKDOWN.value, official=official, log=log)
+  res = bench_step(_CONFIG.value, baseline, names=(spec, spec_b), steps=_STEPS.value,
+                   warmup=_WARMUP.value, breakdown=_BREAKDOWN.value, official=official, log=log)
   res['overrides'] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in overrides.items()}
   print(f'platform: {res["platform"]} x{res["devices"]}, jax {jax.__version__}, '
         f'batch {res["batch_size"]}, {res["steps"]} timed steps (medians)')

@@ -50,6 +50,14 @@ def _run(*args):
   return proc.stdout
 
 
+def test_expm_bench_cli_json():
+  out = _run('expm', '--case', 'tiny', '--impl', 'fast', '--repeats', '1', '--json')
+  rows = json.loads(out.strip().splitlines()[-1])
+  assert len(rows) == 1 and set(bench.ROW_KEYS) <= set(rows[0])
+  assert rows[0]['status'] == 'ok' and rows[0]['max_abs_err'] <= 1e-5
+  assert 'grad rel' in out  # the table came first
+
+
 def test_step_bench_cli_json():
   out = _run('step', '--config', 'configs/arrows.py:grid=3', '--vs', 'pe=abs',
              '--config.model.depth=1', '--config.model.width=32', '--config.model.heads=2',
