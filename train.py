@@ -15,7 +15,6 @@ import os
 import time
 
 import jax
-import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 

@@ -388,7 +388,6 @@ def from_official_layout(state, m) -> dict:
   ref_flat = _flatten(reference)
   width, depth, heads, _ = model_lib.dims(m)
   name = m.pe.name
-  n = len(m.patch)
   state = {k: np.asarray(v, np.float32) for k, v in state.items()}
   # Every key accounted for, every shape checked.
   expected = {'pos_embedding': ref_flat[('pe', 'embedding')].shape if name == 'abs' else

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from liere_jax import encodings
 from liere_jax.model import ViT
 from liere_jax.positions import grid_positions, with_prefix
 from liere_jax.summary import param_counts
