@@ -312,7 +312,10 @@ def bench_expm(cases: Sequence[str], impls: Sequence[str], repeats: int = 3, war
     for name in impls:
       row = dict.fromkeys(ROW_KEYS)
       row.update(case=case_name, impl=name, n_matrices=len(a), size=case.block, status='ok',
-                 compile_fwd_s=None, fwd_temp_bytes=None, note=None)
+                 compile_fwd_s=None, fwd_temp_bytes=None, note=None, fwd_gflop=None)
+      if name == 'fast':  # Counted, not from XLA (which counts a loop body once).
+        from liere_jax.expm import fast_flops
+        row['fwd_gflop'] = fast_flops(a) / 1e9
       rows.append(row)
       impl, why = _make_impl(name)
       if impl is None:
@@ -388,6 +391,10 @@ def expm_table(rows) -> str:
         f"{_fmt(r['max_abs_err'], '8.1e')} {_fmt(r['orth_err'], '8.1e')} "
         f"{_fmt(r['grad_rel_err'], '8.1e')}")
   notes = [f"  {r['case']} / {r['impl']}: {r['note']}" for r in rows if r.get('note')]
+  notes += [f"  {r['case']} / fast: {r['fwd_gflop']:.1f} GFLOP forward "
+            f"({r['fwd_gflop'] * 1e9 / (2 * r['size']**3 * r['n_matrices']):.1f} products per "
+            f"matrix), {r['fwd_gflop'] / r['fwd_s']:.0f} GFLOP/s"
+            for r in rows if r.get('fwd_gflop') and r.get('fwd_s')]
   return '\n'.join(lines + (['notes:'] + notes if notes else []))
 
 

@@ -60,21 +60,52 @@ def _rotation_2x2(a):
 
 
 def _fast(a):
-  budget = _CHUNK_BYTES_CPU if jax.default_backend() == 'cpu' else _CHUNK_BYTES
-  return _map_chunks(_chunk_expm, a, budget)
+  return _map_chunks(_chunk_expm, a, _fast_budget())
+
+
+def _fast_budget():
+  return _CHUNK_BYTES_CPU if jax.default_backend() == 'cpu' else _CHUNK_BYTES
+
+
+def _chunked(a, budget):
+  """[m, b, b] -> [n_chunks, chunk, b, b] of about `budget` bytes each, zero-padded (exp(0) =
+  I; the padding is sliced off after)."""
+  m, b, _ = a.shape
+  n_chunks = -(-m // max(1, min(m, budget // (4 * b * b))))
+  chunk = -(-m // n_chunks)  # Balanced: fewer than n_chunks padding matrices.
+  return jnp.pad(a, ((0, n_chunks * chunk - m), (0, 0), (0, 0))).reshape(n_chunks, chunk, b, b)
 
 
 def _map_chunks(fn, a, budget):
   """fn over chunks of about `budget` bytes of a [m, b, b], one after another (lax.map)."""
-  m, b, _ = a.shape
-  n_chunks = -(-m // max(1, min(m, budget // (4 * b * b))))
-  if n_chunks == 1:
+  chunks = _chunked(a, budget)
+  if chunks.shape[0] == 1:
     return fn(a)
-  chunk = -(-m // n_chunks)  # Balanced: fewer than n_chunks padding matrices.
-  pad = n_chunks * chunk - m  # zero matrices: exp(0) = I, sliced off below.
-  chunks = jnp.pad(a, ((0, pad), (0, 0), (0, 0))).reshape(n_chunks, chunk, b, b)
   out = jax.lax.map(fn, chunks)
-  return out.reshape(n_chunks * chunk, b, b)[:m]
+  return out.reshape(-1, *a.shape[1:])[:a.shape[0]]
+
+
+def fast_flops(a) -> int:
+  """Forward FLOPs of expm(a, 'fast') (XLA's cost analysis counts a lax.map body once):
+  per matrix 7 fixed products (a^2, a^4, x^3, 2 Paterson-Stockmeyer, 2 Newton-Schulz) plus its
+  chunk's squarings, 2 b^3 FLOPs each."""
+  a = jnp.asarray(a, jnp.float32)
+  b = a.shape[-1]
+  if b == 2:
+    return 0
+  chunks = _chunked(a.reshape(-1, b, b), _fast_budget())
+  s = jax.jit(lambda c: jax.lax.map(lambda x: _squarings(_mm(_mm(x, x), _mm(x, x))), c))(chunks)
+  return int((7 + np.asarray(s, np.int64)).sum()) * chunks.shape[1] * 2 * b**3
+
+
+def _squarings(a4):
+  """Squarings for a chunk, from a^4 of its unscaled matrices (a scalar)."""
+  # A skew-symmetric matrix is normal: the degree-12 Taylor remainder at x is at most
+  # rho(x)^13 / 13! in the 2-norm, and rho(a) <= ||a^4||_1^(1/4) <= ||a||_1 (0.7 squarings
+  # fewer than the 1-norm on LieRE's generators, for free: a^2 and a^4 are needed anyway).
+  norm = jax.lax.stop_gradient(jnp.max(jnp.sum(jnp.abs(a4), axis=-2))) ** 0.25
+  return jnp.clip(jnp.ceil(jnp.log2(jnp.maximum(norm, 1e-30))), 0,
+                  _MAX_SQUARINGS).astype(jnp.int32)
 
 
 @jax.custom_vjp
@@ -109,11 +140,7 @@ def _chunk_expm(a):
   mm = _mm
   a2 = mm(a, a)
   a4 = mm(a2, a2)
-  # A skew-symmetric matrix is normal: the degree-12 Taylor remainder at x is at most
-  # rho(x)^13 / 13! in the 2-norm, and rho(a) <= ||a^4||_1^(1/4) <= ||a||_1 (one squaring
-  # fewer than the 1-norm on LieRE's generators, for free: a^2 and a^4 are needed anyway).
-  norm = jax.lax.stop_gradient(jnp.max(jnp.sum(jnp.abs(a4), axis=-2))) ** 0.25
-  s = jnp.clip(jnp.ceil(jnp.log2(jnp.maximum(norm, 1e-30))), 0, _MAX_SQUARINGS).astype(jnp.int32)
+  s = _squarings(a4)
   scale = jnp.exp2(-s.astype(jnp.float32))  # rho(x) <= 1: Taylor-12 error < 1/13! ~ 2e-10.
   x, x2, x4 = a * scale, a2 * scale**2, a4 * scale**4
   eye = jnp.eye(a.shape[-1], dtype=a.dtype)

@@ -77,3 +77,21 @@ def test_identity_at_zero_and_many_chunks():
 def test_bad_method_names_the_fix():
   with pytest.raises(ValueError, match=r"method='pade'.*fast"):
     expm(jnp.zeros((1, 4, 4)), 'pade')
+
+
+def test_fast_flops_counts_squarings_from_the_spectral_radius():
+  from liere_jax.expm import fast_flops
+  b = 8
+  # A rotation generator by angle 5 in the (0, 1) plane: rho = 5 (its 1-norm is also 5), and
+  # ||a^4||_1^(1/4) = 5 exactly -> ceil(log2 5) = 3 squarings, 7 + 3 products of 2 b^3 FLOPs.
+  a = np.zeros((3, b, b), np.float32)
+  a[:, 0, 1], a[:, 1, 0] = 5.0, -5.0
+  assert fast_flops(a) == 3 * 10 * 2 * b**3
+  # The all-ones skew matrix (upper +1, lower -1): ||a||_1 = 7, rho 5.03, bound 5.32.
+  u = np.triu(np.ones((b, b), np.float32), 1)
+  a = np.stack([u - u.T] * 2)
+  rho = np.abs(np.linalg.eigvals(a[0].astype(np.float64))).max()
+  bound = np.abs(np.linalg.matrix_power(a[0].astype(np.float64), 4)).sum(0).max() ** 0.25
+  assert rho <= bound < 7
+  assert fast_flops(a) == 2 * (7 + int(np.ceil(np.log2(bound)))) * 2 * b**3
+  assert fast_flops(np.zeros((4, 2, 2), np.float32)) == 0  # closed form
