@@ -443,7 +443,6 @@ class _StepBench:
     from liere_jax import train_lib
     self.config = config
     self.trainer = t = train_lib.Trainer(config, mesh)
-    _pure_rest(t)
     self.state = t.init_state(config.seed)
     train, evalb = random_batches(config)
     self.train_batch, self.eval_batch = t.global_batch(train), t.global_batch(evalb)
@@ -502,17 +501,6 @@ class _StepBench:
 
   def pe_fwd_bwd(self):
     return self.pe_c(self.state['params'])
-
-
-def _pure_rest(trainer):
-  """Workaround: a Trainer whose `rest` holds nnx.Variable objects (the dropout RngCount,
-  created outside any trace) fails under jit with TraceContextError as soon as dropout > 0,
-  because nnx.merge reuses those objects. Their values as a pure dict merge into fresh ones.
-  A no-op once train_lib stores a pure dict itself."""
-  from flax import nnx
-  leaves = jax.tree.leaves(trainer.rest, is_leaf=lambda x: isinstance(x, nnx.Variable))
-  if any(isinstance(x, nnx.Variable) for x in leaves):
-    trainer.rest = nnx.to_pure_dict(trainer.rest)
 
 
 def _flops(compiled):

@@ -77,10 +77,10 @@ class Trainer:
     self.train_def, params, rest = nnx.split(model, nnx.Param, ...)
     model.eval()
     self.eval_def = nnx.graphdef(model)
-    # Non-parameter state is the dropout RNG, reseeded every step: any concrete value will do.
-    self.rest = jax.tree.map(
-        lambda x: (jax.random.key(0) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-                   else jnp.zeros(x.shape, x.dtype)), rest)
+    # The only non-parameter state is the dropout RNG (key and count), reseeded from (seed,
+    # step) every step. It is kept as shapes and made anew inside each trace: NNX variables
+    # created outside a trace cannot be updated inside one (dropout > 0 would fail).
+    self.rng_shapes = nnx.to_pure_dict(rest)
     self.tx, self.schedule = make_optimizer(cfg)
     params = nnx.to_pure_dict(params)
     shapes = {'params': params, 'opt_state': jax.eval_shape(self.tx.init, params),
@@ -109,7 +109,10 @@ class Trainer:
 
   def model(self, params, train: bool = False, rng=None) -> ViT:
     """An NNX model over pure-dict params (inside or outside jit)."""
-    model = nnx.merge(self.train_def if train else self.eval_def, params, self.rest)
+    rest = jax.tree.map(
+        lambda x: (jax.random.key(0) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+                   else jnp.zeros(x.shape, x.dtype)), self.rng_shapes)
+    model = nnx.merge(self.train_def if train else self.eval_def, params, rest)
     if rng is not None:
       nnx.reseed(model, dropout=rng)
     return model
