@@ -1,9 +1,11 @@
 r"""Evaluates a trained run: top-1 with a bootstrap 95% CI, patch shuffling (paper Table 5),
 other input sizes with sequential and rescaled positions (Fig. 7), CLS attention maps.
 
-  python eval.py --config configs/arrows.py --workdir /tmp/arrows [--best] [--step N]
+  python eval.py --workdir /tmp/arrows [--best] [--step N] [--resolutions 168,216]
 
-Writes DIR/eval/results.json and DIR/eval/attention.png.
+The run's own config.json is used; `--config FILE[:args]` (with `--config.x=y` overrides) may
+replace it if it describes the same model. Writes DIR/eval/results.json and
+DIR/eval/attention.png.
 """
 import json
 import os
@@ -12,29 +14,40 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file[:args].',
-                                          lock_config=True)
+from liere_jax import config_lib
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, "Config file[:args]; default: the run's own config.json.", lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The run to evaluate.')
 _BEST = flags.DEFINE_bool('best', False, 'Use the best checkpoint instead of the latest.')
 _STEP = flags.DEFINE_integer('step', None, 'Use this step instead of the latest.')
+_RESOLUTIONS = flags.DEFINE_list('resolutions', None, 'Input sizes to evaluate besides the '
+                                 "training one (paper Fig. 7); default: the config's.")
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   from liere_jax import checkpoint, evaluation, train_lib
-  config, workdir = _CONFIG.value, _WORKDIR.value
+  workdir = _WORKDIR.value
   train_lib.init_distributed()
+  config = _CONFIG.value or checkpoint.read_config(workdir)
+  if config is None:
+    raise app.UsageError(f'--workdir {workdir} has no {checkpoint.CONFIG_FILE}: not a run of '
+                         'train.py (or pass --config).')
   checkpoint.check_same_model(workdir, config)
+  if _RESOLUTIONS.value is not None:
+    config.resolutions = tuple(int(s) for s in _RESOLUTIONS.value)
+  config_lib.validate(config, jax.device_count())
   _, params, step = checkpoint.load_params(workdir, _STEP.value, best=_BEST.value)
   trainer = train_lib.Trainer(config, train_lib.make_mesh())
   params = jax.device_put(params, trainer.state_sharding['params'])
 
   top1, correct = evaluation.evaluate(trainer, config, params)
   shuffled, _ = evaluation.evaluate(trainer, config, params, shuffle=True)
-  default_mode = config.model.pe.positions or trainer.model(params).pe.positions
+  default_mode = trainer.spec.pe.positions
   resolutions = {}
-  for size in config.get('resolutions', ()):
+  for size in config.resolutions:
     resolutions[str(size)] = {
         mode: evaluation.evaluate(trainer, config, params, input_size=size, positions=mode)[0]
         for mode in dict.fromkeys((default_mode, 'rescaled'))}
@@ -60,5 +73,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  flags.mark_flags_as_required(['config', 'workdir'])
-  app.run(main)
+  flags.mark_flags_as_required(['workdir'])
+  app.run(main, flags_parser=config_lib.parse_flags)

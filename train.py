@@ -18,6 +18,8 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from liere_jax import config_lib
+
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file[:args].',
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints and metrics go.')
@@ -29,15 +31,8 @@ _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
 
 def validate(config):
   """Checks everything we can before compiling or writing anything."""
-  from liere_jax import data, model
-  model.validate(config.model)
-  n = jax.process_count() * jax.local_device_count()
-  if config.batch_size <= 0 or config.batch_size % n:
-    raise ValueError(f'--config.batch_size={config.batch_size} must be a positive multiple of '
-                     f'the {n} devices.')
-  for key in ('total_steps', 'checkpoint_every', 'log_every'):
-    if config[key] <= 0:
-      raise ValueError(f'--config.{key}={config[key]} must be positive.')
+  from liere_jax import data
+  config_lib.validate(config, jax.device_count())
   info = data.dataset_info(config.data)  # Raises how to prepare an unprepared dataset.
   want = tuple(config.model.input_size) + (config.model.channels,)
   if tuple(info['input_shape']) != want:
@@ -108,7 +103,8 @@ def main(argv):
              or jax.process_index() != 0, desc='train', unit='step')
   t0, seen = time.time(), 0
   for step in range(start + 1, config.total_steps + 1):
-    state, metrics = trainer.train_step(state, trainer.global_batch(next(batches)))
+    batch = trainer.global_batch(next(batches))
+    state, metrics = trainer.train_step(state, batch)
     seen += config.batch_size
     bar.update()
     meta = {'step': step, 'data_position': step, 'seed': config.seed}
@@ -116,7 +112,12 @@ def main(argv):
     save_now = step % config.checkpoint_every == 0 or eval_now
     if save_now or step % config.log_every == 0:
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      bad = [k for k in ('loss', 'param_norm') if not math.isfinite(metrics[k])]
+      # A checkpoint is good when its own parameters give a finite loss on its step's batch
+      # (the step's reported loss is of the parameters before the update).
+      if save_now:
+        metrics['saved_loss'] = float(trainer.loss_step(state['params'], batch))
+      bad = [k for k in ('loss', 'param_norm', 'saved_loss') if not math.isfinite(
+          metrics.get(k, 0.))]
       if bad:  # NaNs persist, so checking at log and save steps is enough.
         latest.wait_until_finished()
         raise FloatingPointError(
@@ -145,4 +146,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'workdir'])
-  app.run(main)
+  app.run(main, flags_parser=config_lib.parse_flags)

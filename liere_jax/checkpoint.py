@@ -29,7 +29,7 @@ def read_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
   if not os.path.exists(path):
     return None
   with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    return ml_collections.ConfigDict(_tuples(json.load(f)))
 
 
 def _tuples(x):
@@ -37,19 +37,35 @@ def _tuples(x):
       tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x)
 
 
+def _leaves(tree, prefix=''):
+  """{'model.pe.name': value, ...} of a nested dict."""
+  if not isinstance(tree, dict):
+    return {prefix: tree}
+  return {k: v for key, sub in tree.items() for k, v in _leaves(sub, f'{prefix}.{key}'
+                                                              if prefix else key).items()}
+
+
+def has_checkpoint(workdir: str) -> bool:
+  path = os.path.join(workdir, 'checkpoints')
+  return os.path.isdir(path) and any(d.isdigit() for d in os.listdir(path))
+
+
 def check_same_model(workdir: str, config: ml_collections.ConfigDict):
-  """Raises if `workdir` holds a run of a different model (before anything is written)."""
+  """Raises if `workdir` holds a checkpoint of a different model (before anything is written).
+
+  A workdir without a checkpoint (a run that failed before its first save) takes any config.
+  """
   old = read_config(workdir)
-  if old is None:
+  if old is None or not has_checkpoint(workdir):
     return
-  new = _tuples(json.loads(config_to_json(config)))['model']
-  old = _tuples(old.to_dict())['model']
-  if old != new:
-    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+  new = _leaves(_tuples(json.loads(config_to_json(config)))['model'], 'model')
+  old = _leaves(_tuples(old.to_dict())['model'], 'model')
+  diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+  if diff:
     raise ValueError(
-        f'--workdir {workdir} holds a run of a different model (model.{diff[0]}: '
+        f'--workdir {workdir} holds a run of a different model ({diff[0]}: '
         f'{old.get(diff[0])!r} there, {new.get(diff[0])!r} now). Use a new --workdir, or the '
-        'config of that run to resume it.')
+        f'config of that run (--config.{diff[0]}={old.get(diff[0])!r}) to resume it.')
 
 
 def write_config(workdir: str, config: ml_collections.ConfigDict):

@@ -1,5 +1,9 @@
 """Shared pieces of the configs in configs/: argument parsing and the model section."""
+import importlib.util
 import math
+import re
+import sys
+from typing import Optional
 
 import ml_collections
 
@@ -64,6 +68,7 @@ def base_config(*, model, data, batch_size, total_steps, lr, warmup_steps=0, **e
   c.checkpoint_every = 500
   c.keep = 2  # Latest checkpoints kept (the best by eval accuracy is kept too).
   c.eval_batch_size = batch_size
+  c.resolutions = ()  # eval.py: also evaluate at these input sizes (paper Fig. 7), e.g. (384,).
   c.update(extra)
   return c
 
@@ -83,6 +88,79 @@ def data_config(*, name, **overrides):
   d.frame_stride = 4
   d.grid = 9  # arrows: cells per side.
   d.num_eval = 2000  # arrows: held-out examples.
+  d.num_train = 0  # arrows: training-set size (0 = unlimited when rendered on the fly).
   d.seed = 0
   d.update(overrides)
   return d
+
+
+def load(spec: str) -> ml_collections.ConfigDict:
+  """'configs/x.py[:args]' -> the config that file's get_config(args) returns."""
+  path, _, arg = spec.partition(':')
+  module_spec = importlib.util.spec_from_file_location('liere_config', path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg or None)
+
+
+def unknown_override(config: ml_collections.ConfigDict, key: str) -> Optional[str]:
+  """For an override --config.KEY: None if KEY names a field, else one line naming the first
+  unknown part of KEY and the valid fields of its section."""
+  section, where = config, 'config'
+  for part in key.split('.'):
+    if not isinstance(section, ml_collections.ConfigDict) or part not in section:
+      fields = sorted(section.keys()) if isinstance(section, ml_collections.ConfigDict) else []
+      return (f'--config.{key}: {where} has no field {part!r}; its fields are {fields}.'
+              if fields else f'--config.{key}: {where} is a value, not a section.')
+    section, where = section[part], f'{where}.{part}'
+  return None
+
+
+def parse_flags(argv):
+  """absl flags parser for the entry points (app.run(main, flags_parser=parse_flags)): an
+  override of a key the config lacks gets one line naming it and its section's fields."""
+  from absl import flags
+  try:
+    return flags.FLAGS(argv)
+  except Exception:  # ml_collections raises AttributeError / KeyError from inside parsing.
+    spec = next((a.split('=', 1)[1] if '=' in a else argv[i + 1]
+                 for i, a in enumerate(argv) if re.fullmatch(r'--?config(=.*)?', a)
+                 and ('=' in a or i + 1 < len(argv))), None)
+    keys = [a.lstrip('-').split('=', 1)[0].split('.', 1)[1] for a in argv
+            if re.match(r'--?config\.', a)]
+    if spec:
+      config = load(spec)
+      problems = [p for p in map(lambda k: unknown_override(config, k), keys) if p]
+      if problems:
+        print(problems[0], file=sys.stderr)
+        sys.exit(2)
+    raise
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int):
+  """Checks a whole training config before anything is compiled or written; returns the
+  resolved model (liere_jax.spec.ModelSpec). Raises a ValueError naming the value and the fix."""
+  from liere_jax import spec as spec_lib
+  model = spec_lib.resolve(config.model)
+
+  def need(ok, key, what):
+    if not ok:
+      raise ValueError(f'--config.{key}={config[key]!r} {what}.')
+
+  for key in ('batch_size', 'eval_batch_size'):
+    need(isinstance(config[key], int) and config[key] > 0 and config[key] % num_devices == 0,
+         key, f'must be a positive multiple of the {num_devices} devices')
+  for key in ('total_steps', 'checkpoint_every', 'log_every', 'keep'):
+    need(config[key] > 0, key, 'must be positive')
+  for key in ('warmup_steps', 'eval_every', 'weight_decay', 'grad_clip'):
+    need(config[key] >= 0, key, 'must be >= 0 (0 = off)')
+  need(math.isfinite(config.lr) and config.lr > 0, 'lr', 'must be a positive finite number')
+  for key in ('b1', 'b2'):
+    need(0 <= config[key] < 1, key, 'must be in [0, 1)')
+  need(config.eps > 0, 'eps', 'must be positive')
+  need(config.sharding in ('data', 'fsdp'), 'sharding', "is unknown; use 'data' or 'fsdp'")
+  for size in config.resolutions:
+    need(isinstance(size, int) and size > 0 and all(size % p == 0 for p in model.patch[-2:]),
+         'resolutions', f'must be input sizes divisible by the patch {model.patch[-2:]}, e.g. '
+         f'({2 * model.input_size[-1]},)')
+  return model

@@ -16,7 +16,6 @@ Parameters (names are an API: the PyTorch port depends on them):
   none, sincos, rope_axial, alibi: no parameters.
 """
 import math
-import re
 from typing import Sequence
 
 import jax
@@ -25,14 +24,10 @@ import numpy as np
 from flax import nnx
 
 from liere_jax import rotations
-from liere_jax.positions import MODES, grid_positions
-
-SHARE = ('none', 'layers', 'heads', 'all')
-
+from liere_jax.positions import grid_positions
 
 class Encoding(nnx.Module):
   """The interface; the defaults do nothing (`pe=none`)."""
-  positions = 'integer'  # Default position mode: the one the initialisation was designed for.
 
   def embed(self, x, grid: Sequence[int], num_prefix: int):
     return x
@@ -175,16 +170,13 @@ class LieRE(Encoding):
   """LieRE: R(p) = expm(sum_i p_i A_i) with learned block-diagonal skew-symmetric A_i.
 
   Raw parameters are the strict upper triangles, init U[0, 1) * init_scale (2 pi default);
-  rotations in float32 at highest precision, once per forward pass.
+  rotations in float32 at highest precision, once per forward pass. `layers` / `heads`: the
+  generator stacks (1 when shared; liere_jax.spec resolves model.pe.share).
   """
-  positions = 'normalized'
 
-  def __init__(self, *, block, depth, heads, head_dim, n_dims, share='none',
-               init_scale=2 * math.pi, expm='fast', rngs):
+  def __init__(self, *, block, layers, heads, head_dim, n_dims, init_scale, expm, rngs):
     self.block, self.expm = block, expm
-    layers = 1 if share in ('layers', 'all') else depth
-    heads_ = 1 if share in ('heads', 'all') else heads
-    shape = (layers, heads_, n_dims, head_dim // block, rotations.num_free(block))
+    shape = (layers, heads, n_dims, head_dim // block, rotations.num_free(block))
     self.generators = nnx.Param(init_scale * jax.random.uniform(rngs.params(), shape))
 
   def context(self, pos, num_prefix):
@@ -198,51 +190,34 @@ class LieRE(Encoding):
 NAMES = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere<b>')
 
 
-def liere_block(name: str):
-  """The block size of a `liere<b>` name, else None."""
-  m = re.fullmatch(r'liere(\d+)', name)
-  return int(m.group(1)) if m else None
-
-
-def validate(pe, *, head_dim: int, width: int, n_dims: int):
-  """Raises a ValueError naming the bad value and the fix; call before building anything."""
-  name = pe.name
-  block = liere_block(name)
-  if name not in NAMES[:-1] and block is None:
-    raise ValueError(f'model.pe.name={name!r} is unknown; use one of {NAMES} '
+def validate(family: str, *, block, head_dim: int, width: int, n_dims: int):
+  """The encoding's own rules; raises a ValueError naming the bad value and the fix."""
+  if family not in NAMES[:-1] + ('liere',):
+    raise ValueError(f'model.pe.name={family!r} is unknown; use one of {NAMES} '
                      '(e.g. pe=liere8 or pe=rope_mixed).')
   if block is not None and not 2 <= block <= head_dim:
-    raise ValueError(f'model.pe.name={name!r}: block size {block} must be in [2, head_dim='
+    raise ValueError(f'model.pe.name=liere{block}: block size {block} must be in [2, head_dim='
                      f'{head_dim}]; use e.g. liere8 or liere{head_dim}.')
-  if pe.get('share', 'none') not in SHARE:
-    raise ValueError(f'model.pe.share={pe.share!r} is unknown; use one of {SHARE}.')
-  if pe.get('positions') is not None:
-    if pe.positions not in MODES:
-      raise ValueError(f'model.pe.positions={pe.positions!r} is unknown; use one of {MODES} '
-                       'or None for the encoding default.')
-  if name in ('rope_axial', 'rope_mixed') and head_dim < 2 * n_dims:
-    raise ValueError(f'{name} needs head_dim >= {2 * n_dims} for {n_dims}D positions, got '
+  if family in ('rope_axial', 'rope_mixed') and head_dim < 2 * n_dims:
+    raise ValueError(f'{family} needs head_dim >= {2 * n_dims} for {n_dims}D positions, got '
                      f'{head_dim}; use fewer heads.')
-  if name == 'sincos' and width < 2 * n_dims:
+  if family == 'sincos' and width < 2 * n_dims:
     raise ValueError(f'sincos needs width >= {2 * n_dims}, got {width}.')
 
 
-def build(pe, *, width, depth, heads, train_grid, num_prefix, rngs) -> Encoding:
-  """The encoding named by `pe.name` (a ConfigDict: name, positions, share, init_scale, expm)."""
-  head_dim, n = width // heads, len(train_grid)
-  validate(pe, head_dim=head_dim, width=width, n_dims=n)
-  block = liere_block(pe.name)
-  if block is not None:
-    return LieRE(block=block, depth=depth, heads=heads, head_dim=head_dim, n_dims=n,
-                 share=pe.get('share', 'none'), init_scale=pe.get('init_scale', 2 * math.pi),
-                 expm=pe.get('expm', 'fast'), rngs=rngs)
+def build(spec, *, rngs) -> Encoding:
+  """The encoding of a resolved model (liere_jax.spec.ModelSpec)."""
+  pe, n = spec.pe, spec.n_dims
   return {
       'none': lambda: NoPE(),
-      'abs': lambda: Absolute(dim=width, train_grid=train_grid, num_prefix=num_prefix,
-                              rngs=rngs),
-      'sincos': lambda: SinCos(dim=width),
-      'rope_axial': lambda: RopeAxial(head_dim=head_dim, n_dims=n),
-      'rope_mixed': lambda: RopeMixed(depth=depth, heads=heads, head_dim=head_dim, n_dims=n,
-                                      rngs=rngs),
-      'alibi': lambda: ALiBi(heads=heads),
-  }[pe.name]()
+      'abs': lambda: Absolute(dim=spec.width, train_grid=spec.train_grid,
+                              num_prefix=spec.num_prefix, rngs=rngs),
+      'sincos': lambda: SinCos(dim=spec.width),
+      'rope_axial': lambda: RopeAxial(head_dim=spec.head_dim, n_dims=n),
+      'rope_mixed': lambda: RopeMixed(depth=spec.depth, heads=spec.heads,
+                                      head_dim=spec.head_dim, n_dims=n, rngs=rngs),
+      'alibi': lambda: ALiBi(heads=spec.heads),
+      'liere': lambda: LieRE(block=pe.block, layers=pe.layers, heads=pe.heads,
+                             head_dim=spec.head_dim, n_dims=n, init_scale=pe.init_scale,
+                             expm=pe.expm, rngs=rngs),
+  }[pe.family]()

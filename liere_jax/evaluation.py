@@ -68,10 +68,10 @@ def attention_png(trainer, config, params, path: str, num_examples: int = 4):
   show the attention each patch receives, averaged over queries. Video: averaged over time."""
   batch = next(iter(data.eval_batches(config.data, global_batch_size=num_examples)))
   images = batch['image'][:num_examples]
-  model = trainer.model(jax.device_get(params))
-  _, attention = model(images, return_attention=True)
-  prefix = model.num_prefix
-  grid = model.grid(images.shape)
+  _, attention = jax.jit(lambda p, x: trainer.model(p)(x, return_attention=True))(
+      jax.device_get(params), images)
+  prefix = trainer.spec.num_prefix
+  grid = tuple(s // p for s, p in zip(images.shape[1:-1], trainer.spec.patch))
   rows = []
   for i in range(len(images)):
     img = images[i] if images.ndim == 4 else images[i, 0]

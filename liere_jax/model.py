@@ -18,7 +18,7 @@ Parameter tree (stable names; the PyTorch port maps them one to one):
   head/{kernel [D, classes], bias [classes]}
 """
 import math
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -27,41 +27,9 @@ from flax import nnx
 
 from liere_jax import encodings
 from liere_jax.positions import grid_positions, with_prefix
+from liere_jax.spec import LN_EPS, ModelSpec, resolve
 
-VARIANTS = {'Ti': (192, 12, 3), 'S': (384, 12, 6), 'B': (768, 12, 12), 'L': (1024, 24, 16)}
-LN_EPS = 1e-5  # PyTorch's default, as in the official LieRE code.
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
-
-
-def dims(cfg: ml_collections.ConfigDict):
-  """(width, depth, heads, mlp_dim): the variant's, each overridable in the config."""
-  if cfg.get('variant') and cfg.variant not in VARIANTS:
-    raise ValueError(f'model.variant={cfg.variant!r} is unknown; use one of {list(VARIANTS)} '
-                     'or set variant=None with width, depth and heads.')
-  width, depth, heads = VARIANTS[cfg.variant] if cfg.get('variant') else (None,) * 3
-  width, depth, heads = (cfg.get('width') or width, cfg.get('depth') or depth,
-                         cfg.get('heads') or heads)
-  if None in (width, depth, heads):
-    raise ValueError('Set model.variant (Ti, S, B, L) or all of model.width/depth/heads.')
-  if width % heads:
-    raise ValueError(f'model.width={width} is not divisible by model.heads={heads}.')
-  return width, depth, heads, cfg.get('mlp_dim') or 4 * width
-
-
-def validate(cfg: ml_collections.ConfigDict):
-  """Checks a model config; raises ValueError naming the value and the fix."""
-  width, depth, heads, _ = dims(cfg)
-  patch, size = tuple(cfg.patch), tuple(cfg.input_size)
-  if len(patch) != len(size):
-    raise ValueError(f'model.patch={patch} has {len(patch)} axes but model.input_size={size} '
-                     f'has {len(size)}; give one patch size per spatial axis.')
-  if any(s % p for s, p in zip(size, patch)):
-    raise ValueError(f'model.input_size={size} is not divisible by model.patch={patch}.')
-  if cfg.pool not in ('cls', 'mean'):
-    raise ValueError(f"model.pool={cfg.pool!r} is unknown; use 'cls' or 'mean'.")
-  if cfg.dtype not in DTYPES:
-    raise ValueError(f'model.dtype={cfg.dtype!r} is unknown; use one of {list(DTYPES)}.')
-  encodings.validate(cfg.pe, head_dim=width // heads, width=width, n_dims=len(patch))
 
 
 class Attention(nnx.Module):
@@ -117,29 +85,23 @@ class ViT(nnx.Module):
   """ViT classifier. `model(x)` computes the encoding's context (rotations) once per call;
   pass `ctx=model.pe_context(grid)` to reuse it (cached rotations for evaluation)."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-    validate(cfg)
-    width, depth, heads, mlp_dim = dims(cfg)
-    dtype = DTYPES[cfg.dtype]
-    self.patch = tuple(cfg.patch)
-    self.train_grid = tuple(s // p for s, p in zip(cfg.input_size, cfg.patch))
-    self.channels = cfg.channels
-    self.pool = cfg.pool
-    self.num_prefix = 1 if cfg.pool == 'cls' else 0
-    self.positions = cfg.pe.get('positions')
-    self.patch_embed = nnx.Conv(cfg.channels, width, self.patch, strides=self.patch,
+  def __init__(self, cfg: Union[ml_collections.ConfigDict, ModelSpec], *, rngs: nnx.Rngs):
+    self.spec = spec = resolve(cfg)  # Static: the graphdef carries it.
+    width, dtype = spec.width, DTYPES[spec.dtype]
+    self.patch, self.train_grid = spec.patch, spec.train_grid
+    self.channels, self.pool, self.num_prefix = spec.channels, spec.pool, spec.num_prefix
+    self.patch_embed = nnx.Conv(spec.channels, width, self.patch, strides=self.patch,
                                 padding='VALID', dtype=dtype, rngs=rngs)
     if self.num_prefix:
       self.cls_token = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, 1, width)))
-    self.pe = encodings.build(cfg.pe, width=width, depth=depth, heads=heads,
-                              train_grid=self.train_grid, num_prefix=self.num_prefix, rngs=rngs)
-    self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+    self.pe = encodings.build(spec, rngs=rngs)
+    self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
     self.blocks = nnx.List([
-        Block(width, heads, mlp_dim, qkv_bias=cfg.qkv_bias, dropout=cfg.dropout, dtype=dtype,
-              rngs=rngs)
-        for _ in range(depth)])
-    self.norm = nnx.LayerNorm(width, epsilon=LN_EPS, dtype=dtype, rngs=rngs)
-    self.head = nnx.Linear(width, cfg.num_classes, dtype=dtype,
+        Block(width, spec.heads, spec.mlp_dim, qkv_bias=spec.qkv_bias, dropout=spec.dropout,
+              dtype=dtype, rngs=rngs)
+        for _ in range(spec.depth)])
+    self.norm = nnx.LayerNorm(width, epsilon=spec.layer_norm_eps, dtype=dtype, rngs=rngs)
+    self.head = nnx.Linear(width, spec.num_classes, dtype=dtype,
                            kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
 
   def grid(self, shape: Sequence[int]):
@@ -158,7 +120,7 @@ class ViT(nnx.Module):
 
   def pe_context(self, grid: Sequence[int], positions: Optional[str] = None):
     """The encoding's per-forward-pass state for a patch grid (e.g. LieRE rotations)."""
-    mode = positions or self.positions or self.pe.positions
+    mode = positions or self.spec.pe.positions
     pos = with_prefix(grid_positions(grid, self.train_grid, mode), self.num_prefix)
     return self.pe.context(pos, self.num_prefix)
 

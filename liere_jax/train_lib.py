@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from liere_jax.model import ViT
+from liere_jax.spec import resolve
 
 FSDP_MIN_SIZE = 2**14  # Smaller arrays stay replicated under FSDP.
 
@@ -72,7 +73,8 @@ class Trainer:
 
   def __post_init__(self):
     cfg = self.config
-    model = nnx.eval_shape(lambda: ViT(cfg.model, rngs=nnx.Rngs(0)))
+    self.spec = resolve(cfg.model)
+    model = nnx.eval_shape(lambda: ViT(self.spec, rngs=nnx.Rngs(0)))
     model.train()
     self.train_def, params, rest = nnx.split(model, nnx.Param, ...)
     model.eval()
@@ -94,6 +96,10 @@ class Trainer:
     self.train_step = jax.jit(self._train_step, donate_argnums=(0,),
                               in_shardings=(self.state_sharding, self.batch_sharding),
                               out_shardings=(self.state_sharding, self.replicated))
+    self.loss_step = jax.jit(self._loss, in_shardings=(self.state_sharding['params'],
+                                                       self.batch_sharding))
+    self._pe_context = jax.jit(self._pe_context_fn, static_argnums=(1, 2),
+                               out_shardings=self.replicated)
     self.eval_step = jax.jit(self._eval_step, static_argnums=(3,),
                              in_shardings=(self.state_sharding['params'], self.batch_sharding,
                                            None))
@@ -101,7 +107,7 @@ class Trainer:
   def init_state(self, seed: int):
     """Fresh parameters and optimizer state, created directly in their shardings."""
     def init():
-      params = nnx.to_pure_dict(nnx.state(ViT(self.config.model, rngs=nnx.Rngs(seed)),
+      params = nnx.to_pure_dict(nnx.state(ViT(self.spec, rngs=nnx.Rngs(seed)),
                                           nnx.Param))
       return {'params': params, 'opt_state': self.tx.init(params),
               'step': jnp.zeros((), jnp.int32)}
@@ -137,6 +143,10 @@ class Trainer:
     }
     return {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}, metrics
 
+  def _loss(self, params, batch):
+    """Mean cross-entropy of `params` on a training batch, without dropout."""
+    return optax.softmax_cross_entropy(self.model(params)(batch['image']), batch['label']).mean()
+
   def _eval_step(self, params, batch, ctx, positions=None):
     """Per-example correctness [b] (masked examples count as incorrect) and the mask."""
     logits = self.model(params)(batch['image'], ctx=ctx, positions=positions)
@@ -144,10 +154,12 @@ class Trainer:
     return correct, batch['mask']
 
   def pe_context(self, params, grid, positions=None):
-    """Rotations (or biases) for a grid, computed once and reused by every eval batch."""
-    fn = jax.jit(lambda p: self.model(p).pe_context(grid, positions),
-                 out_shardings=self.replicated)
-    return fn(params)
+    """Rotations (or biases) for a grid, computed once and reused by every eval batch; one
+    compile per (grid, positions)."""
+    return self._pe_context(params, tuple(grid), positions)
+
+  def _pe_context_fn(self, params, grid, positions):
+    return self.model(params).pe_context(grid, positions)
 
   def global_batch(self, local: dict) -> dict:
     """Per-process numpy batch -> global arrays sharded over 'data' (any process count)."""

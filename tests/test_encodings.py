@@ -117,8 +117,8 @@ def test_cls_token_is_not_rotated(pe):
 
 
 def test_default_position_modes_and_cached_context():
-  assert tiny_model(pe='liere8').pe.positions == 'normalized'
-  assert tiny_model(pe='rope_mixed').pe.positions == 'integer'
+  assert tiny_model(pe='liere8').spec.pe.positions == 'normalized'
+  assert tiny_model(pe='rope_mixed').spec.pe.positions == 'integer'
   model = tiny_model(pe='liere8')
   model.head.kernel[...] = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
   x = jax.random.normal(jax.random.key(0), (2, 24, 24, 3))
@@ -159,6 +159,8 @@ def test_abs_resize_keeps_the_training_grid_exact():
     (dict(pe='liere32'), r"block size 32 must be in \[2, head_dim=16\].*liere16"),
     (dict(share='layer'), r"model.pe.share='layer' is unknown"),
     (dict(positions='sequential'), r"model.pe.positions='sequential' is unknown"),
+    (dict(expm='pade'), r"model.pe.expm='pade' is unknown.*'fast'"),
+    (dict(init_scale=0.), r"model.pe.init_scale=0.0 must be positive"),
 ])
 def test_bad_configs_name_the_value_and_the_fix(change, match):
   with pytest.raises(ValueError, match=match):
@@ -173,7 +175,7 @@ def test_input_dimensionality_mismatch_raises_before_compiling():
     fn(jnp.ones((1, 4, 16, 16, 3)))  # video into an image model
   with pytest.raises(ValueError, match='not divisible by patch'):
     model(jnp.ones((1, 18, 16, 3)))
-  with pytest.raises(ValueError, match=r'patch=\(4, 4\) has 2 axes.*input_size=\(8, 16, 16\)'):
+  with pytest.raises(ValueError, match=r'patch=\(4, 4\) and model.input_size=\(8, 16, 16\)'):
     cfg = tiny_model_config()
     cfg.input_size = (8, 16, 16)
     ViT(cfg, rngs=nnx.Rngs(0))

@@ -1,0 +1,185 @@
+"""The resolved model configuration: the one place where a config's `model` section becomes the
+values every consumer uses (the JAX model, train.py, eval.py, the export, the PyTorch port).
+
+The ConfigDict stays the user interface (configs/*.py, `--config.model.x=y`); `resolve` checks
+it, fills every derived value (the variant's dims, the encoding's position mode, LieRE's
+generator stacks from `share`) and returns a frozen `ModelSpec`. Nothing downstream reads a
+model field with a default of its own. `ModelSpec.to_json()` is what the export writes and the
+PyTorch port reads.
+
+  spec = resolve(config.model)
+  spec.width, spec.head_dim, spec.train_grid, spec.pe.positions, spec.pe.layers, ...
+"""
+import dataclasses
+import re
+from typing import Optional, Tuple
+
+VARIANTS = {'Ti': (192, 12, 3), 'S': (384, 12, 6), 'B': (768, 12, 12), 'L': (1024, 24, 16)}
+POOLS = ('cls', 'mean')
+DTYPES = ('float32', 'bfloat16')
+SHARE = ('none', 'layers', 'heads', 'all')
+POSITION_MODES = ('normalized', 'integer', 'rescaled')
+LN_EPS = 1e-5  # PyTorch's default, as in the official LieRE code.
+# The position mode each encoding's initialisation was designed for (IMPLEMENTATION_NOTES 2):
+# LieRE's U[0, 2 pi) generators on [0, 1] positions, RoPE's frequencies on patch indices.
+DEFAULT_POSITIONS = {'liere': 'normalized'}  # Every other encoding: 'integer'.
+MODEL_FIELDS = ('variant', 'width', 'depth', 'heads', 'mlp_dim', 'patch', 'input_size',
+                'channels', 'num_classes', 'pool', 'dropout', 'qkv_bias', 'dtype', 'pe')
+PE_FIELDS = ('name', 'positions', 'share', 'init_scale', 'expm')
+
+
+def liere_block(name: str) -> Optional[int]:
+  """The block size of a `liere<b>` name, else None."""
+  m = re.fullmatch(r'liere(\d+)', name)
+  return int(m.group(1)) if m else None
+
+
+@dataclasses.dataclass(frozen=True)
+class PESpec:
+  """The position encoding, resolved."""
+  name: str  # 'none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere<b>'.
+  family: str  # name without its block size: 'liere' for every liere<b>.
+  block: Optional[int]  # LieRE's block size b; None for the others.
+  positions: str  # Position mode at the training grid (one of POSITION_MODES).
+  share: str  # LieRE generators shared over 'none', 'layers', 'heads' or 'all'.
+  layers: int  # LieRE generator stacks over layers: depth, or 1 when shared over layers.
+  heads: int  # ... and over heads: heads, or 1 when shared over heads.
+  init_scale: float  # LieRE generators ~ U[0, 1) * init_scale.
+  expm: str  # The exponential (liere_jax.expm.METHODS).
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """A ViT, resolved: every field a consumer needs, no defaults left to apply."""
+  variant: str
+  width: int
+  depth: int
+  heads: int
+  head_dim: int
+  mlp_dim: int
+  patch: Tuple[int, ...]
+  input_size: Tuple[int, ...]
+  train_grid: Tuple[int, ...]  # input_size // patch.
+  channels: int
+  num_classes: int
+  pool: str
+  num_prefix: int  # 1 with a CLS token (pool='cls'), else 0.
+  dropout: float
+  qkv_bias: bool
+  dtype: str
+  layer_norm_eps: float
+  pe: PESpec
+
+  @property
+  def n_dims(self) -> int:
+    return len(self.patch)
+
+  def to_json(self) -> dict:
+    return json_ready(dataclasses.asdict(self))
+
+  @classmethod
+  def from_json(cls, obj: dict) -> 'ModelSpec':
+    fields = {f.name for f in dataclasses.fields(cls)}
+    missing = sorted(fields - set(obj))
+    if missing:
+      raise ValueError(f'A resolved model spec needs {missing}; write it with '
+                       'liere_jax.spec.resolve(config.model).to_json().')
+    kw = {k: tuple(obj[k]) if k in ('patch', 'input_size', 'train_grid') else obj[k]
+          for k in fields}
+    kw['pe'] = PESpec(**{f.name: obj['pe'][f.name] for f in dataclasses.fields(PESpec)})
+    return cls(**kw)
+
+
+def json_ready(x):
+  """Tuples to lists, recursively (what json.dumps + json.loads would give)."""
+  if isinstance(x, dict):
+    return {k: json_ready(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [json_ready(v) for v in x]
+  return x
+
+
+def _check_fields(section: dict, fields, where: str):
+  unknown = sorted(set(section) - set(fields))
+  if unknown:
+    raise ValueError(f'{where}.{unknown[0]} is not a field; the fields of {where} are '
+                     f'{list(fields)}.')
+
+
+def resolve(model) -> ModelSpec:
+  """The model section (ConfigDict or dict) -> ModelSpec; raises a ValueError naming the value
+  and the fix. A ModelSpec is returned as it is."""
+  if isinstance(model, ModelSpec):
+    return model
+  from liere_jax import encodings, expm  # Late: keeps this module light for tools.
+  m = model.to_dict() if hasattr(model, 'to_dict') else dict(model)
+  _check_fields(m, MODEL_FIELDS, 'model')
+  missing = [k for k in MODEL_FIELDS if k not in m]
+  if missing:
+    raise ValueError(f'model.{missing[0]} is missing; build the model section with '
+                     'liere_jax.config_lib.model_config.')
+  pe = dict(m['pe'])
+  _check_fields(pe, PE_FIELDS, 'model.pe')
+  missing = [k for k in PE_FIELDS if k not in pe]
+  if missing:
+    raise ValueError(f'model.pe.{missing[0]} is missing; build the model section with '
+                     'liere_jax.config_lib.model_config.')
+
+  variant = m['variant'] or ''
+  if variant and variant not in VARIANTS:
+    raise ValueError(f'model.variant={variant!r} is unknown; use one of {list(VARIANTS)} '
+                     "or variant='' with width, depth and heads.")
+  width, depth, heads = (int(m[k] or v) for k, v in zip(('width', 'depth', 'heads'),
+                                                         VARIANTS.get(variant, (0, 0, 0))))
+  for key, value in (('width', width), ('depth', depth), ('heads', heads)):
+    if value <= 0:
+      raise ValueError(f'model.{key} is {m[key]!r} and no variant gives it; set '
+                       f'--config.model.variant (one of {list(VARIANTS)}) or model.{key}.')
+  if width % heads:
+    raise ValueError(f'model.width={width} is not divisible by model.heads={heads}.')
+  mlp_dim = int(m['mlp_dim'] or 4 * width)
+  patch, size = tuple(int(p) for p in m['patch']), tuple(int(s) for s in m['input_size'])
+  if not 1 <= len(patch) <= 3 or len(patch) != len(size):
+    raise ValueError(f'model.patch={patch} and model.input_size={size} need one entry per '
+                     'spatial axis (1, 2 or 3 axes), the same number in both.')
+  if any(p <= 0 for p in patch) or any(s % p for s, p in zip(size, patch)):
+    raise ValueError(f'model.input_size={size} is not divisible by model.patch={patch}.')
+  for key in ('channels', 'num_classes'):
+    if int(m[key]) <= 0:
+      raise ValueError(f'model.{key}={m[key]} must be positive.')
+  if m['pool'] not in POOLS:
+    raise ValueError(f"model.pool={m['pool']!r} is unknown; use one of {POOLS}.")
+  if m['dtype'] not in DTYPES:
+    raise ValueError(f"model.dtype={m['dtype']!r} is unknown; use one of {DTYPES}.")
+  if not 0 <= float(m['dropout']) < 1:
+    raise ValueError(f"model.dropout={m['dropout']} must be in [0, 1).")
+
+  name = pe['name']
+  block = liere_block(name)
+  family = 'liere' if block is not None else name
+  head_dim = width // heads
+  encodings.validate(family, block=block, head_dim=head_dim, width=width, n_dims=len(patch))
+  positions = pe['positions'] or DEFAULT_POSITIONS.get(family, 'integer')
+  if positions not in POSITION_MODES:
+    raise ValueError(f'model.pe.positions={positions!r} is unknown; use one of '
+                     f'{POSITION_MODES} or None for the encoding default.')
+  if pe['share'] not in SHARE:
+    raise ValueError(f"model.pe.share={pe['share']!r} is unknown; use one of {SHARE}.")
+  if pe['expm'] not in expm.METHODS:
+    raise ValueError(f"model.pe.expm={pe['expm']!r} is unknown; use one of {expm.METHODS} "
+                     '(e.g. --config.model.pe.expm=fast).')
+  init_scale = float(pe['init_scale'])
+  if not init_scale > 0:
+    raise ValueError(f'model.pe.init_scale={init_scale} must be positive (LieRE: 2 pi).')
+  share = pe['share'] if block is not None else 'none'
+  return ModelSpec(
+      variant=variant, width=width, depth=depth, heads=heads, head_dim=head_dim,
+      mlp_dim=mlp_dim, patch=patch, input_size=size,
+      train_grid=tuple(s // p for s, p in zip(size, patch)), channels=int(m['channels']),
+      num_classes=int(m['num_classes']), pool=m['pool'], num_prefix=int(m['pool'] == 'cls'),
+      dropout=float(m['dropout']), qkv_bias=bool(m['qkv_bias']), dtype=m['dtype'],
+      layer_norm_eps=LN_EPS,
+      pe=PESpec(name=name, family=family, block=block, positions=positions, share=share,
+                layers=1 if share in ('layers', 'all') else depth,
+                heads=1 if share in ('heads', 'all') else heads,
+                init_scale=init_scale, expm=pe['expm']))
