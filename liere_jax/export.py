@@ -27,8 +27,8 @@ import warnings
 import ml_collections
 import numpy as np
 
-from liere_jax import encodings
 from liere_jax import model as model_lib
+from liere_jax.spec import resolve
 
 FORMAT = 'liere_jax.torch_vit'
 OFFICIAL_HEAD_DIM = 64  # FlexibleAttention asserts dim_head == 64.
@@ -43,21 +43,8 @@ class Layer0BugWarning(UserWarning):
 
 
 def model_fields(m) -> dict:
-  """Everything torch_vit.ViT needs, as plain JSON values (width etc. resolved)."""
-  model_lib.validate(m)
-  width, depth, heads, mlp_dim = model_lib.dims(m)
-  patch, size = [int(p) for p in m.patch], [int(s) for s in m.input_size]
-  return {
-      'width': width, 'depth': depth, 'heads': heads, 'mlp_dim': mlp_dim,
-      'patch': patch, 'input_size': size, 'train_grid': [s // p for s, p in zip(size, patch)],
-      'channels': int(m.channels), 'num_classes': int(m.num_classes), 'pool': m.pool,
-      'qkv_bias': bool(m.get('qkv_bias', True)), 'dropout': float(m.get('dropout', 0.)),
-      'dtype': m.get('dtype', 'float32'), 'layer_norm_eps': model_lib.LN_EPS,
-      'pe': {'name': m.pe.name, 'positions': m.pe.get('positions'),
-             'share': m.pe.get('share', 'none'),
-             'init_scale': float(m.pe.get('init_scale', 2 * math.pi)),
-             'expm': m.pe.get('expm', 'fast')},
-  }
+  """Everything torch_vit.ViT needs: the resolved model (liere_jax.spec) as plain JSON."""
+  return resolve(m).to_json()
 
 
 def export_json(config: ml_collections.ConfigDict) -> dict:
@@ -75,10 +62,11 @@ def _model_section(obj: dict) -> ml_collections.ConfigDict:
                                 channels=obj['channels'], num_classes=obj['num_classes'])
   except (KeyError, TypeError) as e:
     raise ValueError(f'The model section lacks a field: {e}') from None
-  for key, value in obj.items():
+  for key, value in obj.items():  # A resolved spec's derived fields (head_dim, ...) are skipped.
     if key == 'pe':
       for k, v in value.items():
-        m.pe[k] = v
+        if k in m.pe:
+          m.pe[k] = v
     elif key in ('patch', 'input_size'):
       m[key] = tuple(value)
     elif key in m:
@@ -150,7 +138,7 @@ def _unflatten_like(reference, flat, prefix=()):
 def abstract_params(m) -> dict:
   """The model's parameter tree with ShapeDtypeStruct leaves (nothing allocated)."""
   from flax import nnx
-  abstract = nnx.eval_shape(lambda: model_lib.ViT(m, rngs=nnx.Rngs(0)))
+  abstract = nnx.eval_shape(lambda: model_lib.ViT(resolve(m), rngs=nnx.Rngs(0)))
   return nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
 
 
@@ -205,7 +193,7 @@ def _torch_leaf(path, n_spatial):
 def torch_layout(params, m) -> dict:
   """JAX params -> {torch name: np.ndarray} for torch_vit.ViT (checked against the config)."""
   flat = check_params(params, m)
-  n = len(m.patch)
+  n = resolve(m).n_dims
   out = {}
   for path, value in flat.items():
     name, fwd, _, _ = _torch_leaf(path, n)
@@ -217,7 +205,7 @@ def from_torch_layout(state, m) -> dict:
   """{torch name: array} -> JAX params (to_pure_dict layout); the key set and every shape are
   checked (ValueError naming the first mismatched key)."""
   reference = abstract_params(m)
-  n = len(m.patch)
+  n = resolve(m).n_dims
   expected, inverse = {}, {}
   for path, leaf in _flatten(reference).items():
     name, _, inv, shape = _torch_leaf(path, n)
@@ -233,34 +221,26 @@ def from_torch_layout(state, m) -> dict:
 # The official StanfordMIMI/LieRE layout.
 
 
-def default_positions(name):
-  """The position mode an encoding uses when model.pe.positions is None."""
-  cls = encodings.LieRE if encodings.liere_block(name) is not None else encodings.Encoding
-  return cls.positions
-
-
 def _position_scale(m):
   """c_a with (our positions on the training grid) = c_a * (official positions i / (n_a - 1))."""
-  mode = m.pe.get('positions') or default_positions(m.pe.name)
-  grid = [s // p for s, p in zip(m.input_size, m.patch)]
-  if mode == 'integer':
-    return np.asarray([max(n - 1, 1) for n in grid], np.float32)
-  return np.ones(len(grid), np.float32)  # normalized / rescaled: i / (n - 1) on that grid.
+  ms = resolve(m)
+  if ms.pe.positions == 'integer':
+    return np.asarray([max(n - 1, 1) for n in ms.train_grid], np.float32)
+  return np.ones(ms.n_dims, np.float32)  # normalized / rescaled: i / (n - 1) on that grid.
 
 
 def official_spec(m) -> dict:
   """RoPEViT keyword arguments for the model, or ValueError naming why it is not representable."""
-  width, depth, heads, mlp_dim = model_lib.dims(m)
-  n = len(m.patch)
-  name = m.pe.name
-  block = encodings.liere_block(name)
+  ms = resolve(m)
+  width, depth, heads, mlp_dim = ms.width, ms.depth, ms.heads, ms.mlp_dim
+  n, name, block = ms.n_dims, ms.pe.name, ms.pe.block
   why = None
   if n not in (2, 3):
     why = f'{n}D inputs (the official RoPEViT handles 2D images and 3D volumes only)'
-  elif n == 2 and (m.patch[0] != m.patch[1] or m.input_size[0] != m.input_size[1]):
-    why = (f'non-square 2D input_size={tuple(m.input_size)} / patch={tuple(m.patch)} (the '
+  elif n == 2 and (ms.patch[0] != ms.patch[1] or ms.input_size[0] != ms.input_size[1]):
+    why = (f'non-square 2D input_size={tuple(ms.input_size)} / patch={tuple(ms.patch)} (the '
            'official 2D ViT is square)')
-  elif m.pool != 'cls':
+  elif ms.pool != 'cls':
     why = ("pool='mean' (ours has no CLS token; the official mean pooling averages the CLS "
            'token too)')
   elif width // heads != OFFICIAL_HEAD_DIM:
@@ -274,13 +254,13 @@ def official_spec(m) -> dict:
     why = f'pe={name} (the official code has no {name} encoding)'
   if why:
     raise ValueError(f'Cannot export to the official LieRE layout: {why}.')
-  kw = dict(image_size=int(m.input_size[0]) if n == 2 else [int(s) for s in m.input_size],
-            patch_size=int(m.patch[0]) if n == 2 else [int(p) for p in m.patch],
+  kw = dict(image_size=int(ms.input_size[0]) if n == 2 else [int(s) for s in ms.input_size],
+            patch_size=int(ms.patch[0]) if n == 2 else [int(p) for p in ms.patch],
             num_classes=int(m.num_classes), dim=width, depth=depth, heads=heads,
             mlp_dim=mlp_dim, input_dimensionality=n, pool='cls', channels=int(m.channels),
             dim_head=OFFICIAL_HEAD_DIM)
   if block is not None or name == 'rope_mixed':
-    share = m.pe.get('share', 'none') if block is not None else 'none'
+    share = ms.pe.share
     kw.update(positional_encoding_type='liere', phase_type='naver',
               generator_dim=block or 2, enable_ape=False,
               rotary_embedding_per_layer=share in ('none', 'heads'),
@@ -333,13 +313,13 @@ def official_layout(params, m):
   """
   kw = official_spec(m)
   flat = check_params(params, m)
-  width, depth, heads, _ = model_lib.dims(m)
-  name = m.pe.name
+  ms = resolve(m)
+  width, name = ms.width, ms.pe.name
   qkv_bias = [v for k, v in flat.items() if k[-3:] == ('attn', 'qkv', 'bias')]
   if any(np.any(b != 0) for b in qkv_bias):
     raise ValueError('Cannot export to the official LieRE layout: the model has a non-zero qkv '
                      'bias (the official to_qkv has none); train with model.qkv_bias=False.')
-  n_patches = math.prod(s // p for s, p in zip(m.input_size, m.patch))
+  n_patches = math.prod(ms.train_grid)
   state = {}
   if name == 'abs':
     state['pos_embedding'] = flat[('pe', 'embedding')]
@@ -368,7 +348,7 @@ def official_layout(params, m):
           * c[:, None, None, None]
     if p.shape[1] > 1 and any(np.any(p[:, i] != p[:, 0]) for i in range(1, p.shape[1])):
       warnings.warn(
-          f'pe={name} (share={m.pe.get("share", "none")}) has per-layer generators, but the '
+          f'pe={name} (share={ms.pe.share}) has per-layer generators, but the '
           'official RoPEViT uses layer 0\'s rotations in every layer (its Transformer.forward '
           'overwrites them at layer 0): the exported model will NOT match this one. Use '
           'share=layers or share=all for an exact export.',
@@ -382,16 +362,16 @@ def from_official_layout(state, m) -> dict:
   """Official state_dict -> JAX params for config `m` (the faithful conversion of what the
   official model computes: layer 0's generators serve every layer)."""
   kw = official_spec(m)
-  if m.pool != 'cls':
+  ms = resolve(m)
+  if ms.pool != 'cls':
     raise ValueError("Importing the official layout needs pool='cls'.")
   reference = abstract_params(m)
   ref_flat = _flatten(reference)
-  width, depth, heads, _ = model_lib.dims(m)
-  name = m.pe.name
+  width, name = ms.width, ms.pe.name
   state = {k: np.asarray(v, np.float32) for k, v in state.items()}
   # Every key accounted for, every shape checked.
   expected = {'pos_embedding': ref_flat[('pe', 'embedding')].shape if name == 'abs' else
-              (1, math.prod(s // p for s, p in zip(m.input_size, m.patch)) + 1, width)}
+              (1, math.prod(ms.train_grid) + 1, width)}
   for path, leaf in ref_flat.items():
     if path[0] == 'pe':
       continue
@@ -423,13 +403,14 @@ def from_official_layout(state, m) -> dict:
 
 
 def _import_generators(p, m, kw):
-  width, depth, heads, _ = model_lib.dims(m)
-  n, b = len(m.patch), kw['generator_dim']
+  ms = resolve(m)
+  depth, heads = ms.depth, ms.heads
+  n, b = ms.n_dims, kw['generator_dim']
   k = OFFICIAL_HEAD_DIM // b
   if p.ndim != 5 or p.shape[0] != n or p.shape[1] not in (1, depth) or \
       p.shape[2] not in (k, heads * k) or p.shape[3:] != (b, b):
     raise ValueError(f'The official generator_raw_params has shape {p.shape}; the config '
-                     f'(pe={m.pe.name}) needs ({n}, 1 or {depth}, {k} or {heads * k}, {b}, {b}).')
+                     f'(pe={ms.pe.name}) needs ({n}, 1 or {depth}, {k} or {heads * k}, {b}, {b}).')
   rows, cols = np.triu_indices(b, 1)
   upper = p[..., rows, cols]  # [n, L', N', F]: the entries the official model uses.
   if upper.shape[1] > 1 and np.any(upper[:, 1:] != upper[:, :1]):
@@ -439,12 +420,10 @@ def _import_generators(p, m, kw):
                   stacklevel=3)
   g = upper[:, 0] / _position_scale(m)[:, None, None]  # [n, N', F]
   g = g.reshape(n, -1, k, upper.shape[-1])  # [n, H_official (1 or heads), k, F]
-  if m.pe.name == 'rope_mixed':
+  if ms.pe.name == 'rope_mixed':
     freqs = np.broadcast_to(-g[..., 0], (n, heads, k)).reshape(n, 1, heads * k)
     return {('pe', 'freqs'): np.ascontiguousarray(np.broadcast_to(freqs, (n, depth, heads * k)))}
-  share = m.pe.get('share', 'none')
-  L_ = 1 if share in ('layers', 'all') else depth
-  H_ = 1 if share in ('heads', 'all') else heads
+  share, L_, H_ = ms.pe.share, ms.pe.layers, ms.pe.heads
   if H_ == 1 and g.shape[1] > 1:
     if np.any(g != g[:, :1]):
       raise ValueError(f'The official generators are per head, but the config shares them '

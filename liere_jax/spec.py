@@ -14,11 +14,12 @@ import dataclasses
 import re
 from typing import Optional, Tuple
 
+from liere_jax.positions import MODES as POSITION_MODES
+
 VARIANTS = {'Ti': (192, 12, 3), 'S': (384, 12, 6), 'B': (768, 12, 12), 'L': (1024, 24, 16)}
 POOLS = ('cls', 'mean')
 DTYPES = ('float32', 'bfloat16')
 SHARE = ('none', 'layers', 'heads', 'all')
-POSITION_MODES = ('normalized', 'integer', 'rescaled')
 LN_EPS = 1e-5  # PyTorch's default, as in the official LieRE code.
 # The position mode each encoding's initialisation was designed for (IMPLEMENTATION_NOTES 2):
 # LieRE's U[0, 2 pi) generators on [0, 1] positions, RoPE's frequencies on patch indices.

@@ -37,10 +37,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-LN_EPS = 1e-5
-VARIANTS = {'Ti': (192, 12, 3), 'S': (384, 12, 6), 'B': (768, 12, 12), 'L': (1024, 24, 16)}
 POSITION_MODES = ('normalized', 'integer', 'rescaled')
-SHARE = ('none', 'layers', 'heads', 'all')
 PE_NAMES = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere<b>')
 
 
@@ -181,7 +178,6 @@ def rotate(x, rot):
 
 
 class Encoding(nn.Module):
-  default_positions = 'integer'
 
   def embed(self, x, grid, num_prefix):
     return x
@@ -300,14 +296,11 @@ class ALiBi(Encoding):
 
 class LieRE(Encoding):
   """generators [L', H', n, d//b, b(b-1)/2]; R(p) = expm(sum_a p_a A_a) per layer and head."""
-  default_positions = 'normalized'
 
-  def __init__(self, block, depth, heads, head_dim, n_dims, share='none', init_scale=2 * math.pi):
+  def __init__(self, block, layers, heads, head_dim, n_dims, init_scale):
     super().__init__()
     self.block = block
-    layers = 1 if share in ('layers', 'all') else depth
-    heads_ = 1 if share in ('heads', 'all') else heads
-    shape = (layers, heads_, n_dims, head_dim // block, block * (block - 1) // 2)
+    shape = (layers, heads, n_dims, head_dim // block, block * (block - 1) // 2)
     self.generators = nn.Parameter(init_scale * torch.rand(shape))
 
   def context(self, pos, num_prefix):
@@ -318,30 +311,9 @@ class LieRE(Encoding):
     return rotate(q, rot), rotate(k, rot), None
 
 
-def liere_block(name):
-  """The block size b of a 'liere<b>' name, else None."""
-  if name.startswith('liere') and name[5:].isdigit():
-    return int(name[5:])
-  return None
-
-
 def build_encoding(pe, *, width, depth, heads, train_grid, num_prefix):
+  """The encoding of a resolved `pe` section (family, block, layers, heads, init_scale)."""
   head_dim, n = width // heads, len(train_grid)
-  name = pe['name']
-  block = liere_block(name)
-  share = pe.get('share') or 'none'
-  if share not in SHARE:
-    raise ValueError(f'pe.share={share!r} is unknown; use one of {SHARE}.')
-  if pe.get('positions') is not None and pe['positions'] not in POSITION_MODES:
-    raise ValueError(f'pe.positions={pe["positions"]!r} is unknown; use one of '
-                     f'{POSITION_MODES} or null.')
-  if block is not None:
-    if not 2 <= block <= head_dim:
-      raise ValueError(f'pe.name={name!r}: block size must be in [2, head_dim={head_dim}].')
-    return LieRE(block, depth, heads, head_dim, n, share,
-                 pe.get('init_scale') or 2 * math.pi)
-  if name in ('rope_axial', 'rope_mixed') and head_dim < 2 * n:
-    raise ValueError(f'{name} needs head_dim >= {2 * n} for {n}D positions, got {head_dim}.')
   builders = {
       'none': lambda: NoPE(),
       'abs': lambda: Absolute(width, train_grid, num_prefix),
@@ -349,10 +321,12 @@ def build_encoding(pe, *, width, depth, heads, train_grid, num_prefix):
       'rope_axial': lambda: RopeAxial(head_dim, n),
       'rope_mixed': lambda: RopeMixed(depth, heads, head_dim, n),
       'alibi': lambda: ALiBi(heads),
+      'liere': lambda: LieRE(pe['block'], pe['layers'], pe['heads'], head_dim, n,
+                             pe['init_scale']),
   }
-  if name not in builders:
-    raise ValueError(f'pe.name={name!r} is unknown; use one of {PE_NAMES}.')
-  return builders[name]()
+  if pe['family'] not in builders:
+    raise ValueError(f"pe.name={pe['name']!r} is unknown to this port; use one of {PE_NAMES}.")
+  return builders[pe['family']]()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -393,11 +367,11 @@ class Mlp(nn.Module):
 
 class Block(nn.Module):
 
-  def __init__(self, width, heads, mlp_dim, qkv_bias=True, dropout=0.):
+  def __init__(self, width, heads, mlp_dim, qkv_bias, dropout, eps):
     super().__init__()
-    self.norm1 = nn.LayerNorm(width, eps=LN_EPS)
+    self.norm1 = nn.LayerNorm(width, eps=eps)
     self.attn = Attention(width, heads, qkv_bias)
-    self.norm2 = nn.LayerNorm(width, eps=LN_EPS)
+    self.norm2 = nn.LayerNorm(width, eps=eps)
     self.mlp = Mlp(width, mlp_dim)
     self.dropout = nn.Dropout(dropout)
 
@@ -408,22 +382,19 @@ class Block(nn.Module):
     return x, weights
 
 
-def resolve_config(config):
-  """The model fields (width, depth, heads, mlp_dim, ...) of an exported JSON dict, a model
-  section or a whole liere_jax config.json (its 'model' section)."""
-  if 'model' in config and 'patch' not in config:
-    config = config['model']
-  c = dict(config)
-  variant = c.get('variant') or ''
-  if variant and variant not in VARIANTS:
-    raise ValueError(f'variant={variant!r} is unknown; use one of {list(VARIANTS)}.')
-  defaults = VARIANTS[variant] if variant else (None, None, None)
-  for key, default in zip(('width', 'depth', 'heads'), defaults):
-    c[key] = c.get(key) or default
-    if not c[key]:
-      raise ValueError(f'The config sets neither {key} nor a variant.')
-  c['mlp_dim'] = c.get('mlp_dim') or 4 * c['width']
-  return c
+SPEC_FIELDS = ('width', 'depth', 'heads', 'mlp_dim', 'patch', 'input_size', 'channels',
+               'num_classes', 'pool', 'qkv_bias', 'dropout', 'layer_norm_eps', 'pe')
+
+
+def spec_fields(config):
+  """The resolved model of an exported JSON (liere_jax.spec.ModelSpec.to_json(): every value
+  given, no default applied here)."""
+  missing = [k for k in SPEC_FIELDS if k not in config]
+  if missing or 'positions' not in config['pe'] or 'family' not in config['pe']:
+    raise ValueError(f'The config lacks {missing or ["pe.family / pe.positions"]}: it is not '
+                     'the JSON written by `python -m liere_jax.export torch` (a resolved model). '
+                     'Export the run to get it.')
+  return {k: config[k] for k in SPEC_FIELDS}
 
 
 class ViT(nn.Module):
@@ -434,9 +405,8 @@ class ViT(nn.Module):
   """
 
   def __init__(self, *, width, depth, heads, mlp_dim, patch, input_size, channels,
-               num_classes, pool='cls', qkv_bias=True, pe=None, dropout=0.):
+               num_classes, pool, qkv_bias, pe, dropout, layer_norm_eps):
     super().__init__()
-    pe = dict(pe or {'name': 'none'})
     patch, input_size = tuple(patch), tuple(input_size)
     if len(patch) != len(input_size) or not 1 <= len(patch) <= 3:
       raise ValueError(f'patch={patch} and input_size={input_size} need 1, 2 or 3 axes each.')
@@ -457,25 +427,20 @@ class ViT(nn.Module):
       self.cls_token = nn.Parameter(0.02 * torch.randn(1, 1, width))
     self.pe = build_encoding(pe, width=width, depth=depth, heads=heads,
                              train_grid=self.train_grid, num_prefix=self.num_prefix)
-    self.positions = pe.get('positions') or self.pe.default_positions
+    self.positions = pe['positions']
     self.dropout = nn.Dropout(dropout)
-    self.blocks = nn.ModuleList([Block(width, heads, mlp_dim, qkv_bias, dropout)
-                                 for _ in range(depth)])
-    self.norm = nn.LayerNorm(width, eps=LN_EPS)
+    self.blocks = nn.ModuleList([
+        Block(width, heads, mlp_dim, qkv_bias, dropout, layer_norm_eps) for _ in range(depth)])
+    self.norm = nn.LayerNorm(width, eps=layer_norm_eps)
     self.head = nn.Linear(width, num_classes)
 
   @classmethod
   def from_config(cls, config):
-    """From the JSON written by `python -m liere_jax.export torch` (a dict or a path), a
-    model section, or a liere_jax config.json."""
+    """From the JSON written by `python -m liere_jax.export torch` (a dict or a path)."""
     if isinstance(config, (str, os.PathLike)):
       with open(config) as f:
         config = json.load(f)
-    c = resolve_config(config)
-    return cls(width=c['width'], depth=c['depth'], heads=c['heads'], mlp_dim=c['mlp_dim'],
-               patch=c['patch'], input_size=c['input_size'], channels=c['channels'],
-               num_classes=c['num_classes'], pool=c.get('pool', 'cls'),
-               qkv_bias=c.get('qkv_bias', True), pe=c['pe'], dropout=c.get('dropout', 0.))
+    return cls(**spec_fields(config))
 
   def grid(self, shape):
     n = len(self.patch)

@@ -3,8 +3,9 @@
 JAX (float32) vs PyTorch: logits within 1e-4, rotations within 1e-5, at the training
 resolution and at a larger (and for abs a smaller) one; export -> import is bit-identical; wrong
 files fail naming the key; the official StanfordMIMI/LieRE layout round-trips and, when the
-official checkout is around (LIERE_OFFICIAL_CHECKOUT, default /work/official/LieRE, plus
-einops), loads with strict=True into its RoPEViT with the same logits.
+official checkout is around (env LIERE_OFFICIAL_CHECKOUT=DIR, a checkout of
+github.com/StanfordMIMI/LieRE, plus einops; skipped when unset), loads with strict=True into its
+RoPEViT with the same logits.
 """
 import functools
 import importlib
@@ -27,6 +28,7 @@ from flax import nnx  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from liere_jax import checkpoint, config_lib, export, torch_vit  # noqa: E402
+from liere_jax import spec as spec_lib  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
 from tests.helpers import tiny_model_config  # noqa: E402
 
@@ -339,7 +341,7 @@ def test_cli_errors_exit_nonzero_before_writing(tmp_path, capsys):
 # ----------------------------------------------------------------------------------------------
 # The official StanfordMIMI/LieRE layout.
 
-OFFICIAL_CHECKOUT = os.environ.get('LIERE_OFFICIAL_CHECKOUT', '/work/official/LieRE')
+OFFICIAL_CHECKOUT = os.environ.get('LIERE_OFFICIAL_CHECKOUT')  # No default: skipped when unset.
 OFFICIAL_CASES = [
     dict(pe='liere8', share='layers'),
     dict(pe='liere64', share='all'),
@@ -366,9 +368,12 @@ def _official_jax_model(pe, n_dims=2, equal_layers=False, **kw):
 
 
 def _official_rope_vit():
-  """The official RoPEViT class, or None (no checkout or no einops)."""
-  if not os.path.isdir(os.path.join(OFFICIAL_CHECKOUT, 'models')):
+  """The official RoPEViT class, or None (LIERE_OFFICIAL_CHECKOUT unset, or no einops)."""
+  if not OFFICIAL_CHECKOUT:
     return None
+  assert os.path.isfile(os.path.join(OFFICIAL_CHECKOUT, 'models', 'rope_vit.py')), (
+      f'LIERE_OFFICIAL_CHECKOUT={OFFICIAL_CHECKOUT} has no models/rope_vit.py; point it to a '
+      'checkout of github.com/StanfordMIMI/LieRE or unset it.')
   try:
     importlib.import_module('einops')
   except ImportError:
@@ -395,7 +400,7 @@ def test_official_layout_round_trip(case):
     warnings.simplefilter('error', export.Layer0BugWarning)  # No warning: nothing is lost.
     state, kw = export.official_layout(_params(jm), cfg)
     back = export.from_official_layout(state, cfg)
-  if (cfg.pe.positions or export.default_positions(cfg.pe.name)) == 'integer':
+  if spec_lib.resolve(cfg).pe.positions == 'integer':
     # Multiplied by n - 1 on export, divided on import: equal up to rounding.
     for key, value in _flat(_params(jm)).items():
       np.testing.assert_allclose(_flat(back)[key], value, rtol=1e-6, err_msg=key)
@@ -423,7 +428,7 @@ def _official_logits(rope_vit, state, kw, x):
 def test_official_rope_vit_parity(case, capsys):
   rope_vit = _official_rope_vit()
   if rope_vit is None:
-    pytest.skip(f'no official LieRE checkout at {OFFICIAL_CHECKOUT} (or no einops)')
+    pytest.skip('set LIERE_OFFICIAL_CHECKOUT to a StanfordMIMI/LieRE checkout (needs einops)')
   jm, cfg = _official_jax_model(**case)
   state, kw = export.official_layout(_params(jm), cfg)
   x = _inputs(len(cfg.patch), cfg.input_size[0])

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from liere_jax import checkpoint, train_lib
+from liere_jax import checkpoint, data, train_lib
 from tests.helpers import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -134,14 +134,36 @@ def test_eval_writes_results_json(tmp_path):
 
 @pytest.mark.parametrize('args,message', [
     (['--config.model.input_size=(60, 60)'], 'expects'),
-    (['--config.no_such_key=1'], 'no_such_key'),
+    (['--config.no_such_key=1'], "config has no field 'no_such_key'; its fields are ["),
+    (['--config.model.foo=1'], "config.model has no field 'foo'; its fields are ['channels'"),
+    (['--config.model.pe.expm=pade'], "model.pe.expm='pade' is unknown"),
     (['--config.model.pe.name=liere128'], 'block size 128'),
     (['--config.batch_size=0'], 'batch_size=0'),
+    (['--config.lr=-1.0'], 'lr=-1.0 must be a positive finite number'),
+    (['--config.sharding=tp'], "sharding='tp' is unknown"),
+    (['--config.resolutions=(50,)'], '50) must be input sizes divisible by the patch'),
 ])
 def test_bad_input_fails_clearly_and_writes_nothing(tmp_path, args, message):
   rc, out = run('train.py', tmp_path / 'w', '--config.total_steps=1', *args)
   assert rc != 0 and message in out, out
   assert not (tmp_path / 'w').exists()
+
+
+def test_unknown_key_is_one_line_without_a_traceback(tmp_path):
+  rc, out = run('train.py', tmp_path / 'w', '--config.model.pe.scale=1')
+  assert rc == 2 and 'Traceback' not in out, out
+  assert "config.model.pe has no field 'scale'; its fields are ['expm', 'init_scale'" in out
+
+
+def test_a_workdir_without_checkpoint_takes_a_corrected_config(tmp_path):
+  # A start that fails after writing config.json (here: at the first step, NaN) leaves no
+  # checkpoint; the rerun with another model is accepted.
+  rc, out = run('train.py', tmp_path, '--config.total_steps=2', '--config.lr=1e30',
+                '--config.model.pe.name=abs')
+  assert rc != 0 and (tmp_path / 'config.json').exists(), out
+  rc, out = run('train.py', tmp_path, '--config.total_steps=2', '--config.checkpoint_every=2')
+  assert rc == 0, out
+  assert checkpoint.read_config(str(tmp_path)).model.pe.name == 'liere8'
 
 
 def test_unprepared_dataset_says_how_to_prepare(tmp_path):
@@ -169,7 +191,27 @@ def test_non_finite_state_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   rc, out = run('train.py', tmp_path, '--config.total_steps=2', '--config.checkpoint_every=2')
   assert rc == 0, out
   rc, out = run('train.py', tmp_path, '--config.total_steps=6', '--config.checkpoint_every=1',
-                '--config.lr=nan')  # resumes at step 2, then the update makes NaN parameters
-  assert rc != 0 and 'param_norm is nan at step 3' in out and 'checkpoint (step 2)' in out, out
-  _, p, step = checkpoint.load_params(str(tmp_path))
+                '--config.log_every=1', '--config.lr=1e30')  # resumes at step 2, then blows up
+  assert rc != 0 and 'at step 3; stopping' in out and 'checkpoint (step 2)' in out, out
+  config, p, step = checkpoint.load_params(str(tmp_path))
   assert step == 2 and all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(p))
+  # "Good" means the checkpoint's own parameters give a finite loss on its step's batch.
+  trainer = train_lib.Trainer(config, train_lib.make_mesh(jax.devices()[:1]))
+  batch = next(data.to_iterator(data.train_dataset(config.data, global_batch_size=16, seed=0),
+                                start=1))
+  assert np.isfinite(float(trainer.loss_step(p, trainer.global_batch(batch))))
+
+
+def test_dropout_trains_deterministically_and_changes_the_step():
+  cfg = load_config('configs/arrows.py', 'grid=4')
+  cfg.model.update(width=32, depth=1, heads=2, mlp_dim=64)
+  rng = np.random.default_rng(0)
+  batch = {'image': rng.normal(size=(8, 48, 48, 3)).astype(np.float32),
+           'label': np.eye(4, dtype=np.float32)[rng.integers(0, 4, 8)]}
+  losses = {}
+  for dropout in (0.0, 0.5, 0.5):
+    cfg.model.dropout = dropout
+    trainer = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1]))
+    state, metrics = trainer.train_step(trainer.init_state(0), trainer.global_batch(batch))
+    losses.setdefault(dropout, []).append(float(metrics['grad_norm']))
+  assert losses[0.5][0] == losses[0.5][1] and losses[0.5][0] != losses[0.0][0]
