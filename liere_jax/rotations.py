@@ -10,6 +10,7 @@ with angles instead of generators.
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from liere_jax.expm import expm
 
@@ -39,7 +40,27 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
   # The generator is linear in p: combine the raw entries first, build the skew matrix once.
   coeffs = jnp.einsum('tn,lhnkf->lhtkf', positions.astype(jnp.float32),
                       generators.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
-  return expm(skew(coeffs, block), method)
+  return split_over_data(lambda a: expm(a, method), skew(coeffs, block))
+
+
+def split_over_data(fn, a: jax.Array) -> jax.Array:
+  """fn over a stack of matrices [..., b, b], each device of the context mesh's 'data' axis
+  (`jax.set_mesh`) computing 1/n of it (and of its backward), then all-gathered.
+
+  The rotations depend only on replicated parameters and positions: without this, data
+  parallelism has every device compute all of them. Without a mesh, or with one device, it is
+  fn(a).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  n = 1 if mesh.empty or 'data' not in mesh.axis_names else mesh.shape['data']
+  if n == 1:
+    return fn(a)
+  flat = a.reshape((-1,) + a.shape[-2:])
+  pad = -flat.shape[0] % n
+  flat = jnp.pad(flat, ((0, pad), (0, 0), (0, 0)))  # expm(0) = I: padding costs a few products.
+  out = jax.shard_map(lambda x: jax.lax.all_gather(fn(x), 'data', tiled=True),
+                      in_specs=P('data'), out_specs=P(), check_vma=False)(flat)
+  return out[:out.shape[0] - pad].reshape(a.shape)
 
 
 def angle_rotations(angles: jax.Array) -> jax.Array:

@@ -65,6 +65,22 @@ def make_optimizer(config: ml_collections.ConfigDict):
   return tx, schedule
 
 
+class MeshJit:
+  """jax.jit traced and run under `jax.set_mesh(mesh)`, so that model code sees the mesh (the
+  rotations split their exponentials over its 'data' axis: rotations.split_over_data)."""
+
+  def __init__(self, mesh, fn, **jit_kwargs):
+    self.mesh, self.jitted = mesh, jax.jit(fn, **jit_kwargs)
+
+  def __call__(self, *args):
+    with jax.set_mesh(self.mesh):
+      return self.jitted(*args)
+
+  def lower(self, *args):
+    with jax.set_mesh(self.mesh):
+      return self.jitted.lower(*args)
+
+
 @dataclasses.dataclass
 class Trainer:
   """Holds the static parts (graphdefs, optimizer, shardings) and the jitted steps."""
@@ -93,14 +109,14 @@ class Trainer:
         self.state_sharding)
     self.batch_sharding = NamedSharding(self.mesh, P('data'))
     self.replicated = NamedSharding(self.mesh, P())
-    self.train_step = jax.jit(self._train_step, donate_argnums=(0,),
+    self.train_step = MeshJit(self.mesh, self._train_step, donate_argnums=(0,),
                               in_shardings=(self.state_sharding, self.batch_sharding),
                               out_shardings=(self.state_sharding, self.replicated))
-    self.loss_step = jax.jit(self._loss, in_shardings=(self.state_sharding['params'],
-                                                       self.batch_sharding))
-    self._pe_context = jax.jit(self._pe_context_fn, static_argnums=(1, 2),
+    self.loss_step = MeshJit(self.mesh, self._loss, in_shardings=(
+        self.state_sharding['params'], self.batch_sharding))
+    self._pe_context = MeshJit(self.mesh, self._pe_context_fn, static_argnums=(1, 2),
                                out_shardings=self.replicated)
-    self.eval_step = jax.jit(self._eval_step, static_argnums=(3,),
+    self.eval_step = MeshJit(self.mesh, self._eval_step, static_argnums=(3,),
                              in_shardings=(self.state_sharding['params'], self.batch_sharding,
                                            None))
 

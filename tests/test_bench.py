@@ -1,4 +1,6 @@
-"""Smoke tests of the benchmark CLI (python -m liere_jax.bench): output keys, no timings."""
+"""Smoke tests of the benchmark CLI (python -m liere_jax.bench): output keys, no timings; the
+official-code timing (liere_jax/bench/peer.py) against a fake checkout, and against a real one
+when LIERE_OFFICIAL_CHECKOUT names it."""
 import json
 import os
 import subprocess
@@ -58,11 +60,13 @@ def test_expm_bench_cli_json():
   assert 'grad rel' in out  # the table came first
 
 
-def test_step_bench_cli_json():
+def test_step_bench_cli_json(fake_official):
+  # Head dim 64, as the official attention requires; the fake official code is timed too.
   out = _run('step', '--config', 'configs/arrows.py:grid=3', '--vs', 'pe=abs',
-             '--config.model.depth=1', '--config.model.width=32', '--config.model.heads=2',
+             '--config.model.depth=1', '--config.model.width=128', '--config.model.heads=2',
              '--config.model.mlp_dim=64', '--config.batch_size=8', '--steps', '2',
-             '--warmup', '1', '--json')
+             '--warmup', '1', '--official', str(fake_official), '--official_threads', '1',
+             '--json')
   res = json.loads(out.strip().splitlines()[-1])
   for key in ('config', 'baseline', 'train_s', 'baseline_train_s', 'train_ratio', 'eval_s',
               'baseline_eval_s', 'eval_ratio', 'compile_s'):
@@ -72,3 +76,127 @@ def test_step_bench_cli_json():
   assert res['overrides']['batch_size'] == 8
   assert res['train_s'] > 0 and res['baseline_eval_s'] > 0
   assert 'A / B' in out
+  assert res['official_train_s'] > 0 and res['official_over_train'] > 0
+  assert res['official']['kwargs']['dim'] == 128 and res['official']['threads'] == 1
+  assert 'official / A' in out
+
+
+# ----------------------------------------------------------------------------------------------
+# The official PyTorch LieRE step (liere_jax/bench/peer.py), against a fake checkout.
+
+FAKE_ROPE_VIT = '''
+import json, os
+import torch
+from .vit import Head  # A relative import, as the official rope_vit.py does.
+
+
+class RoPEViT(torch.nn.Module):
+  """Stands in for the official class: the same keyword arguments, a tiny model."""
+
+  def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
+               positional_encoding_type, input_dimensionality=2, phase_type=None,
+               position_sequencing_type="sequential", generator_dim=None, pool="cls",
+               channels=3, dim_head=64, dropout=0.1, emb_dropout=0.1,
+               force_absolute_encodings=False, rotary_embedding_per_layer=False,
+               rotary_embedding_per_head=False, checkpoint_attn=False, shuffle_patches=False,
+               enable_ape=True):
+    super().__init__()
+    print("the official code prints while it builds")  # Must not break the worker protocol.
+    kw = {k: v for k, v in locals().items() if k not in ('self', '__class__')}
+    with open(os.path.join(os.path.dirname(__file__), 'kwargs.json'), 'w') as f:
+      json.dump(kw, f)
+    self.patch = torch.nn.Conv2d(channels, dim, patch_size, patch_size)
+    self.head = Head(dim, num_classes)
+
+  def forward(self, x):
+    return self.head(self.patch(x).mean((2, 3)))
+'''
+
+FAKE_VIT = '''
+import torch
+
+
+class Head(torch.nn.Linear):
+  pass
+'''
+
+
+@pytest.fixture(scope='module')
+def fake_official(tmp_path_factory):
+  root = tmp_path_factory.mktemp('fake_LieRE')
+  (root / 'models').mkdir()
+  (root / 'models' / 'rope_vit.py').write_text(FAKE_ROPE_VIT)
+  (root / 'models' / 'vit.py').write_text(FAKE_VIT)
+  return root
+
+
+def _cifar(pe='liere64', **overrides):
+  return bench.load_config(f'configs/cifar100.py:variant=Ti,pe={pe}',
+                           dict(dict(batch_size=4), **overrides))
+
+
+def test_official_kwargs_map_our_shape():
+  kw = bench.official_kwargs(_cifar().model)
+  assert kw == dict(
+      image_size=32, patch_size=4, num_classes=100, dim=192, depth=12, heads=3, mlp_dim=768,
+      input_dimensionality=2, pool='cls', channels=3, dim_head=64, dropout=0.1,
+      emb_dropout=0.1, positional_encoding_type='liere', phase_type='naver', generator_dim=64,
+      enable_ape=False, rotary_embedding_per_layer=True, rotary_embedding_per_head=True)
+  kw = bench.official_kwargs(_cifar('liere8', **{'model.pe.share': 'layers'}).model)
+  assert (kw['generator_dim'], kw['rotary_embedding_per_layer'],
+          kw['rotary_embedding_per_head']) == (8, False, True)
+  kw = bench.official_kwargs(_cifar('rope_mixed').model)
+  assert (kw['positional_encoding_type'], kw['generator_dim']) == ('liere', 2)
+  assert bench.official_kwargs(_cifar('abs').model)['positional_encoding_type'] == 'absolute'
+  with pytest.raises(ValueError, match='pe=sincos'):
+    bench.official_kwargs(_cifar('sincos').model)
+  with pytest.raises(ValueError, match='head_dim=32'):
+    bench.official_kwargs(_cifar(**{'model.heads': 6}).model)
+
+
+def test_official_step_on_a_fake_checkout(fake_official):
+  config = _cifar()
+  res = bench.time_official(config, str(fake_official), steps=2, warmup=1, threads=1,
+                            device='cpu')
+  assert res['train_s'] > 0 and len(res['times']) == 2 and all(t > 0 for t in res['times'])
+  assert res['device'] == 'cpu' and res['threads'] == 1 and res['params'] > 0
+  built = json.loads((fake_official / 'models' / 'kwargs.json').read_text())
+  expected = bench.official_kwargs(config.model)
+  assert {k: built[k] for k in expected} == expected
+
+
+def test_official_checkout_errors(tmp_path):
+  config = _cifar()
+  with pytest.raises(bench.OfficialError, match=r'has no models/rope_vit\.py: point --official'):
+    bench.Official(config, str(tmp_path), device='cpu')
+  (tmp_path / 'models').mkdir()
+  (tmp_path / 'models' / 'rope_vit.py').write_text('import not_a_module_liere\n')
+  with pytest.raises(bench.OfficialError, match="No module named 'not_a_module_liere'.*pip"):
+    bench.Official(config, str(tmp_path), device='cpu')
+  (tmp_path / 'models' / 'rope_vit.py').write_text('X = 1\n')
+  with pytest.raises(bench.OfficialError, match='defines no RoPEViT'):
+    bench.Official(config, str(tmp_path), device='cpu')
+
+
+def test_step_cli_official_bad_checkout_fails_before_compiling(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  proc = subprocess.run([sys.executable, '-m', 'liere_jax.bench', 'step', '--config',
+                         'configs/cifar100.py:variant=Ti,pe=liere64', '--vs', 'pe=abs',
+                         '--official', str(tmp_path)], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 1
+  assert (f'bench step --official: {tmp_path} has no models/rope_vit.py: point --official to a '
+          'checkout of https://github.com/StanfordMIMI/LieRE') in proc.stderr
+  assert 'compiling' not in proc.stderr
+
+
+OFFICIAL_CHECKOUT = os.environ.get('LIERE_OFFICIAL_CHECKOUT')
+
+
+@pytest.mark.skipif(not OFFICIAL_CHECKOUT, reason='set LIERE_OFFICIAL_CHECKOUT to a checkout '
+                    'of github.com/StanfordMIMI/LieRE')
+@pytest.mark.parametrize('pe', ['liere8', 'abs'])
+def test_official_step_on_the_real_checkout(pe):
+  config = _cifar(pe, **{'model.depth': 2})
+  res = bench.time_official(config, OFFICIAL_CHECKOUT, steps=1, warmup=1, device='cpu')
+  assert res['train_s'] > 0 and res['params'] > 0

@@ -1,0 +1,41 @@
+r"""Benchmarks: the matrix exponential on realistic LieRE cases, and whole train/eval steps.
+
+  python -m liere_jax.bench expm [--case NAME ...] [--impl NAME ...] [--repeats N] [--json]
+  python -m liere_jax.bench step --config configs/cifar100.py:variant=Ti,pe=liere64 --vs pe=abs \
+      --config.batch_size=128 [--steps N] [--breakdown] [--json]
+      [--official DIR [--official_python PY] [--official_threads N]]
+
+expm: for each case (a stack of skew-symmetric generator combinations as LieRE builds them:
+U[0, 2 pi) strict upper triangles, 2D, times normalized grid positions in [0, 1]) and each
+implementation (liere_jax.expm methods fast / scipy / scipy_remat, and torch.matrix_exp when
+torch imports): compile time (lower + compile of forward+backward), forward and
+forward+backward time (the gradient of sum(R * G) in A, G a fixed random cotangent), XLA temp
+memory of the compiled forward+backward, and errors against float64 SciPy on a subsample (max
+|R - R64|, max |R^T R - I|, gradient relative error against scipy.linalg.expm_frechet). A
+function whose temp memory would not fit is not run: its row says status 'oom'.
+
+step: the config (A) and the same config with --vs applied to its argument string (B);
+overrides --config.key=value apply to both. Train steps, then eval steps (rotations cached:
+computed once outside the timed loop) of the two alternate in one process (A B, B A, A B, ...);
+medians after warm-up, ratios A / B, random inputs of the config's shape. --breakdown adds the
+train step with the rotations fed in (their gradient dropped), the encoding's own
+forward+backward, and XLA FLOP counts (XLA counts a while loop's body once: the chunked
+exponential is undercounted; the steps without it are counted exactly). --official times the
+official PyTorch LieRE train step of A's shape in a subprocess (its interpreter needs torch,
+einops and the official code's imports), one of its steps after each pair of ours.
+
+Timings use block_until_ready and nothing device-specific: the same command runs on CPU, GPU
+and TPU. The last line of --json output is the machine-readable result.
+
+Modules: expm.py (bench expm), step.py (bench step), peer.py (the official code's step),
+__main__.py (the command line).
+"""
+from liere_jax.bench.expm import (CASES, DEFAULT_CASES, IMPLS, ROW_KEYS, Case, available_bytes,
+                                  bench_expm, case_inputs, expm_table, is_oom)
+from liere_jax.bench.peer import Official, OfficialError, official_kwargs, time_official
+from liere_jax.bench.step import bench_step, load_config, random_batches, step_table, with_args
+
+__all__ = ['CASES', 'DEFAULT_CASES', 'IMPLS', 'ROW_KEYS', 'Case', 'available_bytes', 'bench_expm',
+           'case_inputs', 'expm_table', 'is_oom', 'Official', 'OfficialError', 'official_kwargs',
+           'time_official', 'bench_step', 'load_config', 'random_batches', 'step_table',
+           'with_args']

@@ -1,0 +1,72 @@
+"""python -m liere_jax.bench {expm,step} [flags]: see liere_jax.bench."""
+import json
+import sys
+
+import jax
+from absl import app, flags
+from ml_collections import config_flags
+
+from liere_jax.bench.expm import DEFAULT_CASES, IMPLS, bench_expm, expm_table
+from liere_jax.bench.peer import OfficialError
+from liere_jax.bench.step import bench_step, load_config, step_table, with_args
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'step: config file[:args].',
+                                          lock_config=False)
+_VS = flags.DEFINE_string('vs', None, 'step: arguments appended to the config argument string '
+                          'for the baseline, e.g. pe=abs.')
+_STEPS = flags.DEFINE_integer('steps', 10, 'step: timed steps of each (after warm-up).')
+_WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed calls of each before timing.')
+_BREAKDOWN = flags.DEFINE_bool('breakdown', False, 'step: also time the train step with the '
+                               'rotations cached, the encoding alone, and count XLA FLOPs.')
+_OFFICIAL = flags.DEFINE_string('official', None, 'step: a checkout of '
+                                'github.com/StanfordMIMI/LieRE; times its train step at the '
+                                "shape of --config (imports DIR/models/rope_vit.py).")
+_OFFICIAL_PYTHON = flags.DEFINE_string('official_python', None, 'step: interpreter with torch, '
+                                       "einops and the official code's imports; default: this.")
+_OFFICIAL_THREADS = flags.DEFINE_integer('official_threads', None,
+                                         'step: torch threads; default: CPU count.')
+_CASE = flags.DEFINE_multi_string('case', None, 'expm: cases (default: all but tiny).')
+_IMPL = flags.DEFINE_multi_string('impl', None, 'expm: implementations (default: all).')
+_REPEATS = flags.DEFINE_integer('repeats', 3, 'expm: timed calls of each (after warm-up).')
+_JSON = flags.DEFINE_bool('json', False, 'Print the result as JSON on the last line.')
+
+
+def main(argv):
+  if len(argv) != 2 or argv[1] not in ('expm', 'step'):
+    raise app.UsageError('Usage: python -m liere_jax.bench {expm,step} [flags]; see --help.')
+  log = lambda s: print(s, file=sys.stderr, flush=True)
+  if argv[1] == 'expm':
+    rows = bench_expm(_CASE.value or DEFAULT_CASES, _IMPL.value or IMPLS, _REPEATS.value,
+                      max(_WARMUP.value, 1) if _WARMUP.present else 1, log=log)
+    print(f'platform: {jax.devices()[0].platform} ({jax.devices()[0].device_kind}), '
+          f'jax {jax.__version__}')
+    print(expm_table(rows))
+    if _JSON.value:
+      print(json.dumps(rows))
+    return
+  if _CONFIG.value is None or _VS.value is None:
+    raise app.UsageError('step needs --config CONFIG[:args] and --vs ARGS.')
+  spec = config_flags.get_config_filename(flags.FLAGS['config'])
+  overrides = config_flags.get_override_values(flags.FLAGS['config'])
+  spec_b = with_args(spec, _VS.value)
+  baseline = load_config(spec_b, overrides)
+  official = None
+  if _OFFICIAL.value:
+    official = dict(checkout=_OFFICIAL.value, python=_OFFICIAL_PYTHON.value,
+                    threads=_OFFICIAL_THREADS.value)
+  try:
+    res = bench_step(_CONFIG.value, baseline, names=(spec, spec_b), steps=_STEPS.value,
+                     warmup=_WARMUP.value, breakdown=_BREAKDOWN.value, official=official,
+                     log=log)
+  except OfficialError as e:
+    sys.exit(f'bench step --official: {e}')
+  res['overrides'] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in overrides.items()}
+  print(f'platform: {res["platform"]} x{res["devices"]}, jax {jax.__version__}, '
+        f'batch {res["batch_size"]}, {res["steps"]} timed steps (medians)')
+  print(step_table(res))
+  if _JSON.value:
+    print(json.dumps(res, default=str))
+
+
+if __name__ == '__main__':
+  app.run(main)

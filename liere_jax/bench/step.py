@@ -1,0 +1,237 @@
+"""The step benchmark: train and eval steps of a config (A) against a baseline (B), and
+optionally the official PyTorch LieRE train step of A's shape (peer.py). See liere_jax.bench."""
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ml_collections.config_flags import config_path
+
+from liere_jax.bench import peer
+from liere_jax.bench.expm import _fmt, _timed
+
+
+def load_config(spec: str, overrides: dict):
+  """'path[:args]' -> ConfigDict, with flat {'a.b': value} overrides applied."""
+  import importlib.util
+  path, _, arg = spec.partition(':')
+  module_spec = importlib.util.spec_from_file_location('bench_config', path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  cfg = module.get_config(*([arg] if arg else []))
+  for key, value in overrides.items():
+    config_path.set_value(key, cfg, value)
+  return cfg
+
+
+def with_args(spec: str, extra: str) -> str:
+  """'configs/x.py:a=1' + 'b=2' -> 'configs/x.py:a=1,b=2' (later keys win in parse_arg)."""
+  path, sep, arg = spec.partition(':')
+  args = [s for s in arg.split(',') if s] if sep else []
+  new = [s for s in extra.split(',') if s]
+  keys = {s.partition('=')[0] for s in new}
+  args = [s for s in args if s.partition('=')[0] not in keys] + new
+  return f"{path}:{','.join(args)}" if args else path
+
+
+def random_batches(config, seed=0):
+  """A train batch (one-hot labels) and an eval batch (int labels, mask) of the config's shape."""
+  m = config.model
+  rng = np.random.default_rng(seed)
+  b = config.batch_size
+  image = rng.standard_normal((b,) + tuple(m.input_size) + (m.channels,), dtype=np.float32)
+  label = rng.integers(0, m.num_classes, b).astype(np.int32)
+  train = dict(image=image, label=np.eye(m.num_classes, dtype=np.float32)[label])
+  evalb = dict(image=image, label=label, mask=np.ones(b, bool))
+  return train, evalb
+
+
+class _StepBench:
+  """One config: its trainer, compiled train/eval steps, state and batches."""
+
+  def __init__(self, config, mesh, breakdown=False):
+    from liere_jax import train_lib
+    self.config = config
+    self.trainer = t = train_lib.Trainer(config, mesh)
+    self.state = t.init_state(config.seed)
+    train, evalb = random_batches(config)
+    self.train_batch, self.eval_batch = t.global_batch(train), t.global_batch(evalb)
+    self.grid = tuple(s // p for s, p in zip(config.model.input_size, config.model.patch))
+    t0 = time.perf_counter()
+    self.train_c = t.train_step.lower(self.state, self.train_batch).compile()
+    self.compile_s = time.perf_counter() - t0
+    self.ctx = t.pe_context(self.state['params'], self.grid)  # cached, outside the timed loop
+    t0 = time.perf_counter()
+    self.eval_c = t.eval_step.lower(self.state['params'], self.eval_batch, self.ctx,
+                                    None).compile()
+    self.eval_compile_s = time.perf_counter() - t0
+    self.flops = _flops(self.train_c)
+    self.eval_flops = _flops(self.eval_c)
+    self.times = {'train': [], 'eval': []}
+    self.extra = {}
+    if breakdown:
+      self._build_breakdown()
+
+  def train(self):
+    self.state, metrics = self.train_c(self.state, self.train_batch)
+    return self.state, metrics
+
+  def eval(self):
+    return self.eval_c(self.state['params'], self.eval_batch, self.ctx)
+
+  def _build_breakdown(self):
+    """The train step with the context fed in (no gradient to the encoding), and the encoding's
+    own forward+backward (the rotations' cost), as separate compiled functions."""
+    import optax
+    t = self.trainer
+
+    def cached_step(params, batch, ctx):
+      rng = jax.random.key(0)
+
+      def loss_fn(params):
+        logits = t.model(params, train=True, rng=rng)(batch['image'], ctx=ctx)
+        return optax.softmax_cross_entropy(logits, batch['label']).mean()
+      return jax.grad(loss_fn)(params)
+
+    def pe_fwd_bwd(params):
+      def f(params):
+        ctx = t.model(params).pe_context(self.grid)
+        return sum(jnp.sum(x) for x in jax.tree.leaves(ctx)) if ctx is not None else 0.
+      return jax.grad(f)(params)
+
+    p = self.state['params']
+    self.cached_c = jax.jit(cached_step).lower(p, self.train_batch, self.ctx).compile()
+    self.pe_c = jax.jit(pe_fwd_bwd).lower(p).compile()
+    self.extra['xla_flops_pe_fwd_bwd'] = _flops(self.pe_c)
+    self.extra['flops_train_cached_rot'] = _flops(self.cached_c)
+    self.times.update(train_cached_rot=[], pe_fwd_bwd=[])
+
+  def train_cached_rot(self):
+    return self.cached_c(self.state['params'], self.train_batch, self.ctx)
+
+  def pe_fwd_bwd(self):
+    return self.pe_c(self.state['params'])
+
+
+def _flops(compiled):
+  try:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+      cost = cost[0]
+    return float(cost['flops'])
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakdown=False,
+               official=None, log=print):
+  """Times config (A) against baseline (B): train and eval steps, alternating A, B.
+
+  official: None or dict(checkout, python=None, threads=None): also time the official PyTorch
+  train step of A's shape (liere_jax.bench.peer), one step after each pair of ours. Its worker
+  starts first, so a wrong checkout (or an A without official counterpart) fails with
+  peer.OfficialError before anything compiles.
+  """
+  from liere_jax import train_lib
+  off = None
+  if official:
+    try:
+      off = peer.Official(config, official['checkout'], python=official.get('python'),
+                          threads=official.get('threads'))
+    except ValueError as e:  # No official counterpart of A.
+      raise peer.OfficialError(str(e)) from e
+    log(f"official: RoPEViT from {official['checkout']}, torch {off.info['torch']} on "
+        f"{off.info['device']} ({off.info['threads']} threads), {off.info['params']:,} params")
+  try:
+    mesh = train_lib.make_mesh()
+    log('compiling A')
+    a = _StepBench(config, mesh, breakdown)
+    log('compiling B')
+    b = _StepBench(baseline, mesh, breakdown)
+    return _run_steps(a, b, off, names, steps, warmup, breakdown)
+  finally:
+    if off is not None:
+      off.close()
+
+
+def _run_steps(a, b, off, names, steps, warmup, breakdown):
+  off_times = []
+  kinds = ['train', 'eval'] + (['train_cached_rot', 'pe_fwd_bwd'] if breakdown else [])
+  # One loop per kind of step; within it A and B alternate, in the order A B, B A, A B, ...
+  # (a step right after another kind of step, or after the other config's, can run slower:
+  # each config goes first as often as second).
+  for kind in kinds:
+    for i in range(warmup + steps):
+      for bench in ((a, b) if i % 2 == 0 else (b, a)):
+        dt, out = _timed(getattr(bench, kind))
+        del out
+        if i >= warmup:
+          bench.times[kind].append(dt)
+      if kind == 'train' and off is not None:
+        dt = off.step()
+        if i >= warmup:
+          off_times.append(dt)
+  med = lambda bench, k: statistics.median(bench.times[k])
+  res = {
+      'config': names[0], 'baseline': names[1],
+      'platform': jax.devices()[0].platform, 'devices': jax.device_count(),
+      'batch_size': a.config.batch_size, 'steps': steps,
+      'train_s': med(a, 'train'), 'baseline_train_s': med(b, 'train'),
+      'train_ratio': med(a, 'train') / med(b, 'train'),
+      'eval_s': med(a, 'eval'), 'baseline_eval_s': med(b, 'eval'),
+      'eval_ratio': med(a, 'eval') / med(b, 'eval'),
+      'compile_s': a.compile_s, 'baseline_compile_s': b.compile_s,
+      'eval_compile_s': a.eval_compile_s, 'baseline_eval_compile_s': b.eval_compile_s,
+      'flops_train': a.flops, 'baseline_flops_train': b.flops,
+      'flops_eval': a.eval_flops, 'baseline_flops_eval': b.eval_flops,
+  }
+  if breakdown:
+    res.update({
+        'train_cached_rot_s': med(a, 'train_cached_rot'),
+        'baseline_train_cached_rot_s': med(b, 'train_cached_rot'),
+        'cached_rot_ratio': med(a, 'train_cached_rot') / med(b, 'train_cached_rot'),
+        'pe_fwd_bwd_s': med(a, 'pe_fwd_bwd'),
+        'baseline_pe_fwd_bwd_s': med(b, 'pe_fwd_bwd'),
+        'xla_flops_pe_fwd_bwd': a.extra['xla_flops_pe_fwd_bwd'],
+        'flops_train_cached_rot': a.extra['flops_train_cached_rot'],
+        'baseline_flops_train_cached_rot': b.extra['flops_train_cached_rot'],
+    })
+  if off is not None:
+    res['official_train_s'] = statistics.median(off_times)
+    res['official_over_train'] = res['official_train_s'] / res['train_s']
+    res['official_over_baseline_train'] = res['official_train_s'] / res['baseline_train_s']
+    res['official'] = dict(off.info, kwargs=off.kwargs)
+  return res
+
+
+def step_table(res) -> str:
+  lines = [f"A = {res['config']}", f"B = {res['baseline']}",
+           f"{'':22s} {'A':>10s} {'B':>10s} {'A / B':>8s}"]
+  row = lambda name, x, y: lines.append(
+      f'{name:22s} {_fmt(x, "10.4f")} {_fmt(y, "10.4f")} '
+      f'{_fmt(x / y if x and y else None, "8.3f")}')
+  row('train step (s)', res['train_s'], res['baseline_train_s'])
+  row('eval step, cached (s)', res['eval_s'], res['baseline_eval_s'])
+  row('compile train (s)', res['compile_s'], res['baseline_compile_s'])
+  row('compile eval (s)', res['eval_compile_s'], res['baseline_eval_compile_s'])
+  row('train GFLOP (XLA)', _g(res['flops_train']), _g(res['baseline_flops_train']))
+  row('eval GFLOP (XLA)', _g(res['flops_eval']), _g(res['baseline_flops_eval']))
+  if 'train_cached_rot_s' in res:
+    row('train, ctx cached (s)', res['train_cached_rot_s'], res['baseline_train_cached_rot_s'])
+    row('train, ctx cached GFLOP', _g(res['flops_train_cached_rot']),
+        _g(res['baseline_flops_train_cached_rot']))
+    lines.append(f"{'encoding fwd+bwd (s)':22s} {_fmt(res['pe_fwd_bwd_s'], '10.4f')} "
+                 f"{_fmt(res['baseline_pe_fwd_bwd_s'], '10.4f')}   (XLA GFLOP "
+                 f"{_fmt(_g(res['xla_flops_pe_fwd_bwd']), '.2f')}: counts a loop body once)")
+  if 'official_train_s' in res:
+    lines.append(f"official PyTorch LieRE train step, A's shape (s): "
+                 f"{res['official_train_s']:.4f}  (torch {res['official']['torch']}, "
+                 f"{res['official']['device']})")
+    lines.append(f"  official / A: {res['official_over_train']:.2f}x   "
+                 f"official / B: {res['official_over_baseline_train']:.2f}x")
+  return '\n'.join(lines)
+
+
+def _g(x):
+  return None if x is None else x / 1e9
