@@ -40,10 +40,19 @@ class Attention(nnx.Module):
     self.qkv = nnx.Linear(width, 3 * width, use_bias=qkv_bias, **dense)
     self.proj = nnx.Linear(width, width, **dense)
 
-  def __call__(self, x, pe, ctx, layer):
+  def __call__(self, x, pe, ctx, layer, return_weights=False):
+    """Self-attention [B, T, D] -> ([B, T, D], weights [B, H, T, T] or None).
+
+    Without weights it is `jax.nn.dot_product_attention` (fused kernels on accelerators);
+    with them an explicit softmax (attention maps). Logits and softmax in float32 either way.
+    """
     b, t, width = x.shape
     q, k, v = jnp.moveaxis(self.qkv(x).reshape(b, t, 3, self.heads, -1), 2, 0)
     q, k, bias = pe.attend(ctx, layer, q, k)
+    if not return_weights:
+      bias = None if bias is None else bias[None].astype(q.dtype)
+      out = jax.nn.dot_product_attention(q, k, v, bias=bias)
+      return self.proj(out.reshape(b, t, width)), None
     logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(q.shape[-1])
     logits = logits.astype(jnp.float32)
     if bias is not None:
@@ -74,8 +83,8 @@ class Block(nnx.Module):
     self.mlp = Mlp(width, mlp_dim, dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
-  def __call__(self, x, pe, ctx, layer):
-    y, weights = self.attn(self.norm1(x), pe, ctx, layer)
+  def __call__(self, x, pe, ctx, layer, return_weights=False):
+    y, weights = self.attn(self.norm1(x), pe, ctx, layer, return_weights)
     x = x + self.dropout(y)
     x = x + self.dropout(self.mlp(self.norm2(x)))
     return x, weights
@@ -137,7 +146,7 @@ class ViT(nnx.Module):
     x = self.dropout(self.pe.embed(x, grid, self.num_prefix))
     attention = []
     for layer, block in enumerate(self.blocks):
-      x, weights = block(x, self.pe, ctx, layer)
+      x, weights = block(x, self.pe, ctx, layer, return_attention)
       attention.append(weights)
     x = self.norm(x)
     x = x[:, 0] if self.pool == 'cls' else x.mean(axis=1)

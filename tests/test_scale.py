@@ -1,0 +1,68 @@
+"""Scale features: the exponentials split over the mesh, fused attention, bf16 rotations."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from liere_jax import rotations
+from liere_jax.expm import expm
+from liere_jax.model import ViT
+from tests.helpers import tiny_model, tiny_model_config
+
+
+def _mesh(n):
+  return jax.make_mesh((n,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:n])
+
+
+@pytest.mark.parametrize('n', [1, 3, 8])
+def test_split_over_data_computes_a_share_per_device_and_equals_one_device(n):
+  a = jax.random.normal(jax.random.key(0), (2, 3, 17, 8, 8))
+  a = a - jnp.swapaxes(a, -1, -2)
+  g = jax.random.normal(jax.random.key(1), a.shape)
+  shapes = []
+
+  def fn(x):
+    shapes.append(x.shape)
+    return expm(x)
+
+  def loss(a):
+    return jnp.sum(rotations.split_over_data(fn, a) * g)
+
+  with jax.set_mesh(_mesh(n)):
+    value, grad = jax.jit(jax.value_and_grad(loss))(a)
+  ref_value, ref_grad = jax.value_and_grad(lambda a: jnp.sum(expm(a) * g))(a)
+  assert np.prod(shapes[0][:-2]) == -(-2 * 3 * 17 // n)  # each device: 1/n of 102 matrices
+  np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+  np.testing.assert_allclose(grad, ref_grad, atol=1e-5)
+
+
+@pytest.mark.parametrize('pe', ['liere8', 'alibi', 'rope_mixed'])
+def test_fused_attention_equals_the_explicit_path(pe):
+  model = tiny_model(pe=pe)
+  model.head.kernel[...] = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+  fused = model(x)
+  explicit, weights = model(x, return_attention=True)
+  assert len(weights) == 2 and weights[0].shape == (2, 2, 17, 17)
+  np.testing.assert_allclose(fused, explicit, atol=2e-5, rtol=1e-5)
+
+
+def test_bf16_rotations_apply_in_bf16_with_a_small_error():
+  gen = jax.random.uniform(jax.random.key(0), (1, 3, 2, 8, 28)) * 2 * np.pi
+  rot = rotations.liere_rotations(gen, jax.random.uniform(jax.random.key(1), (50, 2)) * 4, 8)
+  x = jax.random.normal(jax.random.key(2), (4, 50, 3, 64)).astype(jnp.bfloat16)
+  out = rotations.rotate(x, rot[0])
+  ref = rotations.rotate(x.astype(jnp.float32), rot[0])
+  assert out.dtype == jnp.bfloat16
+  rel = jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref)
+  assert 1e-4 < rel < 5e-3  # a bf16 rounding of R, not float32 and not worse
+
+
+def test_bf16_model_runs_and_keeps_float32_rotations():
+  cfg = tiny_model_config(pe='liere8')
+  cfg.dtype = 'bfloat16'
+  model = ViT(cfg, rngs=nnx.Rngs(0))
+  assert model.pe_context((4, 4)).dtype == jnp.float32
+  assert bool(jnp.all(jnp.isfinite(model(jnp.ones((1, 16, 16, 3))))))
