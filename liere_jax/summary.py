@@ -16,6 +16,7 @@ from absl import app, flags
 from flax import nnx
 from ml_collections import config_flags
 
+from liere_jax import config_lib
 from liere_jax.model import ViT
 
 def _flops(fn, *args) -> float:
@@ -77,4 +78,4 @@ if __name__ == '__main__':  # Flags only here: the module is imported by tests a
   config_flags.DEFINE_config_file('config', None, 'Config file[:args].', lock_config=True)
   flags.DEFINE_bool('json', False, 'Print one JSON object as the last line.')
   flags.mark_flag_as_required('config')
-  app.run(main)
+  app.run(main, flags_parser=config_lib.parse_flags)

@@ -6,6 +6,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
+from liere_jax import config_lib
 from liere_jax.bench.expm import DEFAULT_CASES, IMPLS, bench_expm, expm_table
 from liere_jax.bench.peer import OfficialError
 from liere_jax.bench.step import bench_step, load_config, step_table, with_args
@@ -69,4 +70,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=config_lib.parse_flags)

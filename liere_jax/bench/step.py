@@ -8,18 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections.config_flags import config_path
 
+from liere_jax import config_lib
 from liere_jax.bench import peer
 from liere_jax.bench.expm import _fmt, _timed
 
 
 def load_config(spec: str, overrides: dict):
   """'path[:args]' -> ConfigDict, with flat {'a.b': value} overrides applied."""
-  import importlib.util
-  path, _, arg = spec.partition(':')
-  module_spec = importlib.util.spec_from_file_location('bench_config', path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  cfg = module.get_config(*([arg] if arg else []))
+  cfg = config_lib.load(spec)
   for key, value in overrides.items():
     config_path.set_value(key, cfg, value)
   return cfg
