@@ -89,12 +89,18 @@ def test_two_processes_match_one(tmp_path):
   assert_trees(params(tmp_path / 'one'), params(tmp_path / 'two'), exact=False, atol=1e-5)
 
 
-def test_eight_devices_equal_one_device_step():
+def tiny_config_and_batch(batch_size):
+  """The arrows config (grid 4) with a one-block model, and a random batch for it."""
   cfg = load_config('configs/arrows.py', 'grid=4')
   cfg.model.update(width=32, depth=1, heads=2, mlp_dim=64)
   rng = np.random.default_rng(0)
-  batch = {'image': rng.normal(size=(16, 48, 48, 3)).astype(np.float32),
-           'label': np.eye(4, dtype=np.float32)[rng.integers(0, 4, 16)]}
+  batch = {'image': rng.normal(size=(batch_size, 48, 48, 3)).astype(np.float32),
+           'label': np.eye(4, dtype=np.float32)[rng.integers(0, 4, batch_size)]}
+  return cfg, batch
+
+
+def test_eight_devices_equal_one_device_step():
+  cfg, batch = tiny_config_and_batch(16)
   results = []
   for devices, sharding in [(jax.devices()[:1], 'data'), (jax.devices(), 'data'),
                             (jax.devices(), 'fsdp')]:
@@ -203,11 +209,7 @@ def test_non_finite_state_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 
 
 def test_dropout_trains_deterministically_and_changes_the_step():
-  cfg = load_config('configs/arrows.py', 'grid=4')
-  cfg.model.update(width=32, depth=1, heads=2, mlp_dim=64)
-  rng = np.random.default_rng(0)
-  batch = {'image': rng.normal(size=(8, 48, 48, 3)).astype(np.float32),
-           'label': np.eye(4, dtype=np.float32)[rng.integers(0, 4, 8)]}
+  cfg, batch = tiny_config_and_batch(8)
   losses = {}
   for dropout in (0.0, 0.5, 0.5):
     cfg.model.dropout = dropout
