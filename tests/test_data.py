@@ -1,6 +1,4 @@
 """Tests of liere_jax.data: the arrows task, its TFDS builder and the Grain pipelines (offline)."""
-import io
-
 import ml_collections
 import numpy as np
 from PIL import Image
@@ -10,6 +8,7 @@ import tensorflow_datasets as tfds
 from liere_jax.data import arrows
 from liere_jax.data import pipeline
 from liere_jax.data import tfds_builders
+from tests import datasets
 
 
 def data_config(**overrides):
@@ -286,47 +285,13 @@ def test_crop_flip_is_a_window_of_the_padded_image():
   assert {1, -1} <= set.union(*found) and len({o.tobytes() for o in outs}) > 10
 
 
-# UCF101: its Video feature needs TensorFlow, so mock_data cannot make it; write a tiny copy in
-# the same on-disk format (a Sequence of JPEG frames under 'video') with a stand-in builder.
-
-
-def _jpeg(value):
-  buf = io.BytesIO()
-  Image.fromarray(np.full((20, 24, 3), value, np.uint8)).save(buf, format='JPEG', quality=95)
-  return buf.getvalue()
-
-
-class _FakeUcf101(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  name = 'ucf101'
-  VERSION = tfds.core.Version('2.0.0')
-  BUILDER_CONFIGS = [tfds.core.BuilderConfig(name='ucf101_1_256')]
-
-  @tfds.core.utils.classproperty
-  @classmethod
-  def code_path(cls):
-    return None
-
-  def _info(self):
-    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-        'video': tfds.features.Sequence(tfds.features.Image(shape=(20, 24, 3),
-                                                            encoding_format='jpeg')),
-        'label': tfds.features.ClassLabel(num_classes=101)}))
-
-  def _split_generators(self, dl_manager):
-    return {'train': self._generate_examples(6), 'test': self._generate_examples(3)}
-
-  def _generate_examples(self, num):
-    for v in range(num):
-      length = 10 if v == 2 else 32  # Video 2 is shorter than a clip (29 frames).
-      yield v, {'video': [_jpeg(8 * f) for f in range(length)], 'label': 50 + v}
+# UCF101: its Video feature needs TensorFlow, so mock_data cannot make it; tests/datasets.py
+# writes a tiny copy in the same on-disk format (a Sequence of JPEG frames under 'video').
 
 
 @pytest.fixture(scope='module')
 def ucf_dir(tmp_path_factory):
-  data_dir = str(tmp_path_factory.mktemp('ucf'))
-  _FakeUcf101(data_dir=data_dir, file_format='array_record').download_and_prepare(
-      download_config=tfds.download.DownloadConfig(try_download_gcs=False))
-  return data_dir
+  return datasets.prepare(datasets.Ucf101, str(tmp_path_factory.mktemp('ucf')))
 
 
 def test_ucf101_clips(ucf_dir):

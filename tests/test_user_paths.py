@@ -1,0 +1,224 @@
+"""The paths users walk, end to end through the real CLI, for every config in configs/.
+
+Each row: `train.py` (2 steps, a tiny model set by command-line overrides only, the config's
+own options: dropout 0.1, RandAugment, mixup...) on stand-in datasets written in the real TFDS
+on-disk layout (tests/datasets.py), then `eval.py --workdir DIR` (the run's own config.json),
+then `python -m liere_jax.export torch`, then the export loaded into the PyTorch port and its
+logits compared with the JAX model's on a batch of the eval pipeline: within 1e-4 in float32
+(with the trained head, and with a random head so the comparison sees the whole body); finite
+and loosely close in bfloat16.
+"""
+import dataclasses
+import functools
+import io
+import json
+import os
+import subprocess
+import sys
+from typing import Tuple
+
+import numpy as np
+from PIL import Image
+import pytest
+
+torch = pytest.importorskip('torch')
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from liere_jax import checkpoint, torch_vit  # noqa: E402
+from liere_jax.data import pipeline  # noqa: E402
+from liere_jax.model import ViT  # noqa: E402
+from tests import datasets  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOGIT_TOL = 1e-4
+BF16_TOL = 0.15  # bfloat16 JAX vs float32 PyTorch, logits of O(1): 0.03 measured.
+SIZES = {  # Stand-in examples per split; eval sizes are not multiples of the batch (padding).
+    datasets.Cifar100: dict(train=16, test=10),
+    datasets.Imagenet2012: dict(train=16, validation=6),
+    datasets.Ucf101: dict(train=6, test=3),
+}
+OPTIONS = {datasets.Ucf101: dict(texture=64)}  # Frames with content, not flat.
+TINY = ['--config.model.variant=', '--config.model.width=32', '--config.model.depth=1',
+        '--config.model.heads=2', '--config.model.mlp_dim=64', '--config.batch_size=8',
+        '--config.eval_batch_size=8', '--config.total_steps=2', '--config.warmup_steps=1',
+        '--config.checkpoint_every=2', '--config.log_every=1']
+IMAGE_32 = ['--config.data.image_size=32', '--config.model.input_size=(32,32)']
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  config: str  # configs/<file>[:args]
+  args: Tuple[str, ...] = ()  # train.py overrides besides TINY
+  devices: int = 1
+  eval_args: Tuple[str, ...] = ()
+  n_examples: int = 0  # Expected eval examples.
+  resolutions: Tuple[str, ...] = ()  # Expected keys of results.json's 'resolutions'.
+  float32: bool = True
+  data: bool = True  # Reads the stand-in data_dir (arrows renders on the fly).
+  expect: Tuple[Tuple[str, object], ...] = ()  # (dotted key, value) in the run's config.json.
+
+
+SHIPPED = (('model.dropout', 0.1), ('data.augment', 'randaug'))  # cifar100 / imagenet as shipped.
+
+
+ROWS = {
+    # The config as shipped (liere8, dropout 0.1, randaug); eval at another size by flag.
+    'cifar100-liere8': Row('cifar100.py', eval_args=('--resolutions', '48'), n_examples=10,
+                           resolutions=('48',), expect=SHIPPED),
+    'cifar100-rope_mixed-mean-fsdp-2dev': Row(
+        'cifar100.py:pe=rope_mixed', ('--config.model.pool=mean', '--config.sharding=fsdp'),
+        devices=2, n_examples=10, expect=SHIPPED + (('model.pool', 'mean'),)),
+    'imagenet2012-abs-2dev': Row(
+        'imagenet.py:pe=abs', (*IMAGE_32, '--config.resolutions=(48,)'), devices=2,
+        n_examples=6, resolutions=('48',), expect=SHIPPED),
+    'imagenet2012-liere8-bf16-fsdp-4dev': Row(
+        'imagenet.py', (*IMAGE_32, '--config.model.dtype=bfloat16', '--config.sharding=fsdp'),
+        devices=4, n_examples=6, float32=False,
+        expect=SHIPPED + (('model.dtype', 'bfloat16'), ('sharding', 'fsdp'))),
+    # ucf101 as shipped: light augmentation + mixup 0.8, dropout 0.1; 4 frames at stride 2.
+    'ucf101-liere8-mixup-2dev': Row(
+        'ucf101.py', ('--config.data.image_size=32', '--config.data.num_frames=4',
+                      '--config.data.frame_stride=2', '--config.model.input_size=(4,32,32)'),
+        devices=2, eval_args=('--resolutions', '48'), n_examples=3, resolutions=('48',),
+        expect=(('model.dropout', 0.1), ('data.augment', 'light'), ('data.mixup', 0.8))),
+    'arrows-alibi-num_train': Row(
+        'arrows.py:grid=4,pe=alibi', ('--config.data.num_train=32', '--config.data.num_eval=12',
+                                      '--config.resolutions=(60,)'),
+        n_examples=12, resolutions=('60',), data=False,
+        expect=(('model.pe.name', 'alibi'), ('data.num_train', 32))),
+}
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  root = str(tmp_path_factory.mktemp('tfds'))
+  for builder, sizes in SIZES.items():
+    datasets.prepare(builder, root, sizes, **OPTIONS.get(builder, {}))
+  return root
+
+
+def _run(args, devices, cwd=ROOT):
+  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+             JAX_PLATFORMS='cpu', PYTHONPATH=ROOT)
+  proc = subprocess.run([sys.executable, *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True, timeout=600)
+  return proc.returncode, proc.stdout
+
+
+def _train_command(row: Row, workdir: str, data_dir: str):
+  config = os.path.join(ROOT, 'configs', row.config)
+  data = [f'--config.data.data_dir={data_dir}'] if row.data else []
+  return [os.path.join(ROOT, 'train.py'), '--config', config, '--workdir', workdir, *TINY,
+          *data, *row.args, '--noprogress']
+
+
+# The JAX side runs jitted with XLA's backend optimisations off (compile time is most of it).
+_FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
+
+
+@functools.partial(jax.jit, static_argnums=0, compiler_options=_FAST_COMPILE)
+def _forward(graphdef, state, x):
+  return nnx.merge(graphdef, state)(x)
+
+
+def _jax_model(config, params):
+  model = ViT(config.model, rngs=nnx.Rngs(0))
+  state = nnx.state(model, nnx.Param)
+  nnx.replace_by_pure_dict(state, params)
+  nnx.update(model, state)
+  model.eval()
+  return model
+
+
+def _logits(jm, tm, x):
+  y_jax = np.asarray(_forward(*nnx.split(jm), jnp.asarray(x)))
+  with torch.no_grad():
+    y_torch = tm(torch.from_numpy(np.ascontiguousarray(np.moveaxis(x, -1, 1)))).numpy()
+  return y_jax, y_torch
+
+
+def _check_port(workdir: str, out: str, float32: bool):
+  """The export in the PyTorch port vs the JAX model of the run, on an eval batch."""
+  config, params, _ = checkpoint.load_params(workdir)
+  x = next(pipeline.eval_batches(config.data, global_batch_size=4))['image']
+  jm = _jax_model(config, params)
+  tm = torch_vit.load_liere_safetensors(out).eval()
+  # A random head as well: after 2 steps from the zero-initialised head, logits are ~bias.
+  head = np.random.default_rng(0).normal(size=jm.head.kernel.shape).astype(np.float32)
+  head /= np.sqrt(head.shape[0])
+  report = {}
+  for name in ('trained head', 'random head'):
+    if name == 'random head':
+      jm.head.kernel.value = jnp.asarray(head)
+      tm.head.weight.data = torch.from_numpy(np.ascontiguousarray(head.T))
+    y_jax, y_torch = _logits(jm, tm, x)
+    assert y_jax.shape == y_torch.shape == (4, config.model.num_classes)
+    assert np.isfinite(y_jax).all() and np.isfinite(y_torch).all(), name
+    report[name] = float(np.abs(y_jax - y_torch).max())
+  tol = LOGIT_TOL if float32 else BF16_TOL
+  print(f'{workdir}: JAX vs PyTorch max |logit difference| {report} (tolerance {tol})')
+  assert max(report.values()) <= tol, f'JAX vs PyTorch max |logit difference| {report}'
+  return report
+
+
+@pytest.mark.parametrize('name', list(ROWS))
+def test_user_path(name, data_dir, tmp_path):
+  row = ROWS[name]
+  workdir = str(tmp_path / 'run')
+  rc, out = _run(_train_command(row, workdir, data_dir), row.devices)
+  assert rc == 0, f'train.py failed:\n{out}'
+  assert os.path.exists(os.path.join(workdir, 'checkpoints', '2')), out
+  config = json.loads(open(os.path.join(workdir, 'config.json')).read())
+  for key, value in row.expect:  # The row exercises what it says it does.
+    got = functools.reduce(lambda d, k: d[k], key.split('.'), config)
+    assert got == value, f'{key} = {got!r} in the run, the row expects {value!r}'
+  metrics = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
+  assert [m['step'] for m in metrics if 'loss' in m] == [1, 2]
+  assert all(np.isfinite(m['loss']) for m in metrics if 'loss' in m), metrics
+
+  rc, out = _run([os.path.join(ROOT, 'eval.py'), '--workdir', workdir, *row.eval_args],
+                 row.devices)
+  assert rc == 0, f'eval.py failed:\n{out}'
+  res = json.loads(open(os.path.join(workdir, 'eval', 'results.json')).read())
+  assert res['step'] == 2 and res['n_examples'] == row.n_examples, res
+  assert 0 <= res['top1'] <= 1 and 0 <= res['shuffled_top1'] <= 1, res
+  assert sorted(res['resolutions']) == sorted(row.resolutions), res
+  for by_mode in res['resolutions'].values():
+    assert by_mode and all(0 <= acc <= 1 for acc in by_mode.values()), res
+  assert os.path.getsize(os.path.join(workdir, 'eval', 'attention.png')) > 0
+
+  export = str(tmp_path / 'model.safetensors')
+  rc, out = _run(['-m', 'liere_jax.export', 'torch', '--workdir', workdir, '--out', export],
+                 row.devices)
+  assert rc == 0, f'export failed:\n{out}'
+  assert os.path.getsize(export) > 0 and os.path.exists(str(tmp_path / 'model.json'))
+  _check_port(workdir, export, row.float32)
+
+
+def test_stand_ins_read_back_through_the_pipeline(data_dir):
+  """The stand-in data through the real pipeline (no TensorFlow): shapes, counts, pixels."""
+  cifar = dict(name='cifar100', data_dir=data_dir, augment='none')
+  info = pipeline.dataset_info(cifar)
+  assert info == dict(input_shape=(32, 32, 3), num_classes=100, num_train=16, num_eval=10)
+  builder = datasets.Cifar100(data_dir=data_dir, sizes=SIZES[datasets.Cifar100])
+  examples = builder._generate_examples('test', 10)  # pylint: disable=protected-access
+  written = sorted((np.asarray(Image.open(io.BytesIO(ex['image']))).tobytes(), ex['label'])
+                   for _, ex in examples)
+  mean, std = (np.array(pipeline.DATASETS['cifar100'].mean),
+               np.array(pipeline.DATASETS['cifar100'].std))
+  read = []
+  for batch in pipeline.eval_batches(cifar, global_batch_size=4):
+    pixels = np.round((batch['image'] * std + mean) * 255).astype(np.uint8)
+    read += [(pixels[i].tobytes(), batch['label'][i]) for i in np.flatnonzero(batch['mask'])]
+  assert sorted(read) == written  # PNG is lossless: exactly the pixels and labels written.
+  imagenet = dict(name='imagenet2012', data_dir=data_dir, image_size=24,
+                  eval_split='validation')
+  assert pipeline.dataset_info(imagenet)['num_eval'] == 6
+  train = pipeline.train_dataset(dict(imagenet, augment='randaug'), global_batch_size=4, seed=0)
+  assert train[1]['image'].shape == (4, 24, 24, 3) and train[1]['label'].shape == (4, 1000)
+  ucf = dict(name='ucf101', data_dir=data_dir, image_size=16, num_frames=4, frame_stride=2)
+  assert pipeline.dataset_info(ucf) == dict(input_shape=(4, 16, 16, 3), num_classes=101,
+                                            num_train=6, num_eval=3)
