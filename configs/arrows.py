@@ -3,7 +3,7 @@ the base of the Y points at? 12 px cells on a 9x9 (108 px), 14x14 (168 px) or 23
 
 The main job (a small ViT sized for a laptop CPU):
   python train.py --config configs/arrows.py --workdir /tmp/arrows
-  python eval.py --config configs/arrows.py --workdir /tmp/arrows
+  python eval.py --workdir /tmp/arrows
 
 Arguments: pe (default liere8), variant ('' = the small model below; Ti, S, B, L), grid (9).
 """

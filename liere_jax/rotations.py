@@ -37,10 +37,16 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
   Returns:
     [L, H, T, n_blocks, b, b] float32 rotations.
   """
+  return split_over_data(lambda a: expm(a, method),
+                         liere_generators(generators, positions, block))
+
+
+def liere_generators(generators: jax.Array, positions: jax.Array, block: int) -> jax.Array:
+  """sum_i p_i A_i per layer, head and token: [L, H, T, n_blocks, b, b] skew-symmetric."""
   # The generator is linear in p: combine the raw entries first, build the skew matrix once.
-  coeffs = jnp.einsum('tn,lhnkf->lhtkf', positions.astype(jnp.float32),
-                      generators.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
-  return split_over_data(lambda a: expm(a, method), skew(coeffs, block))
+  coeffs = jnp.einsum('tn,lhnkf->lhtkf', jnp.asarray(positions, jnp.float32),
+                      jnp.asarray(generators, jnp.float32), precision=jax.lax.Precision.HIGHEST)
+  return skew(coeffs, block)
 
 
 def split_over_data(fn, a: jax.Array) -> jax.Array:

@@ -8,4 +8,4 @@ PY=${PYTHON:-python3.11}
 .venv/bin/pip install -q -r requirements.txt
 WORKDIR=${WORKDIR:-runs/arrows_liere8}
 .venv/bin/python train.py --config configs/arrows.py --workdir "$WORKDIR" "$@"
-.venv/bin/python eval.py --config configs/arrows.py --workdir "$WORKDIR"
+.venv/bin/python eval.py --workdir "$WORKDIR"

@@ -64,6 +64,7 @@ class _StepBench:
     self.eval_compile_s = time.perf_counter() - t0
     self.flops = _flops(self.train_c)
     self.eval_flops = _flops(self.eval_c)
+    self.expm_flops = _expm_flops(t, self.state['params'], self.grid, mesh.shape['data'])
     self.times = {'train': [], 'eval': []}
     self.extra = {}
     if breakdown:
@@ -108,6 +109,24 @@ class _StepBench:
 
   def pe_fwd_bwd(self):
     return self.pe_c(self.state['params'])
+
+
+def _expm_flops(trainer, params, grid, n):
+  """Counted forward FLOPs of LieRE's exponentials (expm.fast_flops): one device's share when
+  split over n devices (rotations.split_over_data; the largest share) and all of them on one.
+  None for encodings without exponentials."""
+  from liere_jax import expm, rotations
+  from liere_jax.positions import grid_positions, with_prefix
+  spec = trainer.spec
+  if spec.pe.family != 'liere' or spec.pe.expm != 'fast' or spec.pe.block == 2:
+    return None
+  pos = with_prefix(grid_positions(grid, spec.train_grid, spec.pe.positions), spec.num_prefix)
+  a = rotations.liere_generators(jax.device_get(params)['pe']['generators'], pos,
+                                 spec.pe.block)
+  flat = a.reshape((-1,) + a.shape[-2:])
+  share = -(-flat.shape[0] // n)
+  per_device = max(expm.fast_flops(flat[i:i + share]) for i in range(0, flat.shape[0], share))
+  return {'per_device': per_device, 'one_device': expm.fast_flops(flat), 'devices': n}
 
 
 def _flops(compiled):
@@ -181,6 +200,7 @@ def _run_steps(a, b, off, names, steps, warmup, breakdown):
       'eval_compile_s': a.eval_compile_s, 'baseline_eval_compile_s': b.eval_compile_s,
       'flops_train': a.flops, 'baseline_flops_train': b.flops,
       'flops_eval': a.eval_flops, 'baseline_flops_eval': b.eval_flops,
+      'expm_flops': a.expm_flops,
   }
   if breakdown:
     res.update({
@@ -213,6 +233,11 @@ def step_table(res) -> str:
   row('compile eval (s)', res['eval_compile_s'], res['baseline_eval_compile_s'])
   row('train GFLOP (XLA)', _g(res['flops_train']), _g(res['baseline_flops_train']))
   row('eval GFLOP (XLA)', _g(res['flops_eval']), _g(res['baseline_flops_eval']))
+  if res.get('expm_flops'):
+    e = res['expm_flops']
+    lines.append(f"A's exponentials, forward GFLOP per device (counted): "
+                 f"{_g(e['per_device']):.3f} on {e['devices']} devices, "
+                 f"{_g(e['one_device']):.3f} on one ({e['per_device'] / e['one_device']:.4f})")
   if 'train_cached_rot_s' in res:
     row('train, ctx cached (s)', res['train_cached_rot_s'], res['baseline_train_cached_rot_s'])
     row('train, ctx cached GFLOP', _g(res['flops_train_cached_rot']),
