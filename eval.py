@@ -40,7 +40,7 @@ def main(argv):
     config.resolutions = tuple(int(s) for s in _RESOLUTIONS.value)
   config_lib.validate(config, jax.device_count())
   _, params, step = checkpoint.load_params(workdir, _STEP.value, best=_BEST.value)
-  trainer = train_lib.Trainer(config, train_lib.make_mesh())
+  trainer = train_lib.Trainer(config, train_lib.make_mesh(model_parallel=config.model_parallel))
   params = jax.device_put(params, trainer.state_sharding['params'])
 
   top1, correct = evaluation.evaluate(trainer, config, params)

@@ -83,7 +83,7 @@ def main(argv):
   validate(config)
   checkpoint.check_same_model(workdir, config)
 
-  trainer = train_lib.Trainer(config, train_lib.make_mesh())
+  trainer = train_lib.Trainer(config, train_lib.make_mesh(model_parallel=config.model_parallel))
   checkpoint.write_config(workdir, config)
   latest = checkpoint.manager(workdir, keep=config.keep)
   best = checkpoint.manager(workdir, 'best', best=True)

@@ -63,6 +63,7 @@ def base_config(*, model, data, batch_size, total_steps, lr, warmup_steps=0, **e
   c.weight_decay = 0.0
   c.grad_clip = 0.0  # Global-norm clipping; 0 = off.
   c.sharding = 'data'  # 'data' (replicated parameters) or 'fsdp' (parameters sharded too).
+  c.model_parallel = 1  # Devices on the mesh's 'model' axis: heads and MLP split over them.
   c.log_every = 50
   c.eval_every = 0  # 0: evaluate at the end only.
   c.checkpoint_every = 500
@@ -147,9 +148,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int):
     if not ok:
       raise ValueError(f'--config.{key}={config[key]!r} {what}.')
 
-  for key in ('batch_size', 'eval_batch_size'):
-    need(isinstance(config[key], int) and config[key] > 0 and config[key] % num_devices == 0,
-         key, f'must be a positive multiple of the {num_devices} devices')
   for key in ('total_steps', 'checkpoint_every', 'log_every', 'keep'):
     need(config[key] > 0, key, 'must be positive')
   for key in ('warmup_steps', 'eval_every', 'weight_decay', 'grad_clip'):
@@ -159,6 +157,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int):
     need(0 <= config[key] < 1, key, 'must be in [0, 1)')
   need(config.eps > 0, 'eps', 'must be positive')
   need(config.sharding in ('data', 'fsdp'), 'sharding', "is unknown; use 'data' or 'fsdp'")
+  need(config.model_parallel >= 1 and num_devices % config.model_parallel == 0,
+       'model_parallel', f'must divide the {num_devices} devices')
+  data_devices = num_devices // config.model_parallel
+  for key in ('batch_size', 'eval_batch_size'):
+    need(isinstance(config[key], int) and config[key] > 0 and config[key] % data_devices == 0,
+         key, f"must be a positive multiple of the mesh's {data_devices} data devices")
   for size in config.resolutions:
     need(isinstance(size, int) and size > 0 and all(size % p == 0 for p in model.patch[-2:]),
          'resolutions', f'must be input sizes divisible by the patch {model.patch[-2:]}, e.g. '

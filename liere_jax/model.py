@@ -30,15 +30,25 @@ from liere_jax.positions import grid_positions, with_prefix
 from liere_jax.spec import LN_EPS, ModelSpec, resolve
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+_XAVIER = nnx.initializers.xavier_uniform()
+
+
+def sharded(init, *axes):
+  """`init` with the logical axes of its parameter as metadata ('embed' = width, 'heads' = the
+  q|k|v / head outputs, 'mlp' = MLP hidden, None = never split); train_lib maps them to mesh
+  axes (data parallel, fsdp, a model axis)."""
+  return nnx.with_partitioning(init, axes, eager_sharding=False)
 
 
 class Attention(nnx.Module):
 
   def __init__(self, width, heads, *, qkv_bias, dtype, rngs):
     self.heads = heads
-    dense = dict(dtype=dtype, kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
-    self.qkv = nnx.Linear(width, 3 * width, use_bias=qkv_bias, **dense)
-    self.proj = nnx.Linear(width, width, **dense)
+    self.qkv = nnx.Linear(width, 3 * width, use_bias=qkv_bias, dtype=dtype, rngs=rngs,
+                          kernel_init=sharded(_XAVIER, 'embed', 'heads'),
+                          bias_init=sharded(nnx.initializers.zeros_init(), 'heads'))
+    self.proj = nnx.Linear(width, width, dtype=dtype, rngs=rngs,
+                           kernel_init=sharded(_XAVIER, 'heads', 'embed'))
 
   def __call__(self, x, pe, ctx, layer, return_weights=False):
     """Self-attention [B, T, D] -> ([B, T, D], weights [B, H, T, T] or None).
@@ -65,9 +75,11 @@ class Attention(nnx.Module):
 class Mlp(nnx.Module):
 
   def __init__(self, width, mlp_dim, *, dtype, rngs):
-    dense = dict(dtype=dtype, kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
-    self.fc1 = nnx.Linear(width, mlp_dim, **dense)
-    self.fc2 = nnx.Linear(mlp_dim, width, **dense)
+    self.fc1 = nnx.Linear(width, mlp_dim, dtype=dtype, rngs=rngs,
+                          kernel_init=sharded(_XAVIER, 'embed', 'mlp'),
+                          bias_init=sharded(nnx.initializers.zeros_init(), 'mlp'))
+    self.fc2 = nnx.Linear(mlp_dim, width, dtype=dtype, rngs=rngs,
+                          kernel_init=sharded(_XAVIER, 'mlp', 'embed'))
 
   def __call__(self, x):
     return self.fc2(jax.nn.gelu(self.fc1(x), approximate=False))
@@ -99,8 +111,9 @@ class ViT(nnx.Module):
     width, dtype = spec.width, DTYPES[spec.dtype]
     self.patch, self.train_grid = spec.patch, spec.train_grid
     self.channels, self.pool, self.num_prefix = spec.channels, spec.pool, spec.num_prefix
+    conv_init = sharded(nnx.initializers.lecun_normal(), *(None,) * (spec.n_dims + 1), 'embed')
     self.patch_embed = nnx.Conv(spec.channels, width, self.patch, strides=self.patch,
-                                padding='VALID', dtype=dtype, rngs=rngs)
+                                padding='VALID', dtype=dtype, kernel_init=conv_init, rngs=rngs)
     if self.num_prefix:
       self.cls_token = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, 1, width)))
     self.pe = encodings.build(spec, rngs=rngs)
@@ -111,7 +124,8 @@ class ViT(nnx.Module):
         for _ in range(spec.depth)])
     self.norm = nnx.LayerNorm(width, epsilon=spec.layer_norm_eps, dtype=dtype, rngs=rngs)
     self.head = nnx.Linear(width, spec.num_classes, dtype=dtype,
-                           kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
+                           kernel_init=sharded(nnx.initializers.zeros_init(), 'embed', None),
+                           rngs=rngs)
 
   def grid(self, shape: Sequence[int]):
     """The patch grid of an input shape; raises a clear error on a shape that does not fit."""

@@ -1,12 +1,11 @@
 """Training and evaluation steps over a device mesh: one code path for 1 CPU, many devices and
-multi-host pods. Parameters are replicated (data parallel) or sharded on their largest divisible
-axis (`sharding='fsdp'`); the batch is split over the 'data' axis. `jax.jit` with explicit
-shardings places everything; the step donates its inputs.
+multi-host pods. The mesh is ('data', 'model'); the batch is split over 'data'. Parameters
+carry their logical axes as metadata (model.sharded): heads and MLP split over 'model', the
+width over 'data' with `sharding='fsdp'`, else replicated. `jax.jit` with explicit shardings
+places everything; the step donates its inputs.
 """
 import dataclasses
-import math
 import os
-from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from liere_jax.model import ViT
 from liere_jax.spec import resolve
 
-FSDP_MIN_SIZE = 2**14  # Smaller arrays stay replicated under FSDP.
+SHARDINGS = ('data', 'fsdp')
 
 
 def init_distributed(coordinator=None, num_processes=None, process_id=None):
@@ -29,30 +28,46 @@ def init_distributed(coordinator=None, num_processes=None, process_id=None):
     jax.distributed.initialize(coordinator, num_processes, process_id)
 
 
-def make_mesh(devices=None) -> jax.sharding.Mesh:
-  """A 1D 'data' mesh over all devices of all processes (or the given ones)."""
+def make_mesh(devices=None, model_parallel: int = 1) -> jax.sharding.Mesh:
+  """A ('data', 'model') mesh over all devices of all processes (or the given ones); the
+  'model' axis (model_parallel devices) splits heads and MLP, the batch goes over 'data'."""
   devices = jax.devices() if devices is None else devices
-  return jax.make_mesh((len(devices),), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
-                       devices=devices)
+  if model_parallel < 1 or len(devices) % model_parallel:
+    raise ValueError(f'--config.model_parallel={model_parallel} must divide the '
+                     f'{len(devices)} devices.')
+  return jax.make_mesh((len(devices) // model_parallel, model_parallel), ('data', 'model'),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
 
 
-def param_sharding(mesh, mode: str) -> Callable[[Any], NamedSharding]:
-  """Leaf -> sharding: replicated ('data') or split on the largest divisible axis ('fsdp')."""
-  if mode not in ('data', 'fsdp'):
-    raise ValueError(f"sharding={mode!r} is unknown; use 'data' or 'fsdp'.")
-  n = mesh.shape['data']
+def param_specs(mesh, mode: str, logical, shapes):
+  """Logical axes (the parameters' sharding metadata, model.sharded) -> PartitionSpecs:
+  'heads' and 'mlp' go over 'model', 'embed' over 'data' with `mode='fsdp'`; an axis that the
+  mesh axis does not divide stays whole."""
+  if mode not in SHARDINGS:
+    raise ValueError(f'sharding={mode!r} is unknown; use one of {SHARDINGS}.')
+  rules = {'heads': 'model', 'mlp': 'model', 'embed': 'data' if mode == 'fsdp' else None}
 
-  def fn(x):
-    shape = getattr(x, 'shape', ())
-    if mode == 'data' or math.prod(shape) < FSDP_MIN_SIZE:
-      return NamedSharding(mesh, P())
-    axes = [i for i in np.argsort(shape)[::-1] if shape[i] % n == 0]
-    if not axes:
-      return NamedSharding(mesh, P())
-    spec = [None] * len(shape)
-    spec[axes[0]] = 'data'
-    return NamedSharding(mesh, P(*spec))
-  return fn
+  def spec(axes, x):
+    mesh_axes = [rules.get(a) if a else None for a in axes]
+    return P(*[m if m and dim % mesh.shape[m] == 0 and mesh.shape[m] > 1 else None
+               for m, dim in zip(mesh_axes, x.shape)])
+  return jax.tree.map(spec, logical, shapes, is_leaf=lambda x: isinstance(x, P))
+
+
+def _path_keys(path):
+  return tuple(getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k))) for k in path)
+
+
+def state_specs(param_spec_tree, state_shapes):
+  """Specs of a whole train state: a leaf whose path ends with a parameter's path (the
+  parameters, Adam's mu and nu) shares its spec; the rest (step, counts) is replicated."""
+  by_path = {_path_keys(path): spec for path, spec in jax.tree_util.tree_flatten_with_path(
+      param_spec_tree, is_leaf=lambda x: isinstance(x, P))[0]}
+
+  def spec(path, x):
+    keys = _path_keys(path)
+    return next((by_path[keys[i:]] for i in range(len(keys)) if keys[i:] in by_path), P())
+  return jax.tree_util.tree_map_with_path(spec, state_shapes)
 
 
 def make_optimizer(config: ml_collections.ConfigDict):
@@ -93,6 +108,7 @@ class Trainer:
     model = nnx.eval_shape(lambda: ViT(self.spec, rngs=nnx.Rngs(0)))
     model.train()
     self.train_def, params, rest = nnx.split(model, nnx.Param, ...)
+    logical = nnx.to_pure_dict(nnx.get_partition_spec(params))
     model.eval()
     self.eval_def = nnx.graphdef(model)
     # The only non-parameter state is the dropout RNG (key and count), reseeded from (seed,
@@ -103,7 +119,9 @@ class Trainer:
     params = nnx.to_pure_dict(params)
     shapes = {'params': params, 'opt_state': jax.eval_shape(self.tx.init, params),
               'step': jax.ShapeDtypeStruct((), jnp.int32)}
-    self.state_sharding = jax.tree.map(param_sharding(self.mesh, cfg.sharding), shapes)
+    specs = state_specs(param_specs(self.mesh, cfg.sharding, logical, params), shapes)
+    self.state_sharding = jax.tree.map(lambda p: NamedSharding(self.mesh, p), specs,
+                                       is_leaf=lambda x: isinstance(x, P))
     self.abstract_state = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
         self.state_sharding)

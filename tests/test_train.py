@@ -11,6 +11,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from liere_jax import checkpoint, data, train_lib
 from tests.helpers import load_config
@@ -102,10 +103,11 @@ def tiny_config_and_batch(batch_size):
 def test_eight_devices_equal_one_device_step():
   cfg, batch = tiny_config_and_batch(16)
   results = []
-  for devices, sharding in [(jax.devices()[:1], 'data'), (jax.devices(), 'data'),
-                            (jax.devices(), 'fsdp')]:
+  for devices, sharding, model_parallel in [
+      (jax.devices()[:1], 'data', 1), (jax.devices(), 'data', 1), (jax.devices(), 'fsdp', 1),
+      (jax.devices(), 'fsdp', 2)]:
     cfg.sharding = sharding
-    trainer = train_lib.Trainer(cfg, train_lib.make_mesh(devices))
+    trainer = train_lib.Trainer(cfg, train_lib.make_mesh(devices, model_parallel))
     state = trainer.init_state(0)
     for _ in range(2):
       state, metrics = trainer.train_step(state, trainer.global_batch(batch))
@@ -116,12 +118,23 @@ def test_eight_devices_equal_one_device_step():
     assert_trees(results[0][0], p, exact=False, atol=1e-5)
 
 
-def test_fsdp_shards_large_parameters():
-  cfg = load_config('configs/cifar100.py', 'variant=Ti')
-  cfg.sharding = 'fsdp'
-  trainer = train_lib.Trainer(cfg, train_lib.make_mesh())
-  spec = trainer.state_sharding['params']['blocks'][0]['mlp']['fc1']['kernel'].spec
-  assert 'data' in tuple(spec)
+def test_parameter_shardings_follow_their_metadata():
+  cfg = load_config('configs/cifar100.py', 'variant=Ti')  # width 192, 3 heads, MLP 768
+  specs = {}
+  for sharding, model_parallel in [('data', 1), ('fsdp', 1), ('fsdp', 2)]:
+    cfg.sharding = sharding
+    trainer = train_lib.Trainer(cfg, train_lib.make_mesh(model_parallel=model_parallel))
+    params = trainer.state_sharding['params']
+    adam = trainer.state_sharding['opt_state'][0]
+    block = params['blocks'][0]
+    specs[sharding, model_parallel] = (
+        block['mlp']['fc1']['kernel'].spec, block['attn']['qkv']['bias'].spec,
+        block['norm1']['scale'].spec, params['pe']['generators'].spec,
+        adam.mu['blocks'][0]['mlp']['fc1']['kernel'].spec)
+  assert specs['data', 1] == (P(None, None), P(None), P(), P(), P(None, None))
+  assert specs['fsdp', 1] == (P('data', None), P(None), P(), P(), P('data', None))
+  # 4 x 2 mesh: the MLP hidden (768) and q|k|v (576) split over 'model', the width over 'data'.
+  assert specs['fsdp', 2] == (P('data', 'model'), P('model'), P(), P(), P('data', 'model'))
 
 
 def test_eval_writes_results_json(tmp_path):

@@ -159,7 +159,7 @@ def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakd
     log(f"official: RoPEViT from {official['checkout']}, torch {off.info['torch']} on "
         f"{off.info['device']} ({off.info['threads']} threads), {off.info['params']:,} params")
   try:
-    mesh = train_lib.make_mesh()
+    mesh = train_lib.make_mesh(model_parallel=config.model_parallel)
     log('compiling A')
     a = _StepBench(config, mesh, breakdown)
     log('compiling B')
