@@ -1,6 +1,4 @@
 """Small configs and utilities shared by the tests."""
-import importlib.util
-
 from flax import nnx
 
 from liere_jax import config_lib
@@ -8,10 +6,7 @@ from liere_jax.model import ViT
 
 
 def load_config(path: str, arg: str = ''):
-  spec = importlib.util.spec_from_file_location('config', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return config_lib.load(f'{path}:{arg}' if arg else path)
 
 
 def tiny_model_config(pe='liere8', n_dims=2, patch=4, size=16, width=32, depth=2, heads=2,

@@ -15,7 +15,7 @@ def data_config(**overrides):
   d = ml_collections.ConfigDict(dict(
       name='arrows', data_dir=None, train_split='train', eval_split='test', fraction=1.0,
       augment='none', mixup=0.0, image_size=0, num_frames=8, frame_stride=4, grid=9,
-      num_eval=50, seed=0))
+      num_eval=50, num_train=0, seed=0))
   d.update(overrides)
   return d
 

@@ -149,26 +149,30 @@ def _spec(data_config) -> _Spec:
   unknown = sorted(set(cfg) - set(_FIELDS))
   if unknown:
     raise ValueError(f'data config fields {unknown} are unknown; the fields are {_FIELDS}.')
-  full_name = cfg.get('name') or ''
+  missing = [k for k in _FIELDS if k not in cfg]
+  if missing:
+    raise ValueError(f'data.{missing[0]} is missing; build the data section with '
+                     'liere_jax.config_lib.data_config (it sets every field).')
+  full_name = cfg['name'] or ''
   name = full_name.split('/')[0].split(':')[0]
   if name not in DATASETS:
     raise ValueError(f'data.name={full_name!r} is unknown; use one of {list(DATASETS)}.')
   info = DATASETS[name]
   tfds_name = full_name if full_name != name else info.tfds_name
-  augment = cfg.get('augment') or 'none'
+  augment = cfg['augment']
   if augment not in AUGMENTS:
     raise ValueError(f'data.augment={augment!r} is unknown; use one of {AUGMENTS}.')
   if name == 'arrows' and augment != 'none':
     raise ValueError(f"data.augment={augment!r} would flip or rotate arrows and change their "
                      "label; the arrows task needs augment='none'.")
-  fraction = float(cfg.get('fraction', 1.0))
+  fraction = float(cfg['fraction'])
   if not 0 < fraction <= 1:
     raise ValueError(f'data.fraction={fraction} must be in (0, 1] (paper Fig. 4: 0.2-0.9).')
-  mixup = float(cfg.get('mixup') or 0.0)
+  mixup = float(cfg['mixup'])
   if mixup < 0:
     raise ValueError(f'data.mixup={mixup} is the Beta(alpha, alpha) alpha: >= 0 (0 = off).')
-  grid = int(cfg.get('grid') or 9)
-  size = int(cfg.get('image_size') or 0)
+  grid = int(cfg['grid'])
+  size = int(cfg['image_size'])
   native = {'cifar100': 32, 'arrows': arrows.CELL * grid}.get(name)
   if native is None and size <= 0:
     raise ValueError(f'data.image_size={size}: {name} images are resized to image_size x '
@@ -179,18 +183,18 @@ def _spec(data_config) -> _Spec:
         + (f' (grid={grid} cells of {arrows.CELL} px; set data.grid={size // arrows.CELL})'
            if name == 'arrows' else '')
         + '; set image_size=0 (native), and use eval input_size to test other resolutions.')
-  num_frames, frame_stride = int(cfg.get('num_frames', 8)), int(cfg.get('frame_stride', 4))
+  num_frames, frame_stride = int(cfg['num_frames']), int(cfg['frame_stride'])
   if name == 'ucf101' and (num_frames < 1 or frame_stride < 1):
     raise ValueError(f'data.num_frames={num_frames} and data.frame_stride={frame_stride} must '
                      'be >= 1.')
   return _Spec(
-      name=name, tfds_name=tfds_name, data_dir=cfg.get('data_dir') or None,
-      train_split=cfg.get('train_split') or info.splits[0],
-      eval_split=cfg.get('eval_split') or info.splits[1],
+      name=name, tfds_name=tfds_name, data_dir=cfg['data_dir'] or None,
+      train_split=cfg['train_split'] or info.splits[0],
+      eval_split=cfg['eval_split'] or info.splits[1],
       fraction=fraction, augment=augment, mixup=mixup, size=size or native,
       num_frames=num_frames, frame_stride=frame_stride, grid=grid,
-      num_eval=int(cfg.get('num_eval') or 2000), num_train=int(cfg.get('num_train') or 0),
-      seed=int(cfg.get('seed') or 0))
+      num_eval=int(cfg['num_eval']), num_train=int(cfg['num_train'] or 0),
+      seed=int(cfg['seed']))
 
 
 # Sources: random access to raw examples, checked before any pipeline is built.
