@@ -32,6 +32,7 @@ from liere_jax.spec import resolve
 
 FORMAT = 'liere_jax.torch_vit'
 OFFICIAL_HEAD_DIM = 64  # FlexibleAttention asserts dim_head == 64.
+COMMUTING = ('comrope_ap', 'comrope_ld', 'string_cayley', 'string_circulant')  # torch only.
 
 
 class Layer0BugWarning(UserWarning):
@@ -235,7 +236,10 @@ def official_spec(m) -> dict:
   width, depth, heads, mlp_dim = ms.width, ms.depth, ms.heads, ms.mlp_dim
   n, name, block = ms.n_dims, ms.pe.name, ms.pe.block
   why = None
-  if n not in (2, 3):
+  if ms.pe.family in COMMUTING:
+    why = (f'pe={name}: the official LieRE code has no ComRoPE / STRING encoding (export it with '
+           '`python -m liere_jax.export torch` for liere_jax/torch_vit.py instead)')
+  elif n not in (2, 3):
     why = f'{n}D inputs (the official RoPEViT handles 2D images and 3D volumes only)'
   elif n == 2 and (ms.patch[0] != ms.patch[1] or ms.input_size[0] != ms.input_size[1]):
     why = (f'non-square 2D input_size={tuple(ms.input_size)} / patch={tuple(ms.patch)} (the '

@@ -23,7 +23,11 @@ SHARE = ('none', 'layers', 'heads', 'all')
 LN_EPS = 1e-5  # PyTorch's default, as in the official LieRE code.
 # The position mode each encoding's initialisation was designed for (IMPLEMENTATION_NOTES 2):
 # LieRE's U[0, 2 pi) generators on [0, 1] positions, RoPE's frequencies on patch indices.
-DEFAULT_POSITIONS = {'liere': 'normalized'}  # Every other encoding: 'integer'.
+# ComRoPE's (i + 0.5) / n per axis is made inside the encoding from these positions
+# (encodings.comrope_position_map); STRING builds on RoPE-Mixed's integer positions.
+DEFAULT_POSITIONS = {'liere': 'normalized', 'comrope_ap': 'normalized',
+                     'comrope_ld': 'normalized'}  # Every other encoding: 'integer'.
+BLOCK_FAMILIES = ('liere', 'comrope_ap', 'comrope_ld', 'string_circulant')  # name = family<b>.
 MODEL_FIELDS = ('variant', 'width', 'depth', 'heads', 'mlp_dim', 'patch', 'input_size',
                 'channels', 'num_classes', 'pool', 'dropout', 'qkv_bias', 'dtype', 'pe')
 PE_FIELDS = ('name', 'positions', 'share', 'init_scale', 'expm')
@@ -35,12 +39,21 @@ def liere_block(name: str) -> Optional[int]:
   return int(m.group(1)) if m else None
 
 
+def parse_pe_name(name: str) -> Tuple[str, Optional[int]]:
+  """(family, block) of a model.pe.name: 'liere8' -> ('liere', 8), 'comrope_ap4' ->
+  ('comrope_ap', 4), 'string_circulant16' -> ('string_circulant', 16); other names
+  ('rope_mixed', 'string_cayley', ...) are their own family with block None."""
+  m = re.fullmatch(r'(%s)(\d+)' % '|'.join(BLOCK_FAMILIES), name)
+  return (m.group(1), int(m.group(2))) if m else (name, None)
+
+
 @dataclasses.dataclass(frozen=True)
 class PESpec:
   """The position encoding, resolved."""
-  name: str  # 'none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere<b>'.
-  family: str  # name without its block size: 'liere' for every liere<b>.
-  block: Optional[int]  # LieRE's block size b; None for the others.
+  name: str  # 'none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere<b>',
+  #             'comrope_ap<b>', 'comrope_ld<b>', 'string_cayley', 'string_circulant<b>'.
+  family: str  # name without its block size: 'liere' for every liere<b>, 'comrope_ap', ...
+  block: Optional[int]  # The block size b of a <b> name; None for the others.
   positions: str  # Position mode at the training grid (one of POSITION_MODES).
   share: str  # LieRE generators shared over 'none', 'layers', 'heads' or 'all'.
   layers: int  # LieRE generator stacks over layers: depth, or 1 when shared over layers.
@@ -156,8 +169,7 @@ def resolve(model) -> ModelSpec:
     raise ValueError(f"model.dropout={m['dropout']} must be in [0, 1).")
 
   name = pe['name']
-  block = liere_block(name)
-  family = 'liere' if block is not None else name
+  family, block = parse_pe_name(name)
   head_dim = width // heads
   encodings.validate(family, block=block, head_dim=head_dim, width=width, n_dims=len(patch))
   positions = pe['positions'] or DEFAULT_POSITIONS.get(family, 'integer')
@@ -172,7 +184,7 @@ def resolve(model) -> ModelSpec:
   init_scale = float(pe['init_scale'])
   if not init_scale > 0:
     raise ValueError(f'model.pe.init_scale={init_scale} must be positive (LieRE: 2 pi).')
-  share = pe['share'] if block is not None else 'none'
+  share = pe['share'] if family == 'liere' else 'none'
   return ModelSpec(
       variant=variant, width=width, depth=depth, heads=heads, head_dim=head_dim,
       mlp_dim=mlp_dim, patch=patch, input_size=size,

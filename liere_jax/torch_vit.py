@@ -26,7 +26,11 @@ Parameter names mirror the JAX tree ('blocks/0/attn/qkv/kernel' -> 'blocks.0.att
 LayerNorm scale -> weight; Linear weights [out, in], the patch conv [D, C, *patch]); the
 position-encoding parameters keep their JAX names and shapes: pe.embedding [1, T, D] (abs),
 pe.freqs [n, depth, heads*d/2] (rope_mixed), pe.generators [L', H', n, d//b, b(b-1)/2]
-(liere<b>; L' = 1 / H' = 1 when shared over layers / heads).
+(liere<b>; L' = 1 / H' = 1 when shared over layers / heads); pe.skew_params
+[depth, heads, d//b, b, b] (comrope_ap<b>, comrope_ld<b>, plus pe.axis_scales [depth, n, d//b]
+for ld), pe.freqs + pe.cayley [depth, heads, d(d-1)/2] (string_cayley), pe.circulant
+[depth, heads, n, d//b, b] (string_circulant<b>). ComRoPE's exponentials run per token here
+(expm_rotations; the JAX model uses one eigen-decomposition per block, same matrices).
 """
 import json
 import math
@@ -38,7 +42,8 @@ from torch import nn
 import torch.nn.functional as F
 
 POSITION_MODES = ('normalized', 'integer', 'rescaled')
-PE_NAMES = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere<b>')
+PE_NAMES = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere<b>',
+            'comrope_ap<b>', 'comrope_ld<b>', 'string_cayley', 'string_circulant<b>')
 
 
 class WeightsMismatchError(ValueError):
@@ -311,6 +316,142 @@ class LieRE(Encoding):
     return rotate(q, rot), rotate(k, rot), None
 
 
+# Commuting generators (ComRoPE, STRING): exactly relative, R(x)^T R(y) depends on y - x only.
+
+
+def comrope_position_map(train_grid, mode):
+  """(scale, offset) per axis: scale * p + offset = (i + 0.5) / n_a on the training grid for the
+  positions p of `mode` (normalized / rescaled: p = i / (n - 1) there; integer: p = i)."""
+  scale, offset = [], []
+  for n in train_grid:
+    unit = 1. if mode == 'integer' else 1. / max(n - 1, 1)
+    scale.append(1. / (unit * n))
+    offset.append(0.5 / n)
+  return scale, offset
+
+
+class _ComRoPE(Encoding):
+  """skew_params [depth, heads, d//b, b, b] (B = P - P^T per block); patches at
+  scale * p + offset ((i + 0.5) / n at training size), CLS at 0 (the identity)."""
+
+  def __init__(self, block, depth, heads, head_dim, train_grid, positions):
+    super().__init__()
+    self.block = block
+    self.skew_params = nn.Parameter(torch.randn(depth, heads, head_dim // block, block, block))
+    scale, offset = comrope_position_map(train_grid, positions)
+    self.register_buffer('pos_scale', torch.tensor(scale, dtype=torch.float32), persistent=False)
+    self.register_buffer('pos_offset', torch.tensor(offset, dtype=torch.float32),
+                         persistent=False)
+
+  def token_positions(self, pos, num_prefix):
+    x = pos * self.pos_scale + self.pos_offset
+    is_patch = torch.arange(pos.shape[0], device=pos.device) >= num_prefix
+    return torch.where(is_patch[:, None], x, torch.zeros_like(x))
+
+  def generators(self):
+    p = self.skew_params.float()
+    return p - p.transpose(-1, -2)  # [L, H, k, b, b]
+
+  def exponentials(self, t):
+    """exp(t B): t [L or 1, H or 1, k, T] -> [L, H, T, k, b, b] (expm_rotations per token: the
+    JAX side's one eigen-decomposition per block gives the same matrices)."""
+    a = t[..., None, None] * self.generators()[:, :, :, None]  # [L, H, k, T, b, b]
+    return expm_rotations(a.contiguous()).transpose(2, 3)
+
+  def attend(self, ctx, layer, q, k):
+    return rotate(q, ctx[layer]), rotate(k, ctx[layer]), None
+
+
+class ComRoPEAP(_ComRoPE):
+  """ComRoPE-AP: block j turns with position axis j mod n: R = blockdiag exp(x_{j mod n} B_j)."""
+
+  def __init__(self, block, depth, heads, head_dim, n_dims, train_grid, positions):
+    super().__init__(block, depth, heads, head_dim, train_grid, positions)
+    self.n_dims = n_dims
+
+  def context(self, pos, num_prefix):
+    x = self.token_positions(pos, num_prefix)
+    k = self.skew_params.shape[2]
+    axes = torch.as_tensor(np.arange(k) % self.n_dims, device=pos.device)
+    return self.exponentials(x[:, axes].T[None, None])
+
+
+class ComRoPELD(_ComRoPE):
+  """ComRoPE-LD: R = blockdiag exp((sum_a theta_{a,j} x_a) S_{h,j}); axis_scales [depth, n, d//b]
+  (theta, shared by the heads)."""
+
+  def __init__(self, block, depth, heads, head_dim, n_dims, train_grid, positions):
+    super().__init__(block, depth, heads, head_dim, train_grid, positions)
+    self.axis_scales = nn.Parameter(torch.randn(depth, n_dims, head_dim // block))
+
+  def context(self, pos, num_prefix):
+    x = self.token_positions(pos, num_prefix)
+    s = torch.einsum('ta,lak->lkt', x, self.axis_scales.float())[:, None]  # [L, 1, k, T]
+    return self.exponentials(s)
+
+
+class StringCayley(RopeMixed):
+  """Cayley-STRING: R(x) = RoPE-Mixed(x) P, P = (I - S)(I + S)^-1 per layer and head; cayley
+  [depth, heads, d(d-1)/2] (S's strict upper triangle). CLS gets R(0) = P. P can be folded into
+  the query / key projections for inference."""
+
+  def __init__(self, depth, heads, head_dim, n_dims):
+    super().__init__(depth, heads, head_dim, n_dims)
+    self.head_dim = head_dim
+    self.cayley = nn.Parameter(torch.zeros(depth, heads, head_dim * (head_dim - 1) // 2))
+
+  def orthogonal(self):
+    s = skew(self.cayley.float(), self.head_dim)
+    eye = torch.eye(self.head_dim, device=s.device)
+    return torch.linalg.solve(eye + s, eye - s)  # [L, H, d, d]
+
+  def context(self, pos, num_prefix):
+    return super().context(pos, num_prefix), self.orthogonal()
+
+  def attend(self, ctx, layer, q, k):
+    rope, p = ctx
+
+    def apply(x):
+      xp = torch.einsum('hij,bthj->bthi', p[layer], x.float())
+      return rotate(xp, rope[layer]).to(x.dtype)
+
+    return apply(q), apply(k), None
+
+
+class StringCirculant(Encoding):
+  """Circulant-STRING: R = blockdiag exp(sum_a x_a (C_a - C_a^T)), C circulant with first column
+  c (circulant [depth, heads, n, d//b, b]); applied with a real FFT: R = F^-1 diag(e^{i phi}) F,
+  phi_m = sum_a x_a mu_{a,m}, mu_{a,m} = -2 sum_r c_{a,r} sin(2 pi m r / b)."""
+
+  def __init__(self, block, depth, heads, head_dim, n_dims):
+    super().__init__()
+    self.block = block
+    self.circulant = nn.Parameter(torch.randn(depth, heads, n_dims, head_dim // block, block)
+                                  / math.sqrt(8. * block))
+    b = block
+    sines = np.sin(2 * np.pi * np.outer(np.arange(b), np.arange(b // 2 + 1)) / b)
+    self.register_buffer('sines', torch.tensor(sines, dtype=torch.float32), persistent=False)
+
+  def context(self, pos, num_prefix):
+    mu = -2. * torch.einsum('lhakr,rm->lhakm', self.circulant.float(), self.sines)
+    phi = torch.einsum('ta,lhakm->lhtkm', pos, mu)
+    return torch.stack([torch.cos(phi), torch.sin(phi)], -1)  # [L, H, T, k, b//2 + 1, 2]
+
+  def attend(self, ctx, layer, q, k):
+    return (circulant_rotate(q, ctx[layer], self.block),
+            circulant_rotate(k, ctx[layer], self.block), None)
+
+
+def circulant_rotate(x, phase, block):
+  """x [B, T, H, d] -> R x per block; phase [H, T, k, block//2 + 1, (cos, sin)]."""
+  k, b = phase.shape[-3], block
+  xr = x[..., :k * b].float().reshape(*x.shape[:-1], k, b)
+  e = torch.complex(phase[..., 0], phase[..., 1]).transpose(0, 1)  # [T, H, k, m]
+  out = torch.fft.irfft(torch.fft.rfft(xr, dim=-1) * e, n=b, dim=-1)
+  out = out.reshape(*x.shape[:-1], k * b).to(x.dtype)
+  return torch.cat([out, x[..., k * b:]], dim=-1) if k * b < x.shape[-1] else out
+
+
 def build_encoding(pe, *, width, depth, heads, train_grid, num_prefix):
   """The encoding of a resolved `pe` section (family, block, layers, heads, init_scale)."""
   head_dim, n = width // heads, len(train_grid)
@@ -323,6 +464,12 @@ def build_encoding(pe, *, width, depth, heads, train_grid, num_prefix):
       'alibi': lambda: ALiBi(heads),
       'liere': lambda: LieRE(pe['block'], pe['layers'], pe['heads'], head_dim, n,
                              pe['init_scale']),
+      'comrope_ap': lambda: ComRoPEAP(pe['block'], depth, heads, head_dim, n, train_grid,
+                                      pe['positions']),
+      'comrope_ld': lambda: ComRoPELD(pe['block'], depth, heads, head_dim, n, train_grid,
+                                      pe['positions']),
+      'string_cayley': lambda: StringCayley(depth, heads, head_dim, n),
+      'string_circulant': lambda: StringCirculant(pe['block'], depth, heads, head_dim, n),
   }
   if pe['family'] not in builders:
     raise ValueError(f"pe.name={pe['name']!r} is unknown to this port; use one of {PE_NAMES}.")
