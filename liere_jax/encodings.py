@@ -381,8 +381,10 @@ class StringCayley(RopeMixed):
     rope, p = ctx
 
     def apply(x):
-      xp = jnp.einsum('hij,bthj->bthi', p[layer], x.astype(jnp.float32),
-                      precision=jax.lax.Precision.HIGHEST)
+      # One plain matmul per head: 2x faster than the batched einsum on CPU (fwd + bwd).
+      xp = jnp.stack([jnp.matmul(x[:, :, h].astype(jnp.float32), p[layer, h].T,
+                                 precision=jax.lax.Precision.HIGHEST)
+                      for h in range(x.shape[2])], axis=2)
       return rotations.rotate(xp, rope[layer]).astype(x.dtype)
 
     return apply(q), apply(k), None
