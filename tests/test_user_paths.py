@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from liere_jax import checkpoint, torch_vit  # noqa: E402
+from liere_jax import checkpoint, config_lib, torch_vit  # noqa: E402
 from liere_jax.data import pipeline  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
 from tests import datasets  # noqa: E402
@@ -200,7 +200,7 @@ def test_user_path(name, data_dir, tmp_path):
 
 def test_stand_ins_read_back_through_the_pipeline(data_dir):
   """The stand-in data through the real pipeline (no TensorFlow): shapes, counts, pixels."""
-  cifar = dict(name='cifar100', data_dir=data_dir, augment='none')
+  cifar = config_lib.data_config(name='cifar100', data_dir=data_dir, augment='none')
   info = pipeline.dataset_info(cifar)
   assert info == dict(input_shape=(32, 32, 3), num_classes=100, num_train=16, num_eval=10)
   builder = datasets.Cifar100(data_dir=data_dir, sizes=SIZES[datasets.Cifar100])
@@ -214,11 +214,13 @@ def test_stand_ins_read_back_through_the_pipeline(data_dir):
     pixels = np.round((batch['image'] * std + mean) * 255).astype(np.uint8)
     read += [(pixels[i].tobytes(), batch['label'][i]) for i in np.flatnonzero(batch['mask'])]
   assert sorted(read) == written  # PNG is lossless: exactly the pixels and labels written.
-  imagenet = dict(name='imagenet2012', data_dir=data_dir, image_size=24,
-                  eval_split='validation')
+  imagenet = config_lib.data_config(name='imagenet2012', data_dir=data_dir, image_size=24,
+                                    eval_split='validation')
   assert pipeline.dataset_info(imagenet)['num_eval'] == 6
-  train = pipeline.train_dataset(dict(imagenet, augment='randaug'), global_batch_size=4, seed=0)
+  train = pipeline.train_dataset(dict(imagenet.to_dict(), augment='randaug'),
+                                 global_batch_size=4, seed=0)
   assert train[1]['image'].shape == (4, 24, 24, 3) and train[1]['label'].shape == (4, 1000)
-  ucf = dict(name='ucf101', data_dir=data_dir, image_size=16, num_frames=4, frame_stride=2)
+  ucf = config_lib.data_config(name='ucf101', data_dir=data_dir, image_size=16, num_frames=4,
+                               frame_stride=2)
   assert pipeline.dataset_info(ucf) == dict(input_shape=(4, 16, 16, 3), num_classes=101,
                                             num_train=6, num_eval=3)
