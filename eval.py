@@ -5,7 +5,7 @@ other input sizes with sequential and rescaled positions (Fig. 7), CLS attention
 
 The run's own config.json is used; `--config FILE[:args]` (with `--config.x=y` overrides) may
 replace it if it describes the same model. Writes DIR/eval/results.json and
-DIR/eval/attention.png.
+DIR/eval/attention.png (`--out NAME`: DIR/NAME/; `--num_eval N`: arrows, first N examples).
 """
 import json
 import os
@@ -23,6 +23,9 @@ _BEST = flags.DEFINE_bool('best', False, 'Use the best checkpoint instead of the
 _STEP = flags.DEFINE_integer('step', None, 'Use this step instead of the latest.')
 _RESOLUTIONS = flags.DEFINE_list('resolutions', None, 'Input sizes to evaluate besides the '
                                  "training one (paper Fig. 7); default: the config's.")
+_OUT = flags.DEFINE_string('out', 'eval', 'Subdirectory of --workdir for the results.')
+_NUM_EVAL = flags.DEFINE_integer('num_eval', None, 'arrows: evaluate on the first N held-out '
+                                 "examples (default: the config's data.num_eval).")
 
 
 def main(argv):
@@ -38,6 +41,11 @@ def main(argv):
   checkpoint.check_same_model(workdir, config)
   if _RESOLUTIONS.value is not None:
     config.resolutions = tuple(int(s) for s in _RESOLUTIONS.value)
+  if _NUM_EVAL.value is not None:
+    if config.data.name != 'arrows' or _NUM_EVAL.value <= 0:
+      raise app.UsageError(f'--num_eval={_NUM_EVAL.value}: only for the arrows task, and > 0 '
+                           f'(this run trains on {config.data.name!r}).')
+    config.data.num_eval = _NUM_EVAL.value
   config_lib.validate(config, jax.device_count())
   _, params, step = checkpoint.load_params(workdir, _STEP.value, best=_BEST.value)
   trainer = train_lib.Trainer(config, train_lib.make_mesh(model_parallel=config.model_parallel))
@@ -54,9 +62,9 @@ def main(argv):
   results = dict(
       step=int(step), pe=config.model.pe.name, n_examples=int(len(correct)), top1=top1,
       top1_ci95=evaluation.bootstrap_ci(correct), shuffled_top1=shuffled,
-      shuffle_drop=top1 - shuffled, resolutions=resolutions)
+      shuffle_drop=top1 - shuffled, positions_default=default_mode, resolutions=resolutions)
   if jax.process_index() == 0:
-    out = os.path.join(workdir, 'eval')
+    out = os.path.join(workdir, _OUT.value)
     os.makedirs(out, exist_ok=True)
     results['attention_png'] = os.path.join(out, 'attention.png')
     evaluation.attention_png(trainer, config, params, results['attention_png'])
