@@ -17,6 +17,8 @@ import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
+from liere_jax import spec as spec_lib
+
 CONFIG_FILE = 'config.json'
 
 
@@ -29,7 +31,10 @@ def read_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
   if not os.path.exists(path):
     return None
   with open(path) as f:
-    return ml_collections.ConfigDict(_tuples(json.load(f)))
+    config = _tuples(json.load(f))
+  if 'pe' in config.get('model', {}):  # Fields added since the run was written.
+    config['model']['pe'] = {**spec_lib.PE_ADDED, **config['model']['pe']}
+  return ml_collections.ConfigDict(config)
 
 
 def _tuples(x):

@@ -46,6 +46,7 @@ def model_config(*, pe: str, variant, patch, input_size, channels, num_classes, 
   m.pe.share = 'none'
   m.pe.init_scale = 2 * math.pi
   m.pe.expm = 'fast'
+  m.pe.jitter = 0.0  # Training-time position noise (ComRoPE's perturbation intensity); 0 = off.
   return m
 
 

@@ -26,7 +26,7 @@ import ml_collections
 from flax import nnx
 
 from liere_jax import encodings
-from liere_jax.positions import grid_positions, with_prefix
+from liere_jax import positions as positions_lib
 from liere_jax.spec import LN_EPS, ModelSpec, resolve
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -102,6 +102,21 @@ class Block(nnx.Module):
     return x, weights
 
 
+class PositionJitter(nnx.Module):
+  """Noise on the patch positions while training (model.pe.jitter; ComRoPE's perturbation):
+  one draw per step from the dropout RNG stream, none in eval mode."""
+
+  def __init__(self, intensity: float, *, rngs: nnx.Rngs):
+    self.intensity, self.deterministic = intensity, False
+    self.rngs = rngs['dropout'].fork() if intensity else nnx.data(None)
+
+  def __call__(self, grid) -> Optional[jax.Array]:
+    """Offsets in patch units [prod(grid), n], or None."""
+    if not self.intensity or self.deterministic:
+      return None
+    return positions_lib.jitter(self.rngs(), grid, self.intensity)
+
+
 class ViT(nnx.Module):
   """ViT classifier. `model(x)` computes the encoding's context (rotations) once per call;
   pass `ctx=model.pe_context(grid)` to reuse it (cached rotations for evaluation)."""
@@ -126,6 +141,8 @@ class ViT(nnx.Module):
     self.head = nnx.Linear(width, spec.num_classes, dtype=dtype,
                            kernel_init=sharded(nnx.initializers.zeros_init(), 'embed', None),
                            rngs=rngs)
+    # Last: its RNG fork must not shift the initialisation of the parameters above.
+    self.jitter = PositionJitter(spec.pe.jitter, rngs=rngs)
 
   def grid(self, shape: Sequence[int]):
     """The patch grid of an input shape; raises a clear error on a shape that does not fit."""
@@ -141,17 +158,20 @@ class ViT(nnx.Module):
                        'the input to a multiple of the patch size.')
     return tuple(s // p for s, p in zip(spatial, self.patch))
 
-  def pe_context(self, grid: Sequence[int], positions: Optional[str] = None):
-    """The encoding's per-forward-pass state for a patch grid (e.g. LieRE rotations)."""
+  def pe_context(self, grid: Sequence[int], positions: Optional[str] = None, offsets=None):
+    """The encoding's per-forward-pass state for a patch grid (e.g. LieRE rotations);
+    `offsets` [prod(grid), n] move the patches, in patch units (PositionJitter)."""
     mode = positions or self.spec.pe.positions
-    pos = with_prefix(grid_positions(grid, self.train_grid, mode), self.num_prefix)
-    return self.pe.context(pos, self.num_prefix)
+    pos = positions_lib.grid_positions(grid, self.train_grid, mode)
+    if offsets is not None:
+      pos = pos + offsets * positions_lib.patch_step(grid, self.train_grid, mode)
+    return self.pe.context(positions_lib.with_prefix(pos, self.num_prefix), self.num_prefix)
 
   def __call__(self, x, *, ctx=None, positions: Optional[str] = None,
                return_attention: bool = False):
     grid = self.grid(x.shape)
     if ctx is None:
-      ctx = self.pe_context(grid, positions)
+      ctx = self.pe_context(grid, positions, offsets=self.jitter(grid))
     x = self.patch_embed(x)
     x = x.reshape(x.shape[0], -1, x.shape[-1])
     if self.num_prefix:

@@ -6,9 +6,12 @@ row-major like the patch flattening. Three modes:
               the spacing (positions beyond 1); the official LieRE code and paper Sec. 5.6.
   integer:    i, the patch index (naver-ai/rope-vit RoPE-Mixed / RoPE-Axial, ALiBi).
   rescaled:   i / (n - 1) on the current grid, always [0, 1] (the interpolation idea).
+Training may jitter the patch positions (`model.pe.jitter`, ComRoPE's perturbation): offsets in
+patch units, scaled like the indices.
 """
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -23,16 +26,27 @@ def grid_positions(grid: Sequence[int], train_grid: Sequence[int], mode: str) ->
     raise ValueError(
         f'The input has a {len(grid)}D patch grid {tuple(grid)} but the model was built for '
         f'{len(train_grid)}D grids {tuple(train_grid)}; set model.patch to {len(grid)} entries.')
-  axes = []
-  for n, n_train in zip(grid, train_grid):
-    i = np.arange(n, dtype=np.float64)
-    if mode == 'normalized':
-      i = i / max(n_train - 1, 1)
-    elif mode == 'rescaled':
-      i = i / max(n - 1, 1)
-    axes.append(i)
-  mesh = np.meshgrid(*axes, indexing='ij')
+  step = patch_step(grid, train_grid, mode)
+  mesh = np.meshgrid(*[np.arange(n) * s for n, s in zip(grid, step)], indexing='ij')
   return np.stack([m.reshape(-1) for m in mesh], axis=-1).astype(np.float32)
+
+
+def patch_step(grid: Sequence[int], train_grid: Sequence[int], mode: str) -> np.ndarray:
+  """The distance between neighbouring patches along each axis in a position mode: [n]."""
+  if mode == 'normalized':
+    return 1 / np.maximum(np.asarray(train_grid, np.float64) - 1, 1)
+  if mode == 'rescaled':
+    return 1 / np.maximum(np.asarray(grid, np.float64) - 1, 1)
+  return np.ones(len(grid))
+
+
+def jitter(key, grid: Sequence[int], intensity: float) -> jnp.ndarray:
+  """ComRoPE's training perturbation, in patch units: clip(N(0, 1) * intensity / 2, -1/2,
+  1/2) per patch and axis, [prod(grid), n]; one draw shared by the batch, as theirs. The time
+  axis of a 3D grid is not perturbed (as theirs)."""
+  noise = jnp.clip(jax.random.normal(key, (int(np.prod(grid)), len(grid))) * intensity / 2,
+                   -0.5, 0.5)
+  return noise.at[:, 0].set(0.) if len(grid) == 3 else noise
 
 
 def with_prefix(positions: np.ndarray, num_prefix: int) -> jnp.ndarray:
@@ -40,5 +54,5 @@ def with_prefix(positions: np.ndarray, num_prefix: int) -> jnp.ndarray:
 
   A zero position gets the identity rotation in every rotary encoding.
   """
-  zeros = np.zeros((num_prefix, positions.shape[-1]), np.float32)
-  return jnp.asarray(np.concatenate([zeros, positions], axis=0))
+  zeros = jnp.zeros((num_prefix, positions.shape[-1]), jnp.float32)
+  return jnp.concatenate([zeros, jnp.asarray(positions, jnp.float32)], axis=0)

@@ -11,6 +11,7 @@ PyTorch port reads.
   spec.width, spec.head_dim, spec.train_grid, spec.pe.positions, spec.pe.layers, ...
 """
 import dataclasses
+import math
 import re
 from typing import Optional, Tuple
 
@@ -30,7 +31,11 @@ DEFAULT_POSITIONS = {'liere': 'normalized', 'comrope_ap': 'normalized',
 BLOCK_FAMILIES = ('liere', 'comrope_ap', 'comrope_ld', 'string_circulant')  # name = family<b>.
 MODEL_FIELDS = ('variant', 'width', 'depth', 'heads', 'mlp_dim', 'patch', 'input_size',
                 'channels', 'num_classes', 'pool', 'dropout', 'qkv_bias', 'dtype', 'pe')
-PE_FIELDS = ('name', 'positions', 'share', 'init_scale', 'expm')
+PE_FIELDS = ('name', 'positions', 'share', 'init_scale', 'expm', 'jitter')
+# Fields added after runs and exports existed, with the value that reproduces those runs.
+PE_ADDED = {'jitter': 0.0}
+# Encodings that read token positions (the rest ignore them): where jitter means something.
+POSITIONLESS = ('none', 'abs', 'sincos')
 
 
 def liere_block(name: str) -> Optional[int]:
@@ -60,6 +65,7 @@ class PESpec:
   heads: int  # ... and over heads: heads, or 1 when shared over heads.
   init_scale: float  # LieRE generators ~ U[0, 1) * init_scale.
   expm: str  # The exponential (liere_jax.expm.METHODS).
+  jitter: float  # Training: patch positions += clip(N(0, 1) * jitter / 2, -1/2, 1/2) patches.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +106,8 @@ class ModelSpec:
                        'liere_jax.spec.resolve(config.model).to_json().')
     kw = {k: tuple(obj[k]) if k in ('patch', 'input_size', 'train_grid') else obj[k]
           for k in fields}
-    kw['pe'] = PESpec(**{f.name: obj['pe'][f.name] for f in dataclasses.fields(PESpec)})
+    pe = {**PE_ADDED, **obj['pe']}
+    kw['pe'] = PESpec(**{f.name: pe[f.name] for f in dataclasses.fields(PESpec)})
     return cls(**kw)
 
 
@@ -132,7 +139,7 @@ def resolve(model) -> ModelSpec:
   if missing:
     raise ValueError(f'model.{missing[0]} is missing; build the model section with '
                      'liere_jax.config_lib.model_config.')
-  pe = dict(m['pe'])
+  pe = {**PE_ADDED, **m['pe']}
   _check_fields(pe, PE_FIELDS, 'model.pe')
   missing = [k for k in PE_FIELDS if k not in pe]
   if missing:
@@ -184,6 +191,11 @@ def resolve(model) -> ModelSpec:
   init_scale = float(pe['init_scale'])
   if not init_scale > 0:
     raise ValueError(f'model.pe.init_scale={init_scale} must be positive (LieRE: 2 pi).')
+  jitter = float(pe['jitter'])
+  if not (math.isfinite(jitter) and jitter >= 0) or (jitter and family in POSITIONLESS):
+    raise ValueError(f'model.pe.jitter={jitter} must be >= 0 (0 = off; ComRoPE trains with 1)'
+                     + (f', and pe={name!r} reads no positions: set it to 0.'
+                        if family in POSITIONLESS else '.'))
   share = pe['share'] if family == 'liere' else 'none'
   return ModelSpec(
       variant=variant, width=width, depth=depth, heads=heads, head_dim=head_dim,
@@ -195,4 +207,4 @@ def resolve(model) -> ModelSpec:
       pe=PESpec(name=name, family=family, block=block, positions=positions, share=share,
                 layers=1 if share in ('layers', 'all') else depth,
                 heads=1 if share in ('heads', 'all') else heads,
-                init_scale=init_scale, expm=pe['expm']))
+                init_scale=init_scale, expm=pe['expm'], jitter=jitter))

@@ -381,3 +381,67 @@ def test_port_parity(pe, n_dims):
     diff = float(np.abs(y_jax - y_torch).max())
     assert diff <= 1e-4, f'{pe} {n_dims}D size {size}: logits differ by {diff:.2e}'
     assert np.abs(y_jax).max() > 0.1  # not a trivially small output
+
+
+# ---------------------------------------------------------------------------------------------
+# model.pe.jitter: ComRoPE's training position perturbation, for every encoding with positions.
+
+
+def test_jitter_offsets_are_bounded_and_spare_the_time_axis():
+  from liere_jax.positions import jitter
+  off = np.asarray(jitter(jax.random.key(0), (4, 5, 6), 1.0))
+  assert off.shape == (120, 3) and (off[:, 0] == 0).all()
+  assert np.abs(off).max() <= 0.5 and np.abs(off[:, 1:]).max() == 0.5  # Clipped tails.
+  assert 0.3 < off[:, 1:].std() < 0.5  # N(0, 1/2) before clipping.
+  small = np.asarray(jitter(jax.random.key(1), (9, 9), 0.1))
+  assert 0.04 < small.std() < 0.06 and np.abs(small).max() < 0.5
+
+
+@pytest.mark.parametrize('pe', ['liere4', 'rope_mixed', 'comrope_ld4', 'string_cayley', 'alibi'])
+def test_jitter_perturbs_training_only(pe):
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+  plain = ViT(tiny_model_config(pe), rngs=nnx.Rngs(0))
+  model = ViT(tiny_model_config(pe, jitter=1.0), rngs=nnx.Rngs(0))
+  head = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
+  for m in (plain, model):
+    m.head.kernel[...] = head  # The head starts at zero; make the logits see the positions.
+    m.eval()
+  np.testing.assert_array_equal(model(x), plain(x))  # Eval: no jitter, same parameters.
+  model.train()
+  first, second = model(x), model(x)
+  assert not np.allclose(first, plain(x), atol=1e-4) and not np.allclose(first, second, atol=1e-4)
+  # The context is the encoding's at the moved positions (patch units, scaled by the mode).
+  offsets = model.jitter((4, 4))
+  mode = model.spec.pe.positions
+  step = 1 / 3 if mode == 'normalized' else 1.
+  moved = with_prefix(grid_positions((4, 4), (4, 4), mode) + step * offsets, 1)
+  for a, b in zip(jax.tree.leaves(model.pe_context((4, 4), offsets=offsets)),
+                  jax.tree.leaves(model.pe.context(moved, 1))):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_jitter_in_a_train_step_is_a_function_of_seed_and_step():
+  from liere_jax import train_lib
+  from tests.test_train import tiny_config_and_batch
+  cfg, batch = tiny_config_and_batch(8)
+  norms = {}
+  for jitter in (0.0, 1.0, 1.0):
+    cfg.model.pe.jitter = jitter
+    trainer = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1]))
+    state, metrics = trainer.train_step(trainer.init_state(0), trainer.global_batch(batch))
+    norms.setdefault(jitter, []).append(float(metrics['grad_norm']))
+  assert norms[1.0][0] == norms[1.0][1] and norms[1.0][0] != norms[0.0][0]
+
+
+def test_jitter_is_checked_and_older_specs_read_as_off():
+  for pe, jitter, match in (('abs', 1.0, "reads no positions"), ('liere8', -1.0, '>= 0'),
+                            ('liere8', float('nan'), '>= 0')):
+    with pytest.raises(ValueError, match=f'model.pe.jitter=.*{match}'):
+      spec_lib.resolve(tiny_model_config(pe, jitter=jitter))
+  spec = spec_lib.resolve(tiny_model_config('liere8', jitter=0.5))
+  old = spec.to_json()
+  del old['pe']['jitter']  # An export written before the field existed.
+  assert spec_lib.ModelSpec.from_json(old).pe.jitter == 0.0
+  cfg = tiny_model_config('liere8').to_dict()
+  del cfg['pe']['jitter']  # A run's config.json from before the field.
+  assert spec_lib.resolve(cfg).pe.jitter == 0.0
