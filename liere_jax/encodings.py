@@ -351,6 +351,14 @@ class ComRoPELD(_ComRoPE):
     return jnp.swapaxes(expm_skew_lines(self.generators(), s), 2, 3)  # [L, H, T, k, b, b]
 
 
+def cayley_orthogonal(cayley, head_dim: int):
+  """STRING's P [..., d, d] = (I + S)^-1 (I - S) (= (I - S)(I + S)^-1: the factors commute),
+  S skew-symmetric from its free entries `cayley` [..., d(d-1)/2]."""
+  s = rotations.skew(jnp.asarray(cayley, jnp.float32), head_dim)
+  eye = jnp.eye(head_dim, dtype=jnp.float32)
+  return jnp.linalg.solve(eye + s, eye - s)
+
+
 class StringCayley(RopeMixed):
   """Cayley-STRING: R(x) = RoPE-Mixed(x) P, P = (I - S)(I + S)^-1 per layer and head.
 
@@ -359,8 +367,8 @@ class StringCayley(RopeMixed):
   itself (same `freqs`, init and integer positions). Init S = 0: training starts at RoPE-Mixed
   (the STRING paper's point that it contains RoPE; a paper init for S is not used here). CLS
   (position 0) gets R(0) = P like every token, so the relative property covers it too. At
-  inference P can be folded into the query / key projections (W_q <- P W_q per head, and the
-  bias), leaving plain RoPE-Mixed; the export keeps P separate.
+  inference P folds into the query / key projections (W_q <- W_q P^T per head, and the bias),
+  leaving plain RoPE-Mixed: `python -m liere_jax.export torch --fold` (export.fold_string_cayley).
   """
 
   def __init__(self, *, depth, heads, head_dim, n_dims, rngs):
@@ -369,10 +377,7 @@ class StringCayley(RopeMixed):
     self.cayley = nnx.Param(jnp.zeros((depth, heads, rotations.num_free(head_dim))))
 
   def orthogonal(self):
-    """P [L, H, d, d] = (I + S)^-1 (I - S) (= (I - S)(I + S)^-1: the factors commute)."""
-    s = rotations.skew(self.cayley[...].astype(jnp.float32), self.head_dim)
-    eye = jnp.eye(self.head_dim, dtype=jnp.float32)
-    return jnp.linalg.solve(eye + s, eye - s)
+    return cayley_orthogonal(self.cayley[...], self.head_dim)
 
   def context(self, pos, num_prefix):
     return super().context(pos, num_prefix), self.orthogonal()

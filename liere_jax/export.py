@@ -3,6 +3,8 @@
   python -m liere_jax.export torch --workdir DIR [--step N | --best] --out FILE.safetensors
       Torch-layout weights (Linear [out, in], patch conv [D, C, *patch]) for
       liere_jax/torch_vit.py, plus FILE.json (the model config as plain JSON) beside them.
+      --fold (string_cayley runs): fold STRING's P into the query / key projections and export
+      the plain rope_mixed model with the same outputs.
   python -m liere_jax.export official --workdir DIR [--step N | --best] --out FILE.pt
       A state_dict that the official StanfordMIMI/LieRE `RoPEViT` loads with strict=True, plus
       FILE.json with the RoPEViT keyword arguments. Representable: 2D (square) or 3D inputs,
@@ -437,6 +439,38 @@ def _import_generators(p, m, kw):
   return {('pe', 'generators'): np.ascontiguousarray(g, np.float32)}
 
 
+def fold_string_cayley(params, config: ml_collections.ConfigDict):
+  """A string_cayley run -> (params, config) of the rope_mixed model with the same outputs.
+
+  The encoding turns each head's q and k by P = (I - S)(I + S)^-1 before RoPE-Mixed:
+  q_h P^T = x (W_q,h P^T) + b_q,h P^T, so P goes into the qkv kernel and bias (q and k
+  columns of every layer and head) and `cayley` is dropped; `freqs` stay RoPE-Mixed's.
+  """
+  import jax
+  from liere_jax import encodings
+  spec = resolve(config.model)
+  if spec.pe.name != 'string_cayley':
+    raise ValueError(f'--fold folds string_cayley runs; this run has pe={spec.pe.name!r}.')
+  pe = {k: np.asarray(v) for k, v in params['pe'].items()}
+  with jax.default_device(jax.devices('cpu')[0]):
+    orth = np.asarray(encodings.cayley_orthogonal(pe['cayley'], spec.head_dim), np.float64)
+  out = jax.tree.map(np.asarray, params)
+  out['pe'] = {'freqs': pe['freqs']}
+  h, d = spec.heads, spec.head_dim
+  for i in range(spec.depth):
+    qkv = out['blocks'][i]['attn']['qkv']
+    kernel = qkv['kernel'].reshape(spec.width, 3, h, d).astype(np.float64)
+    kernel[:, :2] = np.einsum('xjhe,hfe->xjhf', kernel[:, :2], orth[i])
+    qkv['kernel'] = kernel.reshape(spec.width, 3 * spec.width).astype(np.float32)
+    if 'bias' in qkv:
+      bias = qkv['bias'].reshape(3, h, d).astype(np.float64)
+      bias[:2] = np.einsum('jhe,hfe->jhf', bias[:2], orth[i])
+      qkv['bias'] = bias.reshape(-1).astype(np.float32)
+  folded = ml_collections.ConfigDict(config.to_dict())
+  folded.model.pe.name = 'rope_mixed'
+  return out, folded
+
+
 # ----------------------------------------------------------------------------------------------
 # Files.
 
@@ -467,9 +501,11 @@ def _load_run(workdir, step, best):
   return loaded[0], loaded[1]
 
 
-def export_torch(workdir, out, step=None, best=False):
+def export_torch(workdir, out, step=None, best=False, fold=False):
   _check_out(out, '.safetensors')
   config, params = _load_run(workdir, step, best)
+  if fold:
+    params, config = fold_string_cayley(params, config)
   state = torch_layout(params, config.model)
   meta = export_json(config)
   from safetensors.numpy import save_file
@@ -564,6 +600,9 @@ def _parser():
     s.add_argument('--step', type=int, default=None, help='checkpoint step (default: latest)')
     s.add_argument('--best', action='store_true', help='the best checkpoint by eval accuracy')
     s.add_argument('--out', required=True, help=f'output FILE{suffix}; FILE.json goes beside it')
+    if name == 'torch':
+      s.add_argument('--fold', action='store_true', help="string_cayley: fold P into the q/k "
+                     'projections, export the equivalent rope_mixed model')
   s = sub.add_parser('import-torch', help='FILE.safetensors (torch_vit layout) -> a JAX workdir')
   s.add_argument('--safetensors', required=True)
   s.add_argument('--config', default=None, help='model JSON (default: FILE.json beside it)')
@@ -583,8 +622,11 @@ def main(argv=None) -> int:
     if args.command in ('torch', 'official'):
       if args.best and args.step is not None:
         raise ValueError('Give --step or --best, not both.')
-      fn = export_torch if args.command == 'torch' else export_official
-      for path in fn(args.workdir, args.out, args.step, args.best):
+      if args.command == 'torch':
+        paths = export_torch(args.workdir, args.out, args.step, args.best, fold=args.fold)
+      else:
+        paths = export_official(args.workdir, args.out, args.step, args.best)
+      for path in paths:
         print(f'wrote {path}')
     elif args.command == 'import-torch':
       import_torch(args.safetensors, args.out_workdir, args.config)

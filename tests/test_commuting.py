@@ -10,6 +10,7 @@ the PyTorch port gives the same logits (<= 1e-4) at the training size and a larg
 import functools
 
 import jax
+import ml_collections
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -445,3 +446,32 @@ def test_jitter_is_checked_and_older_specs_read_as_off():
   cfg = tiny_model_config('liere8').to_dict()
   del cfg['pe']['jitter']  # A run's config.json from before the field.
   assert spec_lib.resolve(cfg).pe.jitter == 0.0
+
+
+def _with_params(model, params):
+  state = nnx.state(model, nnx.Param)
+  nnx.replace_by_pure_dict(state, params)
+  nnx.update(model, state)
+  model.eval()
+  return model
+
+
+def test_string_cayley_folds_into_a_rope_mixed_model_with_the_same_logits():
+  cfg = tiny_model_config('string_cayley')
+  params = nnx.to_pure_dict(nnx.state(ViT(cfg, rngs=nnx.Rngs(0)), nnx.Param))
+  key = jax.random.key(3)
+  params['pe']['cayley'] = 0.3 * jax.random.normal(key, params['pe']['cayley'].shape)
+  params['head']['kernel'] = jax.random.normal(key, params['head']['kernel'].shape)
+  model = _with_params(ViT(cfg, rngs=nnx.Rngs(0)), params)
+  config = ml_collections.ConfigDict({'model': cfg.to_dict()})
+  folded_params, folded = export.fold_string_cayley(params, config)
+  assert folded.model.pe.name == 'rope_mixed' and set(folded_params['pe']) == {'freqs'}
+  plain = _with_params(ViT(folded.model, rngs=nnx.Rngs(1)), folded_params)
+  x = jax.random.normal(jax.random.key(4), (2, 16, 16, 3))
+  np.testing.assert_allclose(plain(x), model(x), atol=1e-4, rtol=1e-4)
+  # P mattered: without it (S = 0) the same weights give other logits.
+  zero = dict(params, pe=dict(params['pe'], cayley=jnp.zeros_like(params['pe']['cayley'])))
+  assert not np.allclose(plain(x), _with_params(model, zero)(x), atol=1e-3)
+  with pytest.raises(ValueError, match="folds string_cayley runs; this run has pe='liere8'"):
+    export.fold_string_cayley(params, ml_collections.ConfigDict(
+        {'model': tiny_model_config('liere8').to_dict()}))
