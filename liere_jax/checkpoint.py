@@ -33,6 +33,7 @@ def read_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
   with open(path) as f:
     config = _tuples(json.load(f))
   if 'pe' in config.get('model', {}):  # Fields added since the run was written.
+    config['model'] = {**spec_lib.MODEL_ADDED, **config['model']}
     config['model']['pe'] = {**spec_lib.PE_ADDED, **config['model']['pe']}
   return ml_collections.ConfigDict(config)
 

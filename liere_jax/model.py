@@ -2,7 +2,8 @@
 
 Inputs are channels-last: [B, T, C] (1D), [B, H, W, C] (2D), [B, T, H, W, C] (3D); one
 convolution with kernel = stride = `patch` makes the tokens (patches, tubelets). Pre-norm
-blocks, exact GELU, CLS or mean pooling.
+blocks, exact GELU, CLS or mean pooling; `model.remat='block'` recomputes each block's
+activations in the backward pass.
 
 Parameter tree (stable names; the PyTorch port maps them one to one):
   patch_embed/kernel [*patch, C, D], patch_embed/bias [D]
@@ -17,6 +18,7 @@ Parameter tree (stable names; the PyTorch port maps them one to one):
   norm/{scale, bias} [D]
   head/{kernel [D, classes], bias [classes]}
 """
+import functools
 import math
 from typing import Optional, Sequence, Union
 
@@ -102,6 +104,12 @@ class Block(nnx.Module):
     return x, weights
 
 
+@functools.partial(nnx.remat, static_argnums=(4,))
+def _remat_block(block, x, pe, ctx, layer):
+  """A block whose activations the backward pass recomputes (model.remat='block')."""
+  return block(x, pe, ctx, layer)
+
+
 class PositionJitter(nnx.Module):
   """Noise on the patch positions while training (model.pe.jitter; ComRoPE's perturbation):
   one draw per step from the dropout RNG stream, none in eval mode."""
@@ -180,7 +188,10 @@ class ViT(nnx.Module):
     x = self.dropout(self.pe.embed(x, grid, self.num_prefix))
     attention = []
     for layer, block in enumerate(self.blocks):
-      x, weights = block(x, self.pe, ctx, layer, return_attention)
+      if self.spec.remat == 'block' and not return_attention:
+        x, weights = _remat_block(block, x, self.pe, ctx, layer)
+      else:
+        x, weights = block(x, self.pe, ctx, layer, return_attention)
       attention.append(weights)
     x = self.norm(x)
     x = x[:, 0] if self.pool == 'cls' else x.mean(axis=1)

@@ -30,10 +30,12 @@ DEFAULT_POSITIONS = {'liere': 'normalized', 'comrope_ap': 'normalized',
                      'comrope_ld': 'normalized'}  # Every other encoding: 'integer'.
 BLOCK_FAMILIES = ('liere', 'comrope_ap', 'comrope_ld', 'string_circulant')  # name = family<b>.
 MODEL_FIELDS = ('variant', 'width', 'depth', 'heads', 'mlp_dim', 'patch', 'input_size',
-                'channels', 'num_classes', 'pool', 'dropout', 'qkv_bias', 'dtype', 'pe')
+                'channels', 'num_classes', 'pool', 'dropout', 'qkv_bias', 'dtype', 'remat', 'pe')
 PE_FIELDS = ('name', 'positions', 'share', 'init_scale', 'expm', 'jitter')
 # Fields added after runs and exports existed, with the value that reproduces those runs.
+MODEL_ADDED = {'remat': 'none'}
 PE_ADDED = {'jitter': 0.0}
+REMAT = ('none', 'block')
 # Encodings that read token positions (the rest ignore them): where jitter means something.
 POSITIONLESS = ('none', 'abs', 'sincos')
 
@@ -87,6 +89,7 @@ class ModelSpec:
   dropout: float
   qkv_bias: bool
   dtype: str
+  remat: str  # 'block': each block's activations are recomputed in the backward pass.
   layer_norm_eps: float
   pe: PESpec
 
@@ -99,6 +102,7 @@ class ModelSpec:
 
   @classmethod
   def from_json(cls, obj: dict) -> 'ModelSpec':
+    obj = {**MODEL_ADDED, **obj}
     fields = {f.name for f in dataclasses.fields(cls)}
     missing = sorted(fields - set(obj))
     if missing:
@@ -133,7 +137,7 @@ def resolve(model) -> ModelSpec:
   if isinstance(model, ModelSpec):
     return model
   from liere_jax import encodings, expm  # Late: keeps this module light for tools.
-  m = model.to_dict() if hasattr(model, 'to_dict') else dict(model)
+  m = {**MODEL_ADDED, **(model.to_dict() if hasattr(model, 'to_dict') else dict(model))}
   _check_fields(m, MODEL_FIELDS, 'model')
   missing = [k for k in MODEL_FIELDS if k not in m]
   if missing:
@@ -172,6 +176,8 @@ def resolve(model) -> ModelSpec:
     raise ValueError(f"model.pool={m['pool']!r} is unknown; use one of {POOLS}.")
   if m['dtype'] not in DTYPES:
     raise ValueError(f"model.dtype={m['dtype']!r} is unknown; use one of {DTYPES}.")
+  if m['remat'] not in REMAT:
+    raise ValueError(f"model.remat={m['remat']!r} is unknown; use one of {REMAT}.")
   if not 0 <= float(m['dropout']) < 1:
     raise ValueError(f"model.dropout={m['dropout']} must be in [0, 1).")
 
@@ -203,7 +209,7 @@ def resolve(model) -> ModelSpec:
       train_grid=tuple(s // p for s, p in zip(size, patch)), channels=int(m['channels']),
       num_classes=int(m['num_classes']), pool=m['pool'], num_prefix=int(m['pool'] == 'cls'),
       dropout=float(m['dropout']), qkv_bias=bool(m['qkv_bias']), dtype=m['dtype'],
-      layer_norm_eps=LN_EPS,
+      remat=m['remat'], layer_norm_eps=LN_EPS,
       pe=PESpec(name=name, family=family, block=block, positions=positions, share=share,
                 layers=1 if share in ('layers', 'all') else depth,
                 heads=1 if share in ('heads', 'all') else heads,

@@ -66,3 +66,24 @@ def test_bf16_model_runs_and_keeps_float32_rotations():
   model = ViT(cfg, rngs=nnx.Rngs(0))
   assert model.pe_context((4, 4)).dtype == jnp.float32
   assert bool(jnp.all(jnp.isfinite(model(jnp.ones((1, 16, 16, 3))))))
+
+
+@pytest.mark.parametrize('dropout', [0.0, 0.1])
+def test_remat_per_block_gives_the_same_train_step(dropout):
+  from liere_jax import spec as spec_lib, train_lib
+  from tests.test_train import tiny_config_and_batch
+  cfg, batch = tiny_config_and_batch(8)
+  cfg.model.dropout = dropout
+  steps, remats = [], []
+  for remat in ('none', 'block'):
+    cfg.model.remat = remat
+    trainer = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1]))
+    state = trainer.init_state(0)
+    jaxpr = str(jax.make_jaxpr(trainer._train_step)(state, trainer.global_batch(batch)))
+    remats.append(jaxpr.count('remat2['))
+    steps.append(trainer.train_step(state, trainer.global_batch(batch)))
+  assert remats[1] >= remats[0] + cfg.model.depth, remats
+  for a, b in zip(jax.tree.leaves(steps[0]), jax.tree.leaves(steps[1])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match=r"model.remat='layers' is unknown; use one of"):
+    spec_lib.resolve(dict(cfg.model.to_dict(), remat='layers'))
