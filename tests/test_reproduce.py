@@ -94,3 +94,22 @@ def test_a_failed_run_names_its_command_and_log(tmp_path, monkeypatch):
   monkeypatch.setitem(reproduce.SUITES, 'bad', suite)
   with pytest.raises(RuntimeError, match=r'train.py .* failed \(exit .*reproduce_train.log'):
     reproduce.run_suite('bad', str(tmp_path), ('--config.model.pe.expm=pade',), log=print)
+
+
+def test_every_suite_report_builds_from_rows(tmp_path):
+  """Each suite's table and plot from rows shaped like run_suite's (no training)."""
+  for name, suite in reproduce.SUITES.items():
+    rows = []
+    for i, run in enumerate(suite.runs):
+      top1 = 0.4 + 0.6 * (i % 2)
+      rows.append(dict(
+          run=run.name, pe=run.pe, px=run.px, seed=run.seed, label=run.label,
+          overrides=dict(run.overrides), top1=top1, top1_ci95=[top1 - 0.01, min(top1 + 0.01, 1)],
+          shuffled_top1=0.3, shuffle_drop_rel=(top1 - 0.3) / top1, n_examples=2000,
+          resolutions={str(s): {'sequential': 0.9, 'rescaled': 0.5}
+                       for s in suite.evaluation.resolutions},
+          steps=300, wall_s=60., machine='test', command=f'python train.py # {run.name}'))
+    md = reproduce.write_report(name, rows, str(tmp_path))
+    text = open(md).read()
+    assert all(r['command'] in text for r in rows), name
+    assert (tmp_path / f'{name}.png').exists() or name == 'table5', name
