@@ -64,8 +64,8 @@ def test_step_bench_cli_json(fake_official):
   # Head dim 64, as the official attention requires; the fake official code is timed too.
   out = _run('step', '--config', 'configs/arrows.py:grid=3', '--vs', 'pe=abs',
              '--config.model.depth=1', '--config.model.width=128', '--config.model.heads=2',
-             '--config.model.mlp_dim=64', '--config.batch_size=8', '--steps', '2',
-             '--warmup', '1', '--official', str(fake_official), '--official_threads', '1',
+             '--config.model.mlp_dim=64', '--config.model.pool=cls', '--config.batch_size=8',
+             '--steps', '2', '--warmup', '1', '--official', str(fake_official), '--official_threads', '1',
              '--json')
   res = json.loads(out.strip().splitlines()[-1])
   for key in ('config', 'baseline', 'train_s', 'baseline_train_s', 'train_ratio', 'eval_s',
