@@ -7,6 +7,9 @@ An encoding is an NNX module with three hooks, all optional:
                                          that can be cached per resolution.
   attend(ctx, layer, q, k) -> q, k, bias  inside attention: rotate q, k [B, T, H, d] and/or
                                          return a logit bias [H, T, T].
+  project(ctx, layer, kernel, bias)      a position-free linear map of q and k folded into the
+      -> kernel, bias                    qkv projection [D, 3D] once per step (string_cayley's
+                                         P); only encodings with `projects = True`.
 Prefix tokens (CLS) sit at position 0: the identity rotation; ALiBi gives them zero bias.
 
 Parameters (names are an API: the PyTorch port depends on them):
@@ -39,6 +42,7 @@ from liere_jax.positions import grid_positions
 
 class Encoding(nnx.Module):
   """The interface; the defaults do nothing (`pe=none`)."""
+  projects = False  # True: attention calls `project` on its qkv kernel and bias.
 
   def embed(self, x, grid: Sequence[int], num_prefix: int):
     return x
@@ -48,6 +52,9 @@ class Encoding(nnx.Module):
 
   def attend(self, ctx, layer: int, q, k):
     return q, k, None
+
+  def project(self, ctx, layer: int, kernel, bias):
+    return kernel, bias
 
 
 class NoPE(Encoding):
@@ -366,10 +373,12 @@ class StringCayley(RopeMixed):
   token); R(x)^T R(y) = P^T RoPE(y - x) P, exactly relative. The RoPE-Mixed part is rope_mixed
   itself (same `freqs`, init and integer positions). Init S = 0: training starts at RoPE-Mixed
   (the STRING paper's point that it contains RoPE; a paper init for S is not used here). CLS
-  (position 0) gets R(0) = P like every token, so the relative property covers it too. At
-  inference P folds into the query / key projections (W_q <- W_q P^T per head, and the bias),
-  leaving plain RoPE-Mixed: `python -m liere_jax.export torch --fold` (export.fold_string_cayley).
+  (position 0) gets R(0) = P like every token, so the relative property covers it too. P is
+  applied by folding it into the query / key projections (W_q,h <- W_q,h P_h^T, and the bias)
+  once per step, not per token; `python -m liere_jax.export torch --fold` exports that folded
+  model as plain RoPE-Mixed (export.fold_string_cayley).
   """
+  projects = True
 
   def __init__(self, *, depth, heads, head_dim, n_dims, rngs):
     super().__init__(depth=depth, heads=heads, head_dim=head_dim, n_dims=n_dims, rngs=rngs)
@@ -382,17 +391,21 @@ class StringCayley(RopeMixed):
   def context(self, pos, num_prefix):
     return super().context(pos, num_prefix), self.orthogonal()
 
+  def project(self, ctx, layer, kernel, bias):
+    """q_h P_h^T = x (W_q,h P_h^T) + b_q,h P_h^T (and k): [D, 3D] kernel, [3D] bias."""
+    p = ctx[1][layer]  # [H, d, d]
+    heads, d = p.shape[0], p.shape[-1]
+
+    def fold(w):  # [..., 3D]: q and k columns of each head times P_h^T.
+      w3 = w.reshape(w.shape[:-1] + (3, heads, d)).astype(jnp.float32)
+      qk = jnp.einsum('...jhe,hfe->...jhf', w3[..., :2, :, :], p,
+                      precision=jax.lax.Precision.HIGHEST)
+      return jnp.concatenate([qk, w3[..., 2:, :, :]], axis=-3).reshape(w.shape).astype(w.dtype)
+
+    return fold(kernel), None if bias is None else fold(bias)
+
   def attend(self, ctx, layer, q, k):
-    rope, p = ctx
-
-    def apply(x):
-      # One plain matmul per head: 2x faster than the batched einsum on CPU (fwd + bwd).
-      xp = jnp.stack([jnp.matmul(x[:, :, h].astype(jnp.float32), p[layer, h].T,
-                                 precision=jax.lax.Precision.HIGHEST)
-                      for h in range(x.shape[2])], axis=2)
-      return rotations.rotate(xp, rope[layer]).astype(x.dtype)
-
-    return apply(q), apply(k), None
+    return super().attend(ctx[0], layer, q, k)  # P is in q and k already (project).
 
 
 class StringCirculant(Encoding):

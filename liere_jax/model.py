@@ -59,7 +59,15 @@ class Attention(nnx.Module):
     with them an explicit softmax (attention maps). Logits and softmax in float32 either way.
     """
     b, t, width = x.shape
-    q, k, v = jnp.moveaxis(self.qkv(x).reshape(b, t, 3, self.heads, -1), 2, 0)
+    if pe.projects:  # A linear map of q and k folded into the projection, once per step.
+      kernel, bias = pe.project(ctx, layer, self.qkv.kernel[...],
+                                self.qkv.bias[...] if self.qkv.bias is not None else None)
+      dtype = self.qkv.dtype or x.dtype
+      qkv = jnp.dot(x.astype(dtype), kernel.astype(dtype))
+      qkv = qkv if bias is None else qkv + bias.astype(dtype)
+    else:
+      qkv = self.qkv(x)
+    q, k, v = jnp.moveaxis(qkv.reshape(b, t, 3, self.heads, -1), 2, 0)
     q, k, bias = pe.attend(ctx, layer, q, k)
     if not return_weights:
       bias = None if bias is None else bias[None].astype(q.dtype)

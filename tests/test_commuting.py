@@ -51,7 +51,18 @@ _FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensiv
 @functools.partial(jax.jit, static_argnums=(0, 5), compiler_options=_FAST_COMPILE)
 def _attend(graphdef, state, pos, q, k, layer):
   enc = nnx.merge(graphdef, state)
-  q, k, _ = enc.attend(enc.context(pos, 0), layer, q, k)
+  return _through_attention(enc, enc.context(pos, 0), layer, q, k)
+
+
+def _through_attention(enc, ctx, layer, q, k):
+  """What attention does to q and k [B, T, H, d]: the projection hook (as if q and k were
+  the projection's outputs), then the attend hook."""
+  if enc.projects:
+    qkv = jnp.concatenate([q, k, jnp.zeros_like(q)], axis=-2)  # (q|k|v, head) columns.
+    qkv, _ = enc.project(ctx, layer, qkv.reshape(qkv.shape[:-2] + (-1,)), None)
+    q, k, _ = jnp.split(qkv.reshape(q.shape[:-2] + (3,) + q.shape[-2:]), 3, axis=-3)
+    q, k = q[..., 0, :, :], k[..., 0, :, :]
+  q, k, _ = enc.attend(ctx, layer, q, k)
   return q, k
 
 
@@ -277,7 +288,7 @@ def test_gradients_finite_at_init_and_zero_generators(pe):
 
 def _logits_traced(enc, pos, q, k, layer):
   ctx = enc.context(jnp.asarray(pos, jnp.float32), 0)
-  q, k, _ = enc.attend(ctx, layer, q, k)
+  q, k = _through_attention(enc, ctx, layer, q, k)
   return jnp.einsum('bqhd,bkhd->hqk', q, k, precision=HI)
 
 
