@@ -41,6 +41,7 @@ def model_config(*, pe: str, variant, patch, input_size, channels, num_classes, 
   m.qkv_bias = True  # False matches the official LieRE layout (its to_qkv has no bias).
   m.dtype = 'float32'
   m.remat = 'none'  # 'block': recompute each block in the backward pass (memory at scale).
+  m.scan_layers = False  # One lax.scan over the blocks: compile time flat in depth.
   m.pe = ml_collections.ConfigDict()
   m.pe.name = pe
   m.pe.positions = ml_collections.config_dict.placeholder(str)  # None: the encoding's default.

@@ -183,6 +183,27 @@ class ViT(nnx.Module):
       pos = pos + offsets * positions_lib.patch_step(grid, self.train_grid, mode)
     return self.pe.context(positions_lib.with_prefix(pos, self.num_prefix), self.num_prefix)
 
+  def _scan_blocks(self, x, ctx):
+    """The blocks under one jax.lax.scan (model.scan_layers): the per-layer parameters keep
+    their names (blocks/<i>/...) and are stacked for the scan, so checkpoints and the PyTorch
+    port are unchanged; the body is traced once, whatever the depth. The layer index reaching
+    the encoding is a traced int (it indexes the per-layer rotations)."""
+    graphdef = nnx.graphdef(self.blocks[0])
+    stacked = jax.tree.map(lambda *v: jnp.stack(v), *[nnx.state(b) for b in self.blocks])
+
+    def body(x, inputs):
+      state, layer = inputs
+      block = nnx.merge(graphdef, state)
+      x, _ = block(x, self.pe, ctx, layer)
+      return x, nnx.state(block, nnx.RngState)  # Dropout RNG counts move on, as in the loop.
+
+    if self.spec.remat == 'block':
+      body = jax.checkpoint(body)
+    x, rng_states = jax.lax.scan(body, x, (stacked, jnp.arange(len(self.blocks))))
+    for i, block in enumerate(self.blocks):
+      nnx.update(block, jax.tree.map(lambda v: v[i], rng_states))
+    return x
+
   def __call__(self, x, *, ctx=None, positions: Optional[str] = None,
                return_attention: bool = False):
     grid = self.grid(x.shape)
@@ -195,12 +216,15 @@ class ViT(nnx.Module):
       x = jnp.concatenate([cls.astype(x.dtype), x], axis=1)
     x = self.dropout(self.pe.embed(x, grid, self.num_prefix))
     attention = []
-    for layer, block in enumerate(self.blocks):
-      if self.spec.remat == 'block' and not return_attention:
-        x, weights = _remat_block(block, x, self.pe, ctx, layer)
-      else:
-        x, weights = block(x, self.pe, ctx, layer, return_attention)
-      attention.append(weights)
+    if self.spec.scan_layers and not return_attention:
+      x = self._scan_blocks(x, ctx)
+    else:
+      for layer, block in enumerate(self.blocks):
+        if self.spec.remat == 'block' and not return_attention:
+          x, weights = _remat_block(block, x, self.pe, ctx, layer)
+        else:
+          x, weights = block(x, self.pe, ctx, layer, return_attention)
+        attention.append(weights)
     x = self.norm(x)
     x = x[:, 0] if self.pool == 'cls' else x.mean(axis=1)
     logits = self.head(x).astype(jnp.float32)

@@ -30,10 +30,11 @@ DEFAULT_POSITIONS = {'liere': 'normalized', 'comrope_ap': 'normalized',
                      'comrope_ld': 'normalized'}  # Every other encoding: 'integer'.
 BLOCK_FAMILIES = ('liere', 'comrope_ap', 'comrope_ld', 'string_circulant')  # name = family<b>.
 MODEL_FIELDS = ('variant', 'width', 'depth', 'heads', 'mlp_dim', 'patch', 'input_size',
-                'channels', 'num_classes', 'pool', 'dropout', 'qkv_bias', 'dtype', 'remat', 'pe')
+                'channels', 'num_classes', 'pool', 'dropout', 'qkv_bias', 'dtype', 'remat', 'scan_layers',
+                'pe')
 PE_FIELDS = ('name', 'positions', 'share', 'init_scale', 'expm', 'jitter')
 # Fields added after runs and exports existed, with the value that reproduces those runs.
-MODEL_ADDED = {'remat': 'none'}
+MODEL_ADDED = {'remat': 'none', 'scan_layers': False}
 PE_ADDED = {'jitter': 0.0}
 REMAT = ('none', 'block')
 # Encodings that read token positions (the rest ignore them): where jitter means something.
@@ -90,6 +91,7 @@ class ModelSpec:
   qkv_bias: bool
   dtype: str
   remat: str  # 'block': each block's activations are recomputed in the backward pass.
+  scan_layers: bool  # Blocks run under one lax.scan (compile time flat in depth).
   layer_norm_eps: float
   pe: PESpec
 
@@ -209,7 +211,7 @@ def resolve(model) -> ModelSpec:
       train_grid=tuple(s // p for s, p in zip(size, patch)), channels=int(m['channels']),
       num_classes=int(m['num_classes']), pool=m['pool'], num_prefix=int(m['pool'] == 'cls'),
       dropout=float(m['dropout']), qkv_bias=bool(m['qkv_bias']), dtype=m['dtype'],
-      remat=m['remat'], layer_norm_eps=LN_EPS,
+      remat=m['remat'], scan_layers=bool(m['scan_layers']), layer_norm_eps=LN_EPS,
       pe=PESpec(name=name, family=family, block=block, positions=positions, share=share,
                 layers=1 if share in ('layers', 'all') else depth,
                 heads=1 if share in ('heads', 'all') else heads,

@@ -87,3 +87,26 @@ def test_remat_per_block_gives_the_same_train_step(dropout):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match=r"model.remat='layers' is unknown; use one of"):
     spec_lib.resolve(dict(cfg.model.to_dict(), remat='layers'))
+
+
+@pytest.mark.parametrize('pe,remat', [('liere8', 'none'), ('string_cayley', 'block')])
+def test_scanned_blocks_give_the_loop_s_train_step_with_the_same_parameter_tree(pe, remat):
+  from liere_jax import train_lib
+  from tests.test_train import tiny_config_and_batch
+  cfg, batch = tiny_config_and_batch(8)
+  cfg.model.update(depth=3, dropout=0.1, remat=remat)
+  cfg.model.pe.name = pe
+  steps, scans = [], []
+  for scan in (False, True):
+    cfg.model.scan_layers = scan
+    trainer = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1]))
+    state = trainer.init_state(0)
+    assert sorted(state['params']['blocks']) == [0, 1, 2]  # blocks/<i>/..., unstacked.
+    jaxpr = str(jax.make_jaxpr(trainer._train_step)(state, trainer.global_batch(batch)))
+    scans.append(jaxpr.count('scan['))
+    for _ in range(2):  # The second step uses new dropout masks in both.
+      state, metrics = trainer.train_step(state, trainer.global_batch(batch))
+    steps.append((state['params'], metrics))
+  assert scans[1] > scans[0]
+  for a, b in zip(jax.tree.leaves(steps[0]), jax.tree.leaves(steps[1])):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
