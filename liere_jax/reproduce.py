@@ -194,8 +194,18 @@ def _report_table3(rows):
     ax.axhline(44.2, color='gray', ls=':', label='majority-arrow floor 44.2%')
     ax.set_xticks(list(x), [NAMES.get(r['pe'], r['pe']) for r in rs], rotation=40, ha='right')
     ax.set_ylabel('top-1 % at 108 px')
-    ax.set_ylim(0, 105)
-    ax.legend(fontsize=7, loc='lower right')
+    ax.set_ylim(0, 125)
+    ax.legend(fontsize=7, loc='upper left', ncol=3)
+  disagree = []
+  for r in rows:
+    p = PAPER_TABLE3.get((paper_key(r['pe']), r['px']))
+    lo, hi = r['top1_ci95']
+    if p and (100 * hi < p[1] or 100 * lo > p[2]):
+      disagree.append(f"{NAMES.get(r['pe'], r['pe'])} at {r['px']} px (seed {r['seed']}): ours "
+                      f"{_pct(r['top1'])}, paper {p[0]:.1f}")
+  if disagree:
+    lines += ['', 'Disagreements with the paper (95% CIs do not overlap): ' + '; '.join(disagree)
+              + '.']
   return '\n'.join(lines), {'': plot}
 
 
@@ -447,7 +457,7 @@ def write_report(name: str, rows: List[dict], out_dir: str) -> str:
   for suffix, plot in plots.items():
     fig, ax = plt.subplots(figsize=(7, 4))
     plot(ax)
-    ax.set_title(f'{name}: {suite.doc}'[:90], fontsize=8)
+    ax.set_title(name, fontsize=9)
     fig.tight_layout()
     png = f'{name}{suffix}.png'
     fig.savefig(os.path.join(out_dir, png), dpi=110)
