@@ -35,9 +35,10 @@ def test_every_suite_lists_distinct_runs_with_their_commands():
 def test_dry_run_prints_the_commands_and_writes_nothing(tmp_path):
   proc = subprocess.run([sys.executable, '-m', 'liere_jax.reproduce', '--suite', 'fig7',
                          '--dry-run', '--runs', str(tmp_path / 'runs'), '--out',
-                         str(tmp_path / 'out')], cwd=REPO, capture_output=True, text=True,
-                        check=True)
+                         str(tmp_path / 'out'), '--set', 'total_steps=2000'], cwd=REPO,
+                        capture_output=True, text=True, check=True)
   assert 'python train.py --config configs/arrows.py:pe=liere8,grid=9' in proc.stdout
+  assert '--config.total_steps=2000' in proc.stdout
   assert '--out eval_fig7 --resolutions=84,96' in proc.stdout
   assert not (tmp_path / 'runs').exists() and not (tmp_path / 'out').exists()
 
