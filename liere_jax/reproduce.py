@@ -215,13 +215,21 @@ def _report_table5(rows):
            'synthetic-task numbers), shown as the finding to test (LieRE drops most).', '',
            '| encoding | seed | before | after | drop % | paper drop % (CIFAR-100) |',
            '|---|---|---|---|---|---|']
-  rows = [r for r in rows if r['px'] == CELL * TRAIN_GRID]
-  for r in sorted(rows, key=lambda r: -r['shuffle_drop_rel']):
+  rows = sorted((r for r in rows if r['px'] == CELL * TRAIN_GRID),
+                key=lambda r: -r['shuffle_drop_rel'])
+  for r in rows:
     p = PAPER_CIFAR_SHUFFLE_DROP.get(paper_key(r['pe']))
     lines.append(f"| {NAMES.get(r['pe'], r['pe'])} | {r['seed']} | {_pct(r['top1'])} | "
                  f"{_pct(r['shuffled_top1'])} | {100 * r['shuffle_drop_rel']:.1f} | "
                  f"{'-' if p is None else p} |")
-  return '\n'.join(lines), {}
+
+  def plot(ax):
+    x = range(len(rows))
+    ax.bar(x, [100 * r['shuffle_drop_rel'] for r in rows])
+    ax.set_xticks(list(x), [f"{NAMES.get(r['pe'], r['pe'])} s{r['seed']}" for r in rows],
+                  rotation=40, ha='right', fontsize=7)
+    ax.set_ylabel('relative drop % with shuffled patches')
+  return '\n'.join(lines), {'': plot}
 
 
 def _report_fig7(rows):
