@@ -177,10 +177,10 @@ class ViT(nnx.Module):
   def pe_context(self, grid: Sequence[int], positions: Optional[str] = None, offsets=None):
     """The encoding's per-forward-pass state for a patch grid (e.g. LieRE rotations);
     `offsets` [prod(grid), n] move the patches, in patch units (PositionJitter)."""
-    mode = positions or self.spec.pe.positions
-    pos = positions_lib.grid_positions(grid, self.train_grid, mode)
+    mode, base = positions or self.spec.pe.positions, self.spec.pe.positions
+    pos = positions_lib.grid_positions(grid, self.train_grid, mode, base)
     if offsets is not None:
-      pos = pos + offsets * positions_lib.patch_step(grid, self.train_grid, mode)
+      pos = pos + offsets * positions_lib.patch_step(grid, self.train_grid, mode, base)
     return self.pe.context(positions_lib.with_prefix(pos, self.num_prefix), self.num_prefix)
 
   def _scan_blocks(self, x, ctx):

@@ -5,7 +5,9 @@ row-major like the patch flattening. Three modes:
   normalized: i / (n_train - 1) per axis, the training grid spans [0, 1] and a larger grid keeps
               the spacing (positions beyond 1); the official LieRE code and paper Sec. 5.6.
   integer:    i, the patch index (naver-ai/rope-vit RoPE-Mixed / RoPE-Axial, ALiBi).
-  rescaled:   i / (n - 1) on the current grid, always [0, 1] (the interpolation idea).
+  rescaled:   the current grid squeezed into the training grid's span in the model's own mode
+              (`base`): i / (n - 1) for normalized (always [0, 1]), i (n_train - 1) / (n - 1)
+              for integer (always [0, n_train - 1]); the interpolation idea.
 Training may jitter the patch positions (`model.pe.jitter`, ComRoPE's perturbation): offsets in
 patch units, scaled like the indices.
 """
@@ -18,7 +20,8 @@ import numpy as np
 MODES = ('normalized', 'integer', 'rescaled')
 
 
-def grid_positions(grid: Sequence[int], train_grid: Sequence[int], mode: str) -> np.ndarray:
+def grid_positions(grid: Sequence[int], train_grid: Sequence[int], mode: str,
+                   base: str = 'normalized') -> np.ndarray:
   """Patch positions: [prod(grid), len(grid)] float32, row-major over `grid`."""
   if mode not in MODES:
     raise ValueError(f'positions={mode!r} is unknown; use one of {MODES}.')
@@ -26,17 +29,20 @@ def grid_positions(grid: Sequence[int], train_grid: Sequence[int], mode: str) ->
     raise ValueError(
         f'The input has a {len(grid)}D patch grid {tuple(grid)} but the model was built for '
         f'{len(train_grid)}D grids {tuple(train_grid)}; set model.patch to {len(grid)} entries.')
-  step = patch_step(grid, train_grid, mode)
+  step = patch_step(grid, train_grid, mode, base)
   mesh = np.meshgrid(*[np.arange(n) * s for n, s in zip(grid, step)], indexing='ij')
   return np.stack([m.reshape(-1) for m in mesh], axis=-1).astype(np.float32)
 
 
-def patch_step(grid: Sequence[int], train_grid: Sequence[int], mode: str) -> np.ndarray:
-  """The distance between neighbouring patches along each axis in a position mode: [n]."""
+def patch_step(grid: Sequence[int], train_grid: Sequence[int], mode: str,
+               base: str = 'normalized') -> np.ndarray:
+  """The distance between neighbouring patches along each axis in a position mode: [n]
+  (`base`: the model's own mode, which sets the span that 'rescaled' squeezes into)."""
+  train_span = np.maximum(np.asarray(train_grid, np.float64) - 1, 1)
   if mode == 'normalized':
-    return 1 / np.maximum(np.asarray(train_grid, np.float64) - 1, 1)
+    return 1 / train_span
   if mode == 'rescaled':
-    return 1 / np.maximum(np.asarray(grid, np.float64) - 1, 1)
+    return (train_span if base == 'integer' else 1) / np.maximum(np.asarray(grid) - 1., 1)
   return np.ones(len(grid))
 
 

@@ -54,11 +54,12 @@ class WeightsMismatchError(ValueError):
 # Positions, tables and resizing (numpy; exactly liere_jax/positions.py and encodings.py).
 
 
-def grid_positions(grid, train_grid, mode):
+def grid_positions(grid, train_grid, mode, base='normalized'):
   """Patch positions [prod(grid), n] float32, row-major, in the input's axis order.
 
   normalized: i / (n_train - 1) (the training grid spans [0, 1], larger grids extend it);
-  integer: i; rescaled: i / (n - 1) on the current grid.
+  integer: i; rescaled: the current grid squeezed into the training grid's span in the `base`
+  mode (the model's own): i / (n - 1) for normalized, i (n_train - 1) / (n - 1) for integer.
   """
   if mode not in POSITION_MODES:
     raise ValueError(f'positions={mode!r} is unknown; use one of {POSITION_MODES}.')
@@ -71,7 +72,7 @@ def grid_positions(grid, train_grid, mode):
     if mode == 'normalized':
       i = i / max(n_train - 1, 1)
     elif mode == 'rescaled':
-      i = i / max(n - 1, 1)
+      i = i / max(n - 1, 1) * (max(n_train - 1, 1) if base == 'integer' else 1)
     axes.append(i)
   mesh = np.meshgrid(*axes, indexing='ij')
   return np.stack([m.reshape(-1) for m in mesh], axis=-1).astype(np.float32)
@@ -601,7 +602,7 @@ class ViT(nn.Module):
 
   def positions_for(self, grid, positions=None):
     """Token positions [num_prefix + prod(grid), n] (CLS at zero), float32."""
-    pos = grid_positions(grid, self.train_grid, positions or self.positions)
+    pos = grid_positions(grid, self.train_grid, positions or self.positions, self.positions)
     pos = np.concatenate([np.zeros((self.num_prefix, pos.shape[-1]), np.float32), pos])
     return torch.as_tensor(pos, device=self.head.weight.device)
 

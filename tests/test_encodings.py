@@ -131,6 +131,18 @@ def test_positions_modes():
   np.testing.assert_allclose(grid_positions((3,), (3,), 'normalized')[:, 0], [0, .5, 1])
   np.testing.assert_allclose(grid_positions((5,), (3,), 'normalized')[:, 0], [0, .5, 1, 1.5, 2])
   np.testing.assert_allclose(grid_positions((5,), (3,), 'rescaled')[:, 0], [0, .25, .5, .75, 1])
+  # Integer-mode models squeeze into their own training span, [0, n_train - 1].
+  np.testing.assert_allclose(grid_positions((5,), (3,), 'rescaled', 'integer')[:, 0],
+                             [0, .5, 1, 1.5, 2])
+  np.testing.assert_allclose(grid_positions((3,), (3,), 'rescaled', 'integer')[:, 0], [0, 1, 2])
+
+
+@pytest.mark.parametrize('pe', ['liere8', 'rope_mixed', 'rope_axial', 'string_cayley'])
+def test_rescaled_positions_are_the_default_at_the_training_size(pe):
+  model = tiny_model(pe=pe)
+  model.head.kernel[...] = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+  np.testing.assert_allclose(model(x, positions='rescaled'), model(x), atol=1e-5)
   pos = grid_positions((2, 3), (2, 3), 'integer')
   np.testing.assert_array_equal(pos[:4], [[0, 0], [0, 1], [0, 2], [1, 0]])  # row-major (r, c)
   assert with_prefix(pos, 1).shape == (7, 2)

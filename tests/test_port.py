@@ -188,6 +188,9 @@ def test_parity_positions_override_and_cached_context():
   jm, cfg = _jax_model(pe='liere8', width=32, heads=2)
   tm = _torch_model(jm, cfg)
   _check_parity(jm, tm, 2, (24,), 'liere8 positions=rescaled', positions='rescaled')
+  jr, cfg_r = _jax_model(pe='rope_mixed', width=32, heads=2)
+  _check_parity(jr, _torch_model(jr, cfg_r), 2, (24,), 'rope_mixed positions=rescaled',
+                positions='rescaled')
   x = _nchw(_inputs(2, 24))
   with torch.no_grad():
     np.testing.assert_array_equal(tm(x, ctx=tm.pe_context((6, 6))).numpy(), tm(x).numpy())
