@@ -400,7 +400,7 @@ def row(run: Run, suite: Suite, runs_dir: str, extra: Tuple[str, ...]) -> Option
                         for mode, acc in by_mode.items()}
                  for size, by_mode in res['resolutions'].items()}
   return dict(
-      suite_run=run.name, run=run.name, pe=run.pe, px=run.px, seed=run.seed, label=run.label,
+      run=run.name, pe=run.pe, px=run.px, seed=run.seed, label=run.label,
       overrides=dict(run.overrides), top1=top1, top1_ci95=res['top1_ci95'],
       shuffled_top1=shuffled, shuffle_drop_rel=(top1 - shuffled) / top1 if top1 else 0.,
       n_examples=res['n_examples'], resolutions=resolutions, steps=res['step'],
@@ -408,6 +408,11 @@ def row(run: Run, suite: Suite, runs_dir: str, extra: Tuple[str, ...]) -> Option
       machine=walls.get('machine', ''),
       command=' && '.join(_command(a) for a in (run.train_args(workdir, extra),
                                                 suite.evaluation.args(workdir))))
+
+
+def _cost(run: Run) -> float:
+  """A run's cost relative to one at 108 px: its tokens, roughly."""
+  return (run.grid / TRAIN_GRID) ** 2
 
 
 def run_suite(name: str, runs_dir: str, extra: Tuple[str, ...], dry_run: bool = False,
@@ -421,8 +426,7 @@ def run_suite(name: str, runs_dir: str, extra: Tuple[str, ...], dry_run: bool = 
     workdir = os.path.join(runs_dir, run.name)
     steps = [run.train_args(workdir, extra + ('--progress=false',)),
              suite.evaluation.args(workdir)]
-    cost = lambda r: (r.grid / TRAIN_GRID) ** 2  # Tokens, roughly.
-    eta = (spent / cost_done * sum(map(cost, todo[i:]))) if cost_done else None
+    eta = (spent / cost_done * sum(map(_cost, todo[i:]))) if cost_done else None
     log(f"[{i + 1}/{len(todo)}] {run.name}" + (f' (ETA {eta / 60:.0f} min for the rest)'
                                                 if eta is not None else ''))
     if dry_run:
@@ -444,7 +448,7 @@ def run_suite(name: str, runs_dir: str, extra: Tuple[str, ...], dry_run: bool = 
                            'kept.')
       _add_wall(workdir, key, time.time() - t0)
     spent += time.time() - start
-    cost_done += cost(run)
+    cost_done += _cost(run)
   return [r for r in (row(r, suite, runs_dir, extra) for r in suite.runs) if r]
 
 

@@ -486,3 +486,24 @@ def test_string_cayley_folds_into_a_rope_mixed_model_with_the_same_logits():
   with pytest.raises(ValueError, match="folds string_cayley runs; this run has pe='liere8'"):
     export.fold_string_cayley(params, ml_collections.ConfigDict(
         {'model': tiny_model_config('liere8').to_dict()}))
+
+
+def test_string_cayley_in_bf16_folds_p_into_the_projection_in_the_model_dtype():
+  """bf16 models: P is computed in float32 and folded into the qkv kernel, which is applied in
+  bf16 like every projection; logits stay near the float32 model's."""
+  logits = {}
+  for dtype in ('float32', 'bfloat16'):
+    cfg = tiny_model_config('string_cayley')
+    cfg.dtype = dtype
+    model = ViT(cfg, rngs=nnx.Rngs(0))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    params['pe']['cayley'] = 0.3 * jax.random.normal(jax.random.key(3),
+                                                     params['pe']['cayley'].shape)
+    params['head']['kernel'] = jax.random.normal(jax.random.key(4),
+                                                 params['head']['kernel'].shape)
+    model = _with_params(model, params)
+    assert model.pe.orthogonal().dtype == jnp.float32
+    logits[dtype] = np.asarray(model(jax.random.normal(jax.random.key(5), (2, 16, 16, 3))))
+  scale = np.abs(logits['float32']).max()
+  err = np.abs(logits['bfloat16'] - logits['float32']).max() / scale
+  assert np.isfinite(logits['bfloat16']).all() and err < 0.05, err

@@ -103,7 +103,7 @@ def _forward(graphdef, state, x, grid, positions):
 def _jax_run(model, x, positions=None):
   grid = tuple(s // p for s, p in zip(x.shape[1:-1], model.patch))
   logits, ctx = _forward(*nnx.split(model), jnp.asarray(x), grid, positions)
-  return np.asarray(logits), None if ctx is None else np.asarray(ctx)
+  return np.asarray(logits), jax.tree.map(np.asarray, ctx)
 
 
 def _jax_logits(model, x, positions=None):
@@ -248,6 +248,22 @@ def _assert_bit_identical(a, b):
   for key in fa:
     assert fa[key].dtype == fb[key].dtype and fa[key].shape == fb[key].shape, key
     assert np.array_equal(fa[key], fb[key]), f'{key} changed in the round trip'
+
+
+def test_export_torch_fold_writes_a_rope_mixed_model_with_the_string_cayley_logits(tmp_path):
+  jm, cfg = _jax_model(pe='string_cayley', width=32, heads=2)
+  assert np.abs(_params(jm)['pe']['cayley']).max() > 0.1  # A non-trivial P.
+  out = str(tmp_path / 'folded.safetensors')
+  assert export.main(['torch', '--workdir', _save_run(tmp_path, 'run', jm, cfg), '--out', out,
+                      '--fold']) == 0
+  with open(str(tmp_path / 'folded.json')) as f:
+    assert json.load(f)['pe']['name'] == 'rope_mixed'
+  tm = torch_vit.load_liere_safetensors(out).eval()
+  assert not any('cayley' in k for k in tm.state_dict())
+  x = _inputs(2, cfg.input_size[0])
+  with torch.no_grad():
+    diff = float(np.abs(_jax_logits(jm, x) - tm(_nchw(x)).numpy()).max())
+  assert _record('logits', diff, 'string_cayley --fold') <= LOGIT_TOL
 
 
 @pytest.mark.parametrize('kw', [dict(pe='liere8', share='heads'),
