@@ -55,10 +55,12 @@ def jitter(key, grid: Sequence[int], intensity: float) -> jnp.ndarray:
   return noise.at[:, 0].set(0.) if len(grid) == 3 else noise
 
 
-def with_prefix(positions: np.ndarray, num_prefix: int) -> jnp.ndarray:
+def with_prefix(positions, num_prefix: int):
   """Prepends `num_prefix` zero positions (CLS): [T, n] with T = num_prefix + patches.
 
-  A zero position gets the identity rotation in every rotary encoding.
+  A zero position gets the identity rotation in every rotary encoding. Numpy positions stay
+  numpy (known at trace time: LieRE's lattice path reads them).
   """
-  zeros = jnp.zeros((num_prefix, positions.shape[-1]), jnp.float32)
-  return jnp.concatenate([zeros, jnp.asarray(positions, jnp.float32)], axis=0)
+  xp = np if isinstance(positions, np.ndarray) else jnp
+  zeros = xp.zeros((num_prefix, positions.shape[-1]), xp.float32)
+  return xp.concatenate([zeros, xp.asarray(positions, xp.float32)], axis=0)

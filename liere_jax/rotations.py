@@ -4,15 +4,19 @@ A token at position p in R^n gets R(p) = expm(sum_i p_i A_i), with A_i block-dia
 skew-symmetric (blocks of size b on contiguous head dims; dims past the last whole block stay
 unrotated). Every rotation is stored as its blocks, [..., T, n_blocks, b, b], and applied
 blockwise, so LieRE8 costs O(d * 8) per token instead of O(d^2). RoPE is the b = 2 case
-with angles instead of generators.
+with angles instead of generators. On a patch grid only the primitive lattice points need an
+exponential (R(m q) = R(q)^m, `lattice_plan`), and on a mesh each device computes 1/n of them
+(`split_over_data`).
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from liere_jax.expm import expm
+from liere_jax.expm import expm, fast_flops, matmul
 
 
 def num_free(block: int) -> int:
@@ -28,8 +32,17 @@ def skew(params: jax.Array, block: int) -> jax.Array:
 
 
 def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
-                    method: str = 'fast') -> jax.Array:
+                    method: str = 'fast', lattice: bool = True) -> jax.Array:
   """R(p) per layer, head and token.
+
+  Positions known at trace time (numpy, a concrete array, or a constant under jit) that lie on
+  a lattice (integer multiples k of one step per axis, e.g. every grid mode of
+  liere_jax.positions) take the lattice path (`lattice=False` turns it off): the generator is
+  linear in p, so R(m q) = R(q)^m, and only the primitive points q (gcd of q's integer
+  coordinates 1, first nonzero coordinate positive) need an exponential; every other point is
+  one product of two earlier powers along its ray (m = 2^j + r, batched by ceil(log2 m)), a
+  point -q is R(q)^T and p = 0 is I. b = 2 (closed form, cheap) and traced positions take the
+  general path: every token's exponential.
 
   Args:
     generators: [L, H, n, n_blocks, b(b-1)/2] raw parameters (L, H may be 1 when shared).
@@ -37,8 +50,218 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
   Returns:
     [L, H, T, n_blocks, b, b] float32 rotations.
   """
-  return split_over_data(lambda a: expm(a, method),
-                         liere_generators(generators, positions, block))
+  plan = lattice_plan(positions) if lattice and block > 2 else None
+  if plan is None:
+    return split_over_data(lambda a: expm(a, method),
+                           liere_generators(generators, positions, block))
+  return _lattice_rotations(generators, plan, block, method)
+
+
+@dataclasses.dataclass(frozen=True)
+class LatticePlan:
+  """Positions on a lattice as powers of primitive points (numpy, built at trace time).
+
+  The table of rotations has `n_slots` slots: 0 = I, 1..P = exp at the primitive points
+  `primitives` [P, n], then one slot per product: level j multiplies slots lhs[j] @ rhs[j]
+  (all from earlier levels). Token t reads slot token_slot[t], transposed where
+  transpose[t] (p = -m q).
+  """
+  primitives: np.ndarray
+  levels: tuple
+  token_slot: np.ndarray
+  transpose: np.ndarray
+
+  @property
+  def n_slots(self):
+    return 1 + len(self.primitives) + sum(len(l) for l, _ in self.levels)
+
+  @property
+  def n_products(self):
+    return sum(len(l) for l, _ in self.levels)
+
+
+def concrete_positions(positions):
+  """positions as float64 numpy if known at trace time (also a constant under jit), else None."""
+  if isinstance(positions, jax.core.Tracer):
+    positions = positions.get_const()  # A jit constant (jnp.asarray of numpy); else None.
+    if positions is None:
+      return None
+  try:
+    return np.asarray(positions, np.float64)
+  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+    return None
+
+
+def lattice_plan(positions, tol: float = 1e-5, max_multiple: int = 2**16):
+  """The LatticePlan of positions [T, n], or None (traced, off a lattice, or nothing to gain).
+
+  Step per axis: its smallest nonzero |p|; the positions must be integer multiples of it within
+  tol (relative; float32 grids are within 2e-7). The primitive points are q * step, the float32
+  positions they stand for within float32 rounding.
+  """
+  pos = concrete_positions(positions)
+  if pos is None or pos.ndim != 2 or not np.all(np.isfinite(pos)):
+    return None
+  mags = np.abs(pos)
+  steps = np.array([m[m > 0].min() if np.any(m > 0) else 1. for m in mags.T])
+  k = pos / steps
+  ki = np.rint(k)
+  if np.any(np.abs(k - ki) > tol * np.maximum(1., np.abs(ki))) or np.abs(ki).max(
+      initial=0) > max_multiple:
+    return None
+  ki = ki.astype(np.int64)
+  mult = np.gcd.reduce(np.abs(ki), axis=1)  # 0 for p = 0.
+  nonzero = mult > 0
+  q = np.zeros_like(ki)
+  q[nonzero] = ki[nonzero] // mult[nonzero, None]
+  first = np.take_along_axis(q, np.argmax(q != 0, axis=1)[:, None], 1)[:, 0]
+  transpose = first < 0  # R(-q) = R(q)^T.
+  q[transpose] *= -1
+  dirs, inv = np.unique(q[nonzero], axis=0, return_inverse=True)
+  inv = inv.reshape(-1)
+  n_dirs = len(dirs)
+  # Every needed power m >= 2 of a direction is m = h + r, h the largest power of 2 below m:
+  # its level ceil(log2 m) exceeds both operands'. Close the set under that split.
+  need = set(zip(inv.tolist(), mult[nonzero].tolist()))
+  todo = [x for x in need if x[1] > 1]
+  while todo:
+    d, m = todo.pop()
+    h = 1 << int(m - 1).bit_length() - 1
+    for sub in ((d, h), (d, m - h)):
+      if sub[1] > 1 and sub not in need:
+        need.add(sub)
+        todo.append(sub)
+  level_of = lambda m: int(m - 1).bit_length()  # ceil(log2 m): 0 for the primitives.
+  high = lambda m: 1 << level_of(m) - 1  # the largest power of 2 below m
+  # By level, then by the level of the right operand (one source array per batched product).
+  powers = sorted((x for x in need if x[1] > 1),
+                  key=lambda x: (level_of(x[1]), level_of(x[1] - high(x[1])), x))
+  if n_dirs + 1 >= len(pos) and not powers and not np.any(transpose) and np.all(nonzero):
+    return None  # Every token its own primitive point: nothing to gain.
+  slot = {(d, 1): 1 + d for d in range(n_dirs)}
+  levels, cur, nxt = [], None, 1 + n_dirs
+  for d, m in powers:
+    if level_of(m) != cur:
+      levels.append(([], []))
+      cur = level_of(m)
+    levels[-1][0].append(slot[(d, high(m))])
+    levels[-1][1].append(slot[(d, m - high(m))])
+    slot[(d, m)] = nxt
+    nxt += 1
+  token_slot = np.zeros(len(pos), np.int64)
+  token_slot[nonzero] = [slot[(d, m)] for d, m in zip(inv.tolist(), mult[nonzero].tolist())]
+  return LatticePlan(primitives=(dirs * steps).astype(np.float32),
+                     levels=tuple((np.array(l), np.array(r)) for l, r in levels),
+                     token_slot=token_slot, transpose=transpose)
+
+
+def _data_devices():
+  """Devices on the context mesh's 'data' axis (1 without a mesh), as split_over_data."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return 1 if mesh.empty or 'data' not in mesh.axis_names else mesh.shape['data']
+
+
+def _lattice_rotations(generators, plan: LatticePlan, block: int, method: str):
+  """The lattice path of liere_rotations. Everything (exponentials at the primitive points and
+  the powers) runs inside split_over_data: each device computes the table for 1/n of the
+  (layer, head[, block]) stacks, then all-gathers it."""
+  g = liere_generators(generators, plan.primitives, block)  # [L, H, P, k, b, b]
+  l, h, n_prim, k = g.shape[:4]
+  n = _data_devices()
+  inner = k if (l * h) % n == 0 else 1  # Split over (layer, head) if it divides, else blocks.
+  g = g.reshape(l * h, n_prim, k, block, block)
+  if inner == 1:
+    g = jnp.moveaxis(g, 2, 1).reshape(l * h * k, n_prim, 1, block, block)
+  # Slot ranges of the parts of the table: I, the primitives, then one part per level.
+  bounds = np.cumsum([0, 1, n_prim] + [len(lhs) for lhs, _ in plan.levels])
+
+  def build(prims):  # [G, P, inner, b, b] generators -> [G, n_slots, inner, b, b] table
+    rot = expm(prims, method)
+    parts = [jnp.broadcast_to(jnp.eye(block, dtype=rot.dtype), rot[:, :1].shape), rot]
+    for lhs, rhs in plan.levels:
+      # No growing table (its copies and their backward cost more than the products at small
+      # b): each operand is read from one earlier part; lhs (d, 2^(j-1)) all from the last.
+      src_l = np.searchsorted(bounds, lhs, 'right') - 1
+      src_r = np.searchsorted(bounds, rhs, 'right') - 1
+      assert np.all(src_l == src_l[0]), 'lhs operands come from one part'
+      left = take_static(parts[src_l[0]], lhs - bounds[src_l[0]])
+      out = []
+      for src in np.unique(src_r):  # contiguous: the plan sorts by the rhs part
+        sel = np.flatnonzero(src_r == src)
+        out.append(matmul(left[:, sel[0]:sel[-1] + 1],
+                          take_static(parts[src], rhs[sel] - bounds[src])))
+      parts.append(jnp.concatenate(out, axis=1) if len(out) > 1 else out[0])
+    return jnp.concatenate(parts, axis=1)
+
+  if n == 1:
+    t = build(g)
+  else:
+    pad_groups = -g.shape[0] % n
+    # Slot 0 (I) and the product slots come in as zeros: split_over_data keeps the shape.
+    g = jnp.pad(g, ((0, pad_groups), (1, plan.n_slots - 1 - n_prim), (0, 0), (0, 0), (0, 0)))
+    shape = g.shape
+    t = split_over_data(
+        lambda x: build(x.reshape((-1,) + shape[1:])[:, 1:1 + n_prim]).reshape(x.shape), g)
+    t = t.reshape(shape)[:shape[0] - pad_groups]
+  out = take_static(t, plan.token_slot)  # [G, T, inner, b, b]
+  if np.any(plan.transpose):
+    flip = jnp.asarray(plan.transpose)[None, :, None, None, None]
+    out = jnp.where(flip, jnp.swapaxes(out, -1, -2), out)
+  n_tok = len(plan.token_slot)
+  if inner == 1:
+    out = jnp.moveaxis(out.reshape(l * h, k, n_tok, block, block), 1, 2)
+  return out.reshape(l, h, n_tok, k, block, block)
+
+
+def take_static(x: jax.Array, idx: np.ndarray) -> jax.Array:
+  """x[:, idx] for static numpy indices, whose backward is gathers, not XLA's scatter-add (on
+  CPU a serial loop: it cost the lattice path most of its backward gain)."""
+  idx = np.asarray(idx, np.int64)
+  n = x.shape[1]
+  # inv[c, s]: the c-th index position reading slot s, or len(idx) (a zero row) if none.
+  order = np.argsort(idx, kind='stable')
+  rank = np.empty_like(order)
+  counts = np.bincount(idx, minlength=n)
+  starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+  rank[order] = np.arange(len(idx)) - starts[idx[order]]
+  inv = np.full((max(int(counts.max(initial=0)), 1), n), len(idx), np.int64)
+  inv[rank, idx] = np.arange(len(idx))
+
+  @jax.custom_vjp
+  def take(x):
+    return jnp.take(x, idx, axis=1)
+
+  def bwd(_, g):
+    g = jnp.concatenate([g, jnp.zeros_like(g[:, :1])], axis=1)
+    return (sum(jnp.take(g, row, axis=1) for row in inv),)
+
+  take.defvjp(lambda x: (take(x), None), bwd)
+  return take(x)
+
+
+def liere_flops(generators, positions, block: int, n_devices: int = 1, lattice: bool = True):
+  """Counted forward FLOPs of liere_rotations(..., 'fast'): the exponentials (expm.fast_flops)
+  plus, on the lattice path, 2 b^3 per power product. Returns (per device, all devices):
+  one device's share (the largest) when split over n_devices as the code splits them."""
+  gens = np.asarray(generators, np.float32)
+  plan = lattice_plan(positions) if lattice and block > 2 else None
+  l, h, _, k, _ = gens.shape
+  if plan is None:
+    a = np.asarray(liere_generators(gens, positions, block)).reshape(-1, block, block)
+    share = -(-a.shape[0] // n_devices)
+    parts = [fast_flops(a[i:i + share]) for i in range(0, a.shape[0], share)]
+    return max(parts), sum(parts)
+  a = np.asarray(liere_generators(gens, plan.primitives, block))  # [L, H, P, k, b, b]
+  n_prim = a.shape[2]
+  a = a.reshape(l * h, n_prim, k, block, block)
+  if (l * h) % n_devices:  # As _lattice_rotations: groups of (layer, head, block).
+    a = np.moveaxis(a, 2, 1).reshape(l * h * k, n_prim, 1, block, block)
+  a = np.pad(a, ((0, -a.shape[0] % n_devices),) + ((0, 0),) * 4)
+  share = a.shape[0] // n_devices
+  per_product = 2 * block**3 * a.shape[2]
+  parts = [fast_flops(a[i:i + share].reshape(-1, block, block))
+           + per_product * plan.n_products * share for i in range(0, a.shape[0], share)]
+  return max(parts), sum(parts)
 
 
 def liere_generators(generators: jax.Array, positions: jax.Array, block: int) -> jax.Array:

@@ -60,6 +60,17 @@ def test_expm_bench_cli_json():
   assert 'grad rel' in out  # the table came first
 
 
+def test_rotations_bench_cli_json():
+  out = _run('rotations', '--case', 'tiny', '--repeats', '1', '--json')
+  rows = json.loads(out.strip().splitlines()[-1])
+  assert [(r['path'], r['degree']) for r in rows] == [
+      ('general', 12), ('lattice', 12), ('general', 18), ('lattice', 18)]
+  general, lattice = rows[0], rows[1]
+  assert lattice['n_exp'] < general['n_exp'] and lattice['gflop'] < general['gflop']
+  assert lattice['diff'] <= 1e-5 and min(r['fwd_bwd'] for r in rows) > 0
+  assert 'x f+b' in out  # the table came first
+
+
 def test_step_bench_cli_json(fake_official):
   # Head dim 64, as the official attention requires; the fake official code is timed too.
   out = _run('step', '--config', 'configs/arrows.py:grid=3', '--vs', 'pe=abs',

@@ -95,3 +95,120 @@ def test_fast_flops_counts_squarings_from_the_spectral_radius():
   assert rho <= bound < 7
   assert fast_flops(a) == 2 * (7 + int(np.ceil(np.log2(bound)))) * 2 * b**3
   assert fast_flops(np.zeros((4, 2, 2), np.float32)) == 0  # closed form
+
+
+# ----------------------------------------------------------------------------------------------
+# The lattice path: exponentials at primitive grid points, powers for the rest.
+
+
+def test_lattice_plan_of_a_grid_counts_primitive_points():
+  from liere_jax.positions import with_prefix
+  pos = np.asarray(with_prefix(grid_positions((14, 14), (14, 14), 'normalized'), 1))
+  plan = rotations.lattice_plan(pos)
+  assert len(plan.primitives) == 117  # of 195 nonzero points (60%): gcd(i, j) = 1
+  assert plan.n_products == 195 - 117  # one product per other point (no intermediates)
+  assert len(plan.levels) == 4  # multiples up to 13: ceil(log2 13) levels
+  assert plan.token_slot[0] == 0 and not plan.transpose.any()  # CLS: the identity slot
+  for mode in ('integer', 'rescaled'):
+    assert rotations.lattice_plan(grid_positions((5, 7), (3, 3), mode)) is not None
+  assert rotations.lattice_plan(np.array([[0.1, 0.], [0.33, 0.]])) is None  # off a lattice
+
+
+def _lattice_case(block, layers=1, heads=1, grid=(33, 33), seed=0):
+  """Generators and positions at 4x the training range (33x33 normalized on a 9x9 grid)."""
+  from liere_jax.positions import with_prefix
+  rng = np.random.default_rng(seed)
+  gens = rng.uniform(0, 2 * np.pi, (layers, heads, 2, 64 // block, rotations.num_free(block)))
+  pos = np.asarray(with_prefix(grid_positions(grid, (9, 9), 'normalized'), 1))
+  return gens.astype(np.float32), pos
+
+
+@pytest.mark.parametrize('block', [4, 8, 64])
+def test_lattice_path_matches_float64_and_the_general_path(block):
+  gens, pos = _lattice_case(block)
+  g = np.random.default_rng(2).normal(size=(1, 1, len(pos), 64 // block, block, block))
+  g = jnp.asarray(g, jnp.float32)
+  out, grads = {}, {}
+  for lattice in (False, True):
+    rot = lambda p, lattice=lattice: rotations.liere_rotations(p, pos, block, lattice=lattice)
+    out[lattice] = np.asarray(jax.jit(rot)(gens))
+    grads[lattice] = np.asarray(jax.jit(jax.grad(lambda p, g: jnp.sum(rot(p) * g)))(gens, g))
+  assert np.abs(out[True] - out[False]).max() <= 1e-5
+  # float64: R(p) by SciPy, the gradient through the Frechet derivative (see above).
+  a = np.asarray(rotations.liere_generators(gens.astype(np.float64), pos, block), np.float64)
+  a = a[0, 0].reshape(-1, block, block)
+  ref = np.stack([scipy.linalg.expm(x) for x in a])
+  r = out[True][0, 0].reshape(ref.shape)
+  assert np.abs(r - ref).max() <= 1e-5
+  assert np.abs(np.einsum('mji,mjk->mik', r, r) - np.eye(block)).max() <= 1e-5
+  gf = np.asarray(g, np.float64)[0, 0].reshape(ref.shape)
+  la = np.stack([scipy.linalg.expm_frechet(x.T, y, compute_expm=False) for x, y in zip(a, gf)])
+  rows, cols = np.triu_indices(block, 1)
+  gc = (la[:, rows, cols] - la[:, cols, rows]).reshape(len(pos), 64 // block, -1)
+  gref = np.einsum('tn,tkf->nkf', pos.astype(np.float64), gc)
+  for lattice in (False, True):
+    rel = np.abs(grads[lattice][0, 0] - gref).max() / np.abs(gref).max()
+    assert rel <= 1e-4, f'lattice={lattice}: gradient relative error {rel:.2e}'
+  rel = np.abs(grads[True] - grads[False]).max() / np.abs(grads[False]).max()
+  assert rel <= 1e-4
+
+
+def test_lattice_path_under_jit_and_its_fallbacks():
+  from liere_jax.positions import with_prefix
+  gens, pos = _lattice_case(8, 2, 3, grid=(5, 5))
+  general = rotations.liere_rotations(gens, pos, 8, lattice=False)
+  calls = []
+  orig = rotations._lattice_rotations
+
+  def spy(*args):
+    calls.append(1)
+    return orig(*args)
+
+  rotations._lattice_rotations = spy
+  try:
+    # ViT.pe_context's positions: jnp.asarray of numpy inside jit, a constant of the trace.
+    inside = jax.jit(lambda p: rotations.liere_rotations(
+        p, with_prefix(grid_positions((5, 5), (9, 9), 'normalized'), 1), 8))(gens)
+    assert calls == [1]
+    traced = jax.jit(lambda p, x: rotations.liere_rotations(p, x, 8))(gens, pos)
+    assert calls == [1]  # traced positions: the general path
+  finally:
+    rotations._lattice_rotations = orig
+  np.testing.assert_allclose(inside, general, atol=1e-5)
+  np.testing.assert_allclose(traced, general, atol=1e-6)
+  # Negative multiples: R(-q) = R(q)^T; p = 0: exactly I.
+  neg = np.array([[0., 0.], [1., 0.], [-1., 0.], [-2., 0.], [2., -2.], [-3., 3.], [.5, 1.]])
+  r = rotations.liere_rotations(gens, neg.astype(np.float32), 8)
+  np.testing.assert_allclose(r, rotations.liere_rotations(gens, neg, 8, lattice=False),
+                             atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(r[:, :, 0]), np.broadcast_to(np.eye(8), r[:, :, 0].shape))
+
+
+@pytest.mark.parametrize('n,layers,heads', [(1, 2, 3), (3, 2, 3), (8, 2, 3), (8, 1, 1)])
+def test_lattice_path_split_over_data(n, layers, heads):
+  """On a mesh: every device computes the table for 1/n of the (layer, head) stacks (or of the
+  (layer, head, block) stacks when n does not divide layers * heads)."""
+  gens, pos = _lattice_case(8, layers, heads, grid=(6, 6))
+  g = jnp.asarray(np.random.default_rng(3).normal(size=(layers, heads, len(pos), 8, 8, 8)),
+                  jnp.float32)
+  loss = lambda p, lattice: jnp.sum(rotations.liere_rotations(p, pos, 8, lattice=lattice) * g)
+  mesh = jax.make_mesh((n,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:n])
+  with jax.set_mesh(mesh):
+    value, grad = jax.jit(jax.value_and_grad(lambda p: loss(p, True)))(gens)
+  ref_value, ref_grad = jax.value_and_grad(lambda p: loss(p, False))(gens)
+  np.testing.assert_allclose(value, ref_value, rtol=1e-5)
+  assert np.abs(grad - ref_grad).max() <= 1e-4 * np.abs(ref_grad).max()
+
+
+def test_liere_flops_counts_exponentials_and_powers():
+  from liere_jax.expm import fast_flops
+  gens, pos = _lattice_case(8, 2, 3, grid=(6, 6))
+  plan = rotations.lattice_plan(pos)
+  a = np.asarray(rotations.liere_generators(gens, plan.primitives, 8))
+  exp_flops = fast_flops(a.reshape(2 * 3, -1, 8, 8).reshape(-1, 8, 8))
+  per_device, total = rotations.liere_flops(gens, pos, 8)
+  assert per_device == total == exp_flops + plan.n_products * 2 * 3 * 8 * 2 * 8**3
+  general = rotations.liere_flops(gens, pos, 8, lattice=False)[1]
+  assert total < general
+  assert rotations.liere_flops(gens, pos, 8, n_devices=3)[0] < total

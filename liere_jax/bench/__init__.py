@@ -1,6 +1,7 @@
 r"""Benchmarks: the matrix exponential on realistic LieRE cases, and whole train/eval steps.
 
   python -m liere_jax.bench expm [--case NAME ...] [--impl NAME ...] [--repeats N] [--json]
+  python -m liere_jax.bench rotations [--case NAME ...] [--repeats N] [--json]
   python -m liere_jax.bench step --config configs/cifar100.py:variant=Ti,pe=liere64 --vs pe=abs \
       --config.batch_size=128 [--steps N] [--breakdown] [--json]
       [--official DIR [--official_python PY] [--official_threads N]]
@@ -13,6 +14,13 @@ forward+backward time (the gradient of sum(R * G) in A, G a fixed random cotange
 memory of the compiled forward+backward, and errors against float64 SciPy on a subsample (max
 |R - R64|, max |R^T R - I|, gradient relative error against scipy.linalg.expm_frechet). A
 function whose temp memory would not fit is not run: its row says status 'oom'.
+
+rotations: a whole model's LieRE rotations (rotations.liere_rotations, every layer and head,
+2D normalized grid with a CLS token): one exponential per token (general) against the lattice
+path (exponentials at the primitive grid points, products for the rest), each with the degree-12
+Taylor polynomial of `fast` and the degree-18 one it was tried against; forward and
+forward+backward seconds (variants interleaved, medians), counted forward GFLOP, and max
+|R - R(general, 12)|.
 
 step: the config (A) and the same config with --vs applied to its argument string (B);
 overrides --config.key=value apply to both. Train steps, then eval steps (rotations cached:
@@ -30,12 +38,14 @@ and TPU. The last line of --json output is the machine-readable result.
 Modules: expm.py (bench expm), step.py (bench step), peer.py (the official code's step),
 __main__.py (the command line).
 """
-from liere_jax.bench.expm import (CASES, DEFAULT_CASES, IMPLS, ROW_KEYS, Case, available_bytes,
-                                  bench_expm, case_inputs, expm_table, is_oom)
+from liere_jax.bench.expm import (CASES, DEFAULT_CASES, IMPLS, ROTATION_CASES, ROW_KEYS, Case,
+                                  available_bytes, bench_expm, bench_rotations, case_inputs,
+                                  expm_table, is_oom, rotations_table)
 from liere_jax.bench.peer import Official, OfficialError, official_kwargs, time_official
 from liere_jax.bench.step import bench_step, load_config, random_batches, step_table, with_args
 
-__all__ = ['CASES', 'DEFAULT_CASES', 'IMPLS', 'ROW_KEYS', 'Case', 'available_bytes', 'bench_expm',
-           'case_inputs', 'expm_table', 'is_oom', 'Official', 'OfficialError', 'official_kwargs',
+__all__ = ['CASES', 'DEFAULT_CASES', 'IMPLS', 'ROTATION_CASES', 'ROW_KEYS', 'Case',
+           'available_bytes', 'bench_expm', 'bench_rotations', 'case_inputs', 'expm_table',
+           'is_oom', 'rotations_table', 'Official', 'OfficialError', 'official_kwargs',
            'time_official', 'bench_step', 'load_config', 'random_batches', 'step_table',
            'with_args']

@@ -1,4 +1,4 @@
-"""python -m liere_jax.bench {expm,step} [flags]: see liere_jax.bench."""
+"""python -m liere_jax.bench {expm,rotations,step} [flags]: see liere_jax.bench."""
 import json
 import sys
 
@@ -7,7 +7,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from liere_jax import config_lib
-from liere_jax.bench.expm import DEFAULT_CASES, IMPLS, bench_expm, expm_table
+from liere_jax.bench.expm import (DEFAULT_CASES, IMPLS, bench_expm, bench_rotations, expm_table,
+                                  rotations_table)
 from liere_jax.bench.peer import OfficialError
 from liere_jax.bench.step import bench_step, load_config, step_table, with_args
 
@@ -26,21 +27,32 @@ _OFFICIAL_PYTHON = flags.DEFINE_string('official_python', None, 'step: interpret
                                        "einops and the official code's imports; default: this.")
 _OFFICIAL_THREADS = flags.DEFINE_integer('official_threads', None,
                                          'step: torch threads; default: CPU count.')
-_CASE = flags.DEFINE_multi_string('case', None, 'expm: cases (default: all but tiny).')
+_CASE = flags.DEFINE_multi_string('case', None, 'expm, rotations: cases (default: expm all '
+                                   'but tiny, rotations all but tiny).')
 _IMPL = flags.DEFINE_multi_string('impl', None, 'expm: implementations (default: all).')
-_REPEATS = flags.DEFINE_integer('repeats', 3, 'expm: timed calls of each (after warm-up).')
+_REPEATS = flags.DEFINE_integer('repeats', 3, 'expm, rotations: timed calls of each (after '
+                                'warm-up).')
 _JSON = flags.DEFINE_bool('json', False, 'Print the result as JSON on the last line.')
 
 
 def main(argv):
-  if len(argv) != 2 or argv[1] not in ('expm', 'step'):
-    raise app.UsageError('Usage: python -m liere_jax.bench {expm,step} [flags]; see --help.')
+  if len(argv) != 2 or argv[1] not in ('expm', 'rotations', 'step'):
+    raise app.UsageError('Usage: python -m liere_jax.bench {expm,rotations,step} [flags]; see '
+                         '--help.')
   log = lambda s: print(s, file=sys.stderr, flush=True)
+  platform = (f'platform: {jax.devices()[0].platform} ({jax.devices()[0].device_kind}), '
+              f'jax {jax.__version__}')
+  if argv[1] == 'rotations':
+    rows = bench_rotations(*[_CASE.value] if _CASE.value else [], repeats=_REPEATS.value, log=log)
+    print(platform)
+    print(rotations_table(rows))
+    if _JSON.value:
+      print(json.dumps(rows))
+    return
   if argv[1] == 'expm':
     rows = bench_expm(_CASE.value or DEFAULT_CASES, _IMPL.value or IMPLS, _REPEATS.value,
                       max(_WARMUP.value, 1) if _WARMUP.present else 1, log=log)
-    print(f'platform: {jax.devices()[0].platform} ({jax.devices()[0].device_kind}), '
-          f'jax {jax.__version__}')
+    print(platform)
     print(expm_table(rows))
     if _JSON.value:
       print(json.dumps(rows))

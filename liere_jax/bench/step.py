@@ -112,21 +112,19 @@ class _StepBench:
 
 
 def _expm_flops(trainer, params, grid, n):
-  """Counted forward FLOPs of LieRE's exponentials (expm.fast_flops): one device's share when
-  split over n devices (rotations.split_over_data; the largest share) and all of them on one.
-  None for encodings without exponentials."""
-  from liere_jax import expm, rotations
+  """Counted forward FLOPs of LieRE's rotations (rotations.liere_flops: the exponentials and
+  the lattice path's products): one device's share when split over n devices (the largest) and
+  all of them on one. None for encodings without exponentials."""
+  from liere_jax import rotations
   from liere_jax.positions import grid_positions, with_prefix
   spec = trainer.spec
   if spec.pe.family != 'liere' or spec.pe.expm != 'fast' or spec.pe.block == 2:
     return None
   pos = with_prefix(grid_positions(grid, spec.train_grid, spec.pe.positions), spec.num_prefix)
-  a = rotations.liere_generators(jax.device_get(params)['pe']['generators'], pos,
-                                 spec.pe.block)
-  flat = a.reshape((-1,) + a.shape[-2:])
-  share = -(-flat.shape[0] // n)
-  per_device = max(expm.fast_flops(flat[i:i + share]) for i in range(0, flat.shape[0], share))
-  return {'per_device': per_device, 'one_device': expm.fast_flops(flat), 'devices': n}
+  gens = jax.device_get(params)['pe']['generators']
+  per_device = rotations.liere_flops(gens, pos, spec.pe.block, n_devices=n)[0]
+  one_device = rotations.liere_flops(gens, pos, spec.pe.block)[1]
+  return {'per_device': per_device, 'one_device': one_device, 'devices': n}
 
 
 def _flops(compiled):
