@@ -156,27 +156,22 @@ def lattice_plan(positions, tol: float = 1e-5, max_multiple: int = 2**16):
 
 
 def _data_devices():
-  """Devices on the context mesh's 'data' axis (1 without a mesh), as split_over_data."""
+  """Devices on the context mesh's 'data' axis (`jax.set_mesh`; 1 without a mesh)."""
   mesh = jax.sharding.get_abstract_mesh()
   return 1 if mesh.empty or 'data' not in mesh.axis_names else mesh.shape['data']
 
 
 def _lattice_rotations(generators, plan: LatticePlan, block: int, method: str):
-  """The lattice path of liere_rotations. Everything (exponentials at the primitive points and
-  the powers) runs inside split_over_data: each device computes the table for 1/n of the
-  (layer, head[, block]) stacks, then all-gathers it."""
+  """The lattice path of liere_rotations. On a mesh both stages split over 'data': each device
+  computes 1/n of the exponentials at the primitive points (matrix by matrix, as the general
+  path), then 1/n of the (layer, head) tables of powers."""
   g = liere_generators(generators, plan.primitives, block)  # [L, H, P, k, b, b]
   l, h, n_prim, k = g.shape[:4]
-  n = _data_devices()
-  inner = k if (l * h) % n == 0 else 1  # Split over (layer, head) if it divides, else blocks.
-  g = g.reshape(l * h, n_prim, k, block, block)
-  if inner == 1:
-    g = jnp.moveaxis(g, 2, 1).reshape(l * h * k, n_prim, 1, block, block)
+  rot = split_over_data(lambda a: expm(a, method), g).reshape(l * h, n_prim, k, block, block)
   # Slot ranges of the parts of the table: I, the primitives, then one part per level.
   bounds = np.cumsum([0, 1, n_prim] + [len(lhs) for lhs, _ in plan.levels])
 
-  def build(prims):  # [G, P, inner, b, b] generators -> [G, n_slots, inner, b, b] table
-    rot = expm(prims, method)
+  def powers(rot):  # [G, P, k, b, b] -> [G, n_slots, k, b, b]: the table of every slot
     parts = [jnp.broadcast_to(jnp.eye(block, dtype=rot.dtype), rot[:, :1].shape), rot]
     for lhs, rhs in plan.levels:
       # No growing table (its copies and their backward cost more than the products at small
@@ -193,24 +188,11 @@ def _lattice_rotations(generators, plan: LatticePlan, block: int, method: str):
       parts.append(jnp.concatenate(out, axis=1) if len(out) > 1 else out[0])
     return jnp.concatenate(parts, axis=1)
 
-  if n == 1:
-    t = build(g)
-  else:
-    pad_groups = -g.shape[0] % n
-    # Slot 0 (I) and the product slots come in as zeros: split_over_data keeps the shape.
-    g = jnp.pad(g, ((0, pad_groups), (1, plan.n_slots - 1 - n_prim), (0, 0), (0, 0), (0, 0)))
-    shape = g.shape
-    t = split_over_data(
-        lambda x: build(x.reshape((-1,) + shape[1:])[:, 1:1 + n_prim]).reshape(x.shape), g)
-    t = t.reshape(shape)[:shape[0] - pad_groups]
-  out = take_static(t, plan.token_slot)  # [G, T, inner, b, b]
+  out = take_static(split_over_data(powers, rot, item_dims=4), plan.token_slot)  # [G, T, ...]
   if np.any(plan.transpose):
     flip = jnp.asarray(plan.transpose)[None, :, None, None, None]
     out = jnp.where(flip, jnp.swapaxes(out, -1, -2), out)
-  n_tok = len(plan.token_slot)
-  if inner == 1:
-    out = jnp.moveaxis(out.reshape(l * h, k, n_tok, block, block), 1, 2)
-  return out.reshape(l, h, n_tok, k, block, block)
+  return out.reshape(l, h, len(plan.token_slot), k, block, block)
 
 
 def take_static(x: jax.Array, idx: np.ndarray) -> jax.Array:
@@ -241,27 +223,17 @@ def take_static(x: jax.Array, idx: np.ndarray) -> jax.Array:
 
 def liere_flops(generators, positions, block: int, n_devices: int = 1, lattice: bool = True):
   """Counted forward FLOPs of liere_rotations(..., 'fast'): the exponentials (expm.fast_flops)
-  plus, on the lattice path, 2 b^3 per power product. Returns (per device, all devices):
-  one device's share (the largest) when split over n_devices as the code splits them."""
+  plus, on the lattice path, 2 b^3 per power product. Returns (per device, all devices): the
+  largest device's share when split over n_devices as split_over_data splits them."""
   gens = np.asarray(generators, np.float32)
   plan = lattice_plan(positions) if lattice and block > 2 else None
-  l, h, _, k, _ = gens.shape
-  if plan is None:
-    a = np.asarray(liere_generators(gens, positions, block)).reshape(-1, block, block)
-    share = -(-a.shape[0] // n_devices)
-    parts = [fast_flops(a[i:i + share]) for i in range(0, a.shape[0], share)]
-    return max(parts), sum(parts)
-  a = np.asarray(liere_generators(gens, plan.primitives, block))  # [L, H, P, k, b, b]
-  n_prim = a.shape[2]
-  a = a.reshape(l * h, n_prim, k, block, block)
-  if (l * h) % n_devices:  # As _lattice_rotations: groups of (layer, head, block).
-    a = np.moveaxis(a, 2, 1).reshape(l * h * k, n_prim, 1, block, block)
-  a = np.pad(a, ((0, -a.shape[0] % n_devices),) + ((0, 0),) * 4)
-  share = a.shape[0] // n_devices
-  per_product = 2 * block**3 * a.shape[2]
-  parts = [fast_flops(a[i:i + share].reshape(-1, block, block))
-           + per_product * plan.n_products * share for i in range(0, a.shape[0], share)]
-  return max(parts), sum(parts)
+  a = np.asarray(liere_generators(gens, plan.primitives if plan else positions, block))
+  groups, k = a.shape[0] * a.shape[1], a.shape[3]
+  a = a.reshape(-1, block, block)
+  share = -(-a.shape[0] // n_devices)
+  parts = [fast_flops(a[i:i + share]) for i in range(0, a.shape[0], share)]
+  per_group = 2 * block**3 * k * (plan.n_products if plan else 0)
+  return max(parts) + -(-groups // n_devices) * per_group, sum(parts) + groups * per_group
 
 
 def liere_generators(generators: jax.Array, positions: jax.Array, block: int) -> jax.Array:
@@ -272,24 +244,25 @@ def liere_generators(generators: jax.Array, positions: jax.Array, block: int) ->
   return skew(coeffs, block)
 
 
-def split_over_data(fn, a: jax.Array) -> jax.Array:
-  """fn over a stack of matrices [..., b, b], each device of the context mesh's 'data' axis
-  (`jax.set_mesh`) computing 1/n of it (and of its backward), then all-gathered.
+def split_over_data(fn, a: jax.Array, item_dims: int = 2) -> jax.Array:
+  """fn over a stack of items [..., *item] (matrices: item_dims=2), each device of the context
+  mesh's 'data' axis (`jax.set_mesh`) computing 1/n of the items (and of their backward), then
+  all-gathered. fn maps [m, *item] -> [m, *out_item], item by item; zero items pad the stack.
 
   The rotations depend only on replicated parameters and positions: without this, data
   parallelism has every device compute all of them. Without a mesh, or with one device, it is
   fn(a).
   """
-  mesh = jax.sharding.get_abstract_mesh()
-  n = 1 if mesh.empty or 'data' not in mesh.axis_names else mesh.shape['data']
+  n = _data_devices()
   if n == 1:
     return fn(a)
-  flat = a.reshape((-1,) + a.shape[-2:])
+  lead = a.shape[:a.ndim - item_dims]
+  flat = a.reshape((-1,) + a.shape[a.ndim - item_dims:])
   pad = -flat.shape[0] % n
-  flat = jnp.pad(flat, ((0, pad), (0, 0), (0, 0)))  # expm(0) = I: padding costs a few products.
+  flat = jnp.pad(flat, ((0, pad),) + ((0, 0),) * item_dims)  # expm(0) = I: a few products.
   out = jax.shard_map(lambda x: jax.lax.all_gather(fn(x), 'data', tiled=True),
                       in_specs=P('data'), out_specs=P(), check_vma=False)(flat)
-  return out[:out.shape[0] - pad].reshape(a.shape)
+  return out[:out.shape[0] - pad].reshape(lead + out.shape[1:])
 
 
 def angle_rotations(angles: jax.Array) -> jax.Array:

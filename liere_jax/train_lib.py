@@ -70,6 +70,28 @@ def state_specs(param_spec_tree, state_shapes):
   return jax.tree_util.tree_map_with_path(spec, state_shapes)
 
 
+def _has_blocks(x):
+  return isinstance(x, dict) and 'blocks' in x
+
+
+def stack_blocks(tree):
+  """Every parameter-shaped dict in `tree` (the parameters, their gradient, Adam's mu and nu)
+  with blocks/<i>/... stacked into blocks/... [depth, ...]."""
+  def stack(d):
+    blocks = [d['blocks'][i] for i in range(len(d['blocks']))]
+    return {**d, 'blocks': jax.tree.map(lambda *v: jnp.stack(v), *blocks)}
+  return jax.tree.map(lambda x: stack(x) if _has_blocks(x) else x, tree, is_leaf=_has_blocks)
+
+
+def unstack_blocks(tree):
+  """The inverse of stack_blocks."""
+  def unstack(d):
+    depth = jax.tree.leaves(d['blocks'])[0].shape[0]
+    return {**d, 'blocks': {i: jax.tree.map(lambda v, i=i: v[i], d['blocks'])
+                            for i in range(depth)}}
+  return jax.tree.map(lambda x: unstack(x) if _has_blocks(x) else x, tree, is_leaf=_has_blocks)
+
+
 def make_optimizer(config: ml_collections.ConfigDict):
   """Adam(W) with linear warmup and cosine decay; optional global-norm clipping."""
   schedule = optax.warmup_cosine_decay_schedule(
@@ -166,8 +188,13 @@ class Trainer:
       return loss, logits
 
     (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
-    updates, opt_state = self.tx.update(grads, state['opt_state'], state['params'])
-    params = optax.apply_updates(state['params'], updates)
+    # Under model.scan_layers the update also runs on stacked blocks, so its code does not
+    # grow with depth either (it is elementwise but for the global norms: the same values).
+    view, unview = ((stack_blocks, unstack_blocks) if self.spec.scan_layers
+                    else (lambda t: t, lambda t: t))
+    params, grads = view(state['params']), view(grads)
+    updates, opt_state = self.tx.update(grads, view(state['opt_state']), params)
+    params = optax.apply_updates(params, updates)
     metrics = {
         'loss': loss,
         'accuracy': jnp.mean(jnp.argmax(logits, -1) == jnp.argmax(batch['label'], -1)),
@@ -175,7 +202,8 @@ class Trainer:
         'param_norm': optax.global_norm(params),
         'lr': self.schedule(state['step']),
     }
-    return {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}, metrics
+    return {'params': unview(params), 'opt_state': unview(opt_state),
+            'step': state['step'] + 1}, metrics
 
   def _loss(self, params, batch):
     """Mean cross-entropy of `params` on a training batch, without dropout."""

@@ -185,10 +185,12 @@ def test_lattice_path_under_jit_and_its_fallbacks():
 
 
 @pytest.mark.parametrize('n,layers,heads', [(1, 2, 3), (3, 2, 3), (8, 2, 3), (8, 1, 1)])
-def test_lattice_path_split_over_data(n, layers, heads):
-  """On a mesh: every device computes the table for 1/n of the (layer, head) stacks (or of the
-  (layer, head, block) stacks when n does not divide layers * heads)."""
+def test_lattice_path_split_over_data(n, layers, heads, monkeypatch):
+  """On a mesh: every device computes 1/n of the exponentials, then the powers for 1/n of the
+  (layer, head) stacks (n need not divide either)."""
   gens, pos = _lattice_case(8, layers, heads, grid=(6, 6))
+  shapes, expm_ = [], rotations.expm
+  monkeypatch.setattr(rotations, 'expm', lambda a, m: shapes.append(a.shape) or expm_(a, m))
   g = jnp.asarray(np.random.default_rng(3).normal(size=(layers, heads, len(pos), 8, 8, 8)),
                   jnp.float32)
   loss = lambda p, lattice: jnp.sum(rotations.liere_rotations(p, pos, 8, lattice=lattice) * g)
@@ -196,6 +198,8 @@ def test_lattice_path_split_over_data(n, layers, heads):
                        devices=jax.devices()[:n])
   with jax.set_mesh(mesh):
     value, grad = jax.jit(jax.value_and_grad(lambda p: loss(p, True)))(gens)
+  n_exp = layers * heads * len(rotations.lattice_plan(pos).primitives) * 8  # 8 blocks of 8
+  assert np.prod(shapes[0][:-2]) == -(-n_exp // n)  # per device, at matrix granularity
   ref_value, ref_grad = jax.value_and_grad(lambda p: loss(p, False))(gens)
   np.testing.assert_allclose(value, ref_value, rtol=1e-5)
   assert np.abs(grad - ref_grad).max() <= 1e-4 * np.abs(ref_grad).max()
