@@ -347,6 +347,7 @@ def expm_table(rows) -> str:
 # 12 vs 18, side by side in one process.
 
 ROTATION_CASES = {  # layers, heads, grid, block; 2D normalized positions, CLS at 0.
+    'cifar_vitti_liere64': (12, 3, (8, 8), 64),  # bench step's configs/cifar100.py:variant=Ti
     'cifar_vitb_liere64': (12, 12, (8, 8), 64),
     'imagenet_vitb16_liere64': (12, 12, (14, 14), 64),
     'cifar_vitb_liere8': (12, 12, (8, 8), 8),
