@@ -83,7 +83,8 @@ class LatticePlan:
 def concrete_positions(positions):
   """positions as float64 numpy if known at trace time (also a constant under jit), else None."""
   if isinstance(positions, jax.core.Tracer):
-    positions = positions.get_const()  # A jit constant (jnp.asarray of numpy); else None.
+    # A jit constant (jnp.asarray of numpy) has its value; other tracers give None.
+    positions = getattr(positions, 'get_const', lambda: None)()
     if positions is None:
       return None
   try:
