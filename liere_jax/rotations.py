@@ -61,19 +61,15 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
 class LatticePlan:
   """Positions on a lattice as powers of primitive points (numpy, built at trace time).
 
-  The table of rotations has `n_slots` slots: 0 = I, 1..P = exp at the primitive points
-  `primitives` [P, n], then one slot per product: level j multiplies slots lhs[j] @ rhs[j]
-  (all from earlier levels). Token t reads slot token_slot[t], transposed where
+  The table of rotations has slots 0 = I, 1..P = exp at the primitive points `primitives`
+  [P, n], then one slot per product: level j multiplies slots lhs[j] @ rhs[j] (all from
+  earlier levels). Token t reads slot token_slot[t], transposed where
   transpose[t] (p = -m q).
   """
   primitives: np.ndarray
   levels: tuple
   token_slot: np.ndarray
   transpose: np.ndarray
-
-  @property
-  def n_slots(self):
-    return 1 + len(self.primitives) + sum(len(l) for l, _ in self.levels)
 
   @property
   def n_products(self):

@@ -110,3 +110,23 @@ def test_scanned_blocks_give_the_loop_s_train_step_with_the_same_parameter_tree(
   assert scans[1] > scans[0]
   for a, b in zip(jax.tree.leaves(steps[0]), jax.tree.leaves(steps[1])):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('jitter', [0.0, 0.5])
+def test_the_model_takes_the_lattice_path_unless_positions_are_jittered(jitter, monkeypatch):
+  """The train step's grid positions are known at trace time, so LieRE's rotations take the
+  lattice path; jittered training positions are not, and take the general path; evaluation
+  (no jitter) takes the lattice path either way."""
+  from liere_jax import train_lib
+  from tests.test_train import tiny_config_and_batch
+  cfg, batch = tiny_config_and_batch(8)
+  cfg.model.pe.name, cfg.model.pe.jitter = 'liere8', jitter
+  calls, lattice = [], rotations._lattice_rotations
+  monkeypatch.setattr(rotations, '_lattice_rotations',
+                      lambda *a: calls.append(1) or lattice(*a))
+  trainer = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1]))
+  state = trainer.init_state(0)
+  state, _ = trainer.train_step(state, trainer.global_batch(batch))  # donates its input
+  assert len(calls) == (0 if jitter else 1)
+  trainer.pe_context(state['params'], (4, 4))
+  assert len(calls) == (1 if jitter else 2)
