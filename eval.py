@@ -6,6 +6,9 @@ other input sizes with sequential and rescaled positions (Fig. 7), CLS attention
 The run's own config.json is used; `--config FILE[:args]` (with `--config.x=y` overrides) may
 replace it if it describes the same model. Writes DIR/eval/results.json and
 DIR/eval/attention.png (`--out NAME`: DIR/NAME/; `--num_eval N`: arrows, first N examples).
+Video with several views per video (data.eval_views, e.g. (5, 3)): `top1` is the per-view
+accuracy (the official protocol), also written as `top1_per_view`, beside `top1_per_video`
+(views' softmax averaged); the CI and n are over videos.
 """
 import json
 import os
@@ -51,17 +54,19 @@ def main(argv):
   trainer = train_lib.Trainer(config, train_lib.make_mesh(model_parallel=config.model_parallel))
   params = jax.device_put(params, trainer.state_sharding['params'])
 
-  top1, correct = evaluation.evaluate(trainer, config, params)
-  shuffled, _ = evaluation.evaluate(trainer, config, params, shuffle=True)
+  accuracy = evaluation.evaluate(trainer, config, params)
+  top1, correct = accuracy.top1, accuracy.correct
+  shuffled = evaluation.evaluate(trainer, config, params, shuffle=True).top1
   default_mode = trainer.spec.pe.positions
   resolutions = {}
   for size in config.resolutions:
     resolutions[str(size)] = {
-        mode: evaluation.evaluate(trainer, config, params, input_size=size, positions=mode)[0]
+        mode: evaluation.evaluate(trainer, config, params, input_size=size, positions=mode).top1
         for mode in dict.fromkeys((default_mode, 'rescaled'))}
   results = dict(
-      step=int(step), pe=config.model.pe.name, n_examples=int(len(correct)), top1=top1,
-      top1_ci95=evaluation.bootstrap_ci(correct), shuffled_top1=shuffled,
+      step=int(step), pe=config.model.pe.name, n_examples=int(len(correct)),
+      **accuracy.metrics('top1'), top1_ci95=evaluation.bootstrap_ci(correct),
+      shuffled_top1=shuffled,
       shuffle_drop=top1 - shuffled, positions_default=default_mode, resolutions=resolutions)
   if jax.process_index() == 0:
     out = os.path.join(workdir, _OUT.value)
@@ -73,6 +78,9 @@ def main(argv):
     lo, hi = results['top1_ci95']
     print(f"{'run':24s}{workdir} (step {step}, pe={results['pe']})")
     print(f"{'top-1':24s}{top1:.4f}  [{lo:.4f}, {hi:.4f}] 95% CI, n={len(correct)}")
+    if accuracy.per_video is not None:
+      print(f"{'top-1 per view, video':24s}{accuracy.per_view:.4f}, {accuracy.per_video:.4f}  "
+            f'(views: {tuple(config.data.eval_views)}; top-1 is per view)')
     print(f"{'top-1, patches shuffled':24s}{shuffled:.4f}  (drop {top1 - shuffled:+.4f})")
     for size, by_mode in resolutions.items():
       cells = '  '.join(f'{mode} {acc:.4f}' for mode, acc in by_mode.items())

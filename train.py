@@ -7,7 +7,9 @@ r"""Trains a ViT from a config on 1 CPU, many devices or a multi-host pod, uncha
 Running the same command again resumes from the latest checkpoint, exactly: the RNG is a
 function of (seed, step) and batch k is `train_ds[k]`. Several processes: set
 --coordinator_address/--num_processes/--process_id (or run on a TPU pod, where
-`jax.distributed.initialize()` finds them itself).
+`jax.distributed.initialize()` finds them itself). `--config.model_init=DIR[:best|:STEP]` (or
+an export, or an official checkpoint) starts a new run from another's parameters: fine-tuning,
+liere_jax/model_init.py.
 """
 import json
 import math
@@ -74,7 +76,7 @@ def main(argv):
   del argv
   from tqdm import tqdm
 
-  from liere_jax import checkpoint, data, evaluation, train_lib
+  from liere_jax import checkpoint, data, evaluation, model_init, train_lib
   logging.set_verbosity(logging.WARNING)
   train_lib.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   config, workdir = _CONFIG.value, _WORKDIR.value
@@ -82,6 +84,9 @@ def main(argv):
     raise app.UsageError('--workdir is required.')
   validate(config)
   checkpoint.check_same_model(workdir, config)
+  # Read and checked before anything is compiled or written; a resumed run ignores it.
+  init_params = (model_init.load(config) if config.model_init
+                 and not checkpoint.has_checkpoint(workdir) else None)
 
   trainer = train_lib.Trainer(config, train_lib.make_mesh(model_parallel=config.model_parallel))
   checkpoint.write_config(workdir, config)
@@ -89,7 +94,12 @@ def main(argv):
   best = checkpoint.manager(workdir, 'best', best=True)
   if latest.latest_step() is not None:
     state, meta = checkpoint.restore(latest, trainer.abstract_state)
-    print(f"Resumed from step {meta['step']}.")
+    print(f"Resumed from step {meta['step']}." + (
+        f' --config.model_init={config.model_init} is ignored: the run goes on from its own '
+        'checkpoint.' if config.model_init else ''))
+  elif init_params is not None:
+    state, meta = model_init.init_state(trainer, config.seed, init_params), {'step': 0}
+    print(f'Started from the parameters of {config.model_init} (fresh optimizer, step 0).')
   else:
     state, meta = trainer.init_state(config.seed), {'step': 0}
   start = int(meta['step'])
@@ -97,7 +107,8 @@ def main(argv):
   train_ds = data.train_dataset(config.data, global_batch_size=config.batch_size,
                                 seed=config.seed, process_index=jax.process_index(),
                                 process_count=jax.process_count())
-  batches = data.to_iterator(train_ds, start=start)
+  batches = data.to_iterator(train_ds, start=start, workers=config.data.workers,
+                             threads=config.data.threads, prefetch=config.data.prefetch)
   logger = Logger(workdir)
   bar = tqdm(total=config.total_steps, initial=start, disable=not _PROGRESS.value
              or jax.process_index() != 0, desc='train', unit='step')
@@ -132,10 +143,11 @@ def main(argv):
     if save_now:
       checkpoint.save(latest, step, state, meta)
     if eval_now:
-      accuracy, _ = evaluation.evaluate(trainer, config, state['params'])
-      logger.write(step, {'eval_accuracy': accuracy})
-      bar.write(f'step {step}: eval accuracy {accuracy:.4f}')
-      checkpoint.save(best, step, state, meta, metrics={'accuracy': accuracy})
+      accuracy = evaluation.evaluate(trainer, config, state['params'])
+      evals = accuracy.metrics('eval_accuracy')  # With video views: also per view and video.
+      logger.write(step, evals)
+      bar.write(f'step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in evals.items()))
+      checkpoint.save(best, step, state, meta, metrics={'accuracy': accuracy.top1})
   bar.close()
   latest.wait_until_finished()
   best.wait_until_finished()

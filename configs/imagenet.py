@@ -1,20 +1,38 @@
 r"""ImageNet-1k from scratch (paper Table 1, Fig. 7): 224x224, patch 16, 196 tokens.
 
-  python train.py --config configs/imagenet.py:pe=liere8,variant=B --workdir gs://.../in1k
+  python train.py --config configs/imagenet.py:pe=liere8 --workdir gs://.../in1k
 
-Needs `imagenet2012` prepared as array_record in TFDS (manual download); see README.
+Arguments: pe (abs, paper_visionllama, paper_rope_mixed, liere8, liere64 are the paper's Table 1
+columns), variant (B; Ti, S, paper_tiny, L), finetune (below).
+The official recipe (liere_jax/recipes.py): batch 512, Adam lr 1e-4, cosine over 200 epochs, no
+warmup; the official RandAugment(2, 14) on the full-resolution image, then RandomResizedCrop(224,
+0.08-1, 3/4-4/3) and a flip; evaluation on the 224 centre crop of the full-resolution image.
+The usual evaluation instead (shorter side to 224, centre crop): --config.data.eval_crop=resize_center.
+
+Recipe 2 (paper App. B.4, Fig. 7 right): 30 more epochs at 256x256 with lr 1e-5 and cosine
+decay (no warmup) from the parameters of the 224 run (DIR, DIR:best or DIR:STEP; see
+liere_jax/model_init.py), then evaluate at other sizes:
+  python train.py --config configs/imagenet.py:pe=liere8,finetune=DIR --workdir DIR256
+  python eval.py --workdir DIR256 --resolutions 196,320,384,448
+
+Needs `imagenet2012` prepared as array_record (python -m liere_jax.data.prepare; README "Data").
 """
+import math
+
 from liere_jax import config_lib
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, pe='liere8', variant='B')
+  arg = config_lib.parse_arg(arg, pe='liere8', variant='B', finetune='')
+  size = 256 if arg.finetune else 224
   model = config_lib.model_config(pe=arg.pe, variant=arg.variant, patch=(16, 16),
-                                  input_size=(224, 224), channels=3, num_classes=1000,
-                                  dropout=0.1)
+                                  input_size=(size, size), channels=3, num_classes=1000)
+  model.update(config_lib.OFFICIAL_MODEL)
   data = config_lib.data_config(name='imagenet2012', train_split='train',
-                                eval_split='validation', augment='randaug', image_size=224)
-  steps_per_epoch = 1_281_167 // 512
+                                eval_split='validation', augment='official_randaug', crop='rrc',
+                                eval_crop='center', image_size=size)
+  steps_per_epoch = math.ceil(1_281_167 / 512)
+  epochs, lr = (30, 1e-5) if arg.finetune else (200, 1e-4)
   return config_lib.base_config(model=model, data=data, batch_size=512,
-                                total_steps=200 * steps_per_epoch, lr=1e-4,
-                                warmup_steps=5 * steps_per_epoch)
+                                total_steps=epochs * steps_per_epoch, lr=lr,
+                                model_init=arg.finetune)

@@ -25,6 +25,11 @@ def parse_arg(arg: str, **defaults):
   return cfg
 
 
+# What the official LieRE code ran for Table 1 (liere_jax/recipes.py): dropout 0.1 at its four
+# sites, no qkv bias, PyTorch's default inits, bf16 compute with float32 parameters.
+OFFICIAL_MODEL = dict(dropout=0.1, qkv_bias=False, init='official', dtype='bfloat16')
+
+
 def model_config(*, pe: str, variant, patch, input_size, channels, num_classes, pool='cls',
                  dropout=0.0, **dims):
   """The model section; width/depth/heads/mlp_dim override the variant."""
@@ -38,7 +43,9 @@ def model_config(*, pe: str, variant, patch, input_size, channels, num_classes, 
   m.num_classes = num_classes
   m.pool = pool
   m.dropout = dropout
+  m.dropout_sites = ('embed', 'attn', 'mlp_hidden', 'mlp')  # The official four (model.py).
   m.qkv_bias = True  # False matches the official LieRE layout (its to_qkv has no bias).
+  m.init = 'jax'  # 'official': the official code's PyTorch default inits (model.py).
   m.dtype = 'float32'
   m.remat = 'none'  # 'block': recompute each block in the backward pass (memory at scale).
   m.scan_layers = False  # One lax.scan over the blocks: compile time flat in depth.
@@ -73,6 +80,8 @@ def base_config(*, model, data, batch_size, total_steps, lr, warmup_steps=0, **e
   c.keep = 2  # Latest checkpoints kept (the best by eval accuracy is kept too).
   c.eval_batch_size = batch_size
   c.resolutions = ()  # eval.py: also evaluate at these input sizes (paper Fig. 7), e.g. (384,).
+  c.model_init = ''  # Start from these parameters: DIR[:best|:STEP], FILE.safetensors, FILE.ckpt.
+  c.model_init_head = 'load'  # 'reinit': a new head (e.g. other classes); see model_init.py.
   c.update(extra)
   return c
 
@@ -85,7 +94,15 @@ def data_config(*, name, **overrides):
   d.train_split = 'train'
   d.eval_split = 'test'
   d.fraction = 1.0  # Train on this fraction of the training set (paper Fig. 4).
-  d.augment = 'none'  # 'none' | 'light' (crop + flip) | 'randaug' (RandAugment(2, 14)).
+  # 'none' | 'light' (crop + flip) | 'randaug' (crop, flip, our RandAugment(2, 14)) |
+  # 'official_randaug' (the official RandAugment(2, 14), crop, flip) | 'videomae' (timm
+  # RandAugment(randaug_policy), crop, flip).
+  d.augment = 'none'
+  d.crop = 'pad'  # 'pad' (pad S/8, random crop) | 'rrc' (RandomResizedCrop of the native image).
+  d.randaug_policy = 'rand-m7-n4-mstd0.5-inc1'  # augment='videomae': the timm policy.
+  d.random_erasing = 0.0  # Probability of erasing one random box per training example.
+  d.eval_crop = 'resize_center'  # Or 'center': the native image's centre S x S, zero-padded.
+  d.eval_views = (1, 1)  # Video eval (temporal, spatial) views; (5, 3) = the official protocol.
   d.mixup = 0.0  # Mixup alpha; 0 = off.
   d.image_size = 0  # Resize to this size (imagenet2012, ucf101); 0 = native.
   d.num_frames = 8
@@ -94,6 +111,11 @@ def data_config(*, name, **overrides):
   d.num_eval = 2000  # arrows: held-out examples.
   d.num_train = 0  # arrows: training-set size (0 = unlimited when rendered on the fly).
   d.seed = 0
+  # The train iterator (to_iterator): N > 0 Grain worker processes (train.py runs under app.run,
+  # as they need); threads in each process; batches computed ahead by each.
+  d.workers = 0
+  d.threads = 2
+  d.prefetch = 2
   d.update(overrides)
   return d
 

@@ -16,6 +16,10 @@ Parameters (names are an API: the PyTorch port depends on them):
   abs         embedding   [1, T_train, D]  (CLS slot first when there is a CLS token)
   rope_mixed  freqs       [n, depth, heads * d/2]   (naver-ai/rope-vit layout)
   liere<b>    generators  [L, H, n, d//b, b(b-1)/2]  L = depth or 1, H = heads or 1 (sharing)
+  paper_rope_mixed     generators [L, H, n, d//2, 1]: liere2 itself (spec.PE_ALIASES), is the
+                       paper's RoPE-Mixed column; not naver-ai's RoPE-Mixed (rope_mixed).
+  paper_visionllama    no parameters: is the paper's VisionLlama column; not rope-vit's axial
+                       RoPE (rope_axial).
   comrope_ap<b>        skew_params  [depth, heads, d//b, b, b]   block j: B_j = P_j - P_j^T
   comrope_ld<b>        skew_params  [depth, heads, d//b, b, b],  axis_scales [depth, n, d//b]
   string_cayley        freqs [n, depth, heads * d/2] (rope_mixed's),  cayley [depth, heads,
@@ -39,6 +43,7 @@ from flax import nnx
 
 from liere_jax import rotations
 from liere_jax.positions import grid_positions
+from liere_jax.spec import PE_ALIASES
 
 class Encoding(nnx.Module):
   """The interface; the defaults do nothing (`pe=none`)."""
@@ -67,10 +72,10 @@ class Absolute(Encoding):
   Resizing is bicubic for 2D grids and (tri)linear otherwise.
   """
 
-  def __init__(self, *, dim, train_grid, num_prefix, rngs):
+  def __init__(self, *, dim, train_grid, num_prefix, rngs, std=0.02):
     self.train_grid = tuple(train_grid)
-    tokens = num_prefix + math.prod(train_grid)
-    self.embedding = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, tokens, dim)))
+    tokens = num_prefix + math.prod(train_grid)  # std: ModelSpec.embed_std (model.init).
+    self.embedding = nnx.Param(std * jax.random.normal(rngs.params(), (1, tokens, dim)))
 
   def embed(self, x, grid, num_prefix):
     emb = self.embedding[...]
@@ -109,7 +114,8 @@ class RopeAxial(Encoding):
   """VisionLlama / RoPE-Axial: fixed frequencies, each axis owns an equal share of the pairs.
 
   Pair j of axis a (j < d / (2n)) rotates by p_a / 100^(2nj/d) (naver-ai/rope-vit's RoPE-Axial
-  frequencies); interleaved pairs, pairs past n * d/(2n) stay unrotated.
+  frequencies); interleaved pairs, pairs past n * d/(2n) stay unrotated. Not the paper's
+  VisionLlama column (PaperVisionLlama: other frequencies, [0, 1] positions).
   """
 
   def __init__(self, *, head_dim, n_dims, theta=100.):
@@ -122,6 +128,23 @@ class RopeAxial(Encoding):
 
   def attend(self, ctx, layer, q, k):
     return rotations.rotate(q, ctx), rotations.rotate(k, ctx), None
+
+
+class PaperVisionLlama(RopeAxial):
+  """The paper's VisionLlama column: the official LieRE code's "tiled" encoding (phase_type
+  "inverse_exp"), rotate-by-angle RoPE with fixed axial frequencies.
+
+  k = d // (2n) pairs per axis, frequencies omega_j = exp(-4 j / (k - 1)) (exp(-4 linspace(0,
+  1, k)), omega = 1 for k = 1), the same for every axis, head and layer; pair a k + j
+  (head dims 2(a k + j), 2(a k + j) + 1) turns by p_a omega_j as [[cos, -sin], [sin, cos]]
+  (official rope_vit.py TiledPositionEncoder: expm of p omega [[0, -1], [1, 0]]). Default
+  positions 'normalized' (the official [0, 1] "sequential" ones: the largest angle is 1 rad);
+  pairs past n k stay unrotated; CLS at 0 is the identity. rope_axial differs in frequencies
+  (1 / 100^(2nj/d)) and positions (integer).
+  """
+
+  def __init__(self, *, head_dim, n_dims):
+    self.freqs = tuple(np.exp(-4. * np.linspace(0., 1., head_dim // (2 * n_dims))))
 
 
 def _random_frame(key, n):
@@ -459,21 +482,27 @@ def circulant_rotate(x: jax.Array, phase: jax.Array, block: int) -> jax.Array:
 
 
 NAMES = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere<b>',
-         'comrope_ap<b>', 'comrope_ld<b>', 'string_cayley', 'string_circulant<b>')
-FAMILIES = tuple(name.replace('<b>', '') for name in NAMES)
+         'comrope_ap<b>', 'comrope_ld<b>', 'string_cayley', 'string_circulant<b>',
+         'paper_rope_mixed', 'paper_visionllama')
+FAMILIES = tuple(name.replace('<b>', '') for name in NAMES if name not in PE_ALIASES)
 BLOCK_FAMILIES = tuple(name[:-3] for name in NAMES if name.endswith('<b>'))
 MIN_BLOCK = {'string_circulant': 3}  # A 2x2 circulant is symmetric: C - C^T = 0.
+AXIAL = ('rope_axial', 'paper_visionllama')  # d // (2n) pairs per axis.
 
 
-def validate(family: str, *, block, head_dim: int, width: int, n_dims: int):
-  """The encoding's own rules; raises a ValueError naming the bad value and the fix."""
+def validate(family: str, *, block, head_dim: int, width: int, n_dims: int, name: str = ''):
+  """The encoding's own rules; raises a ValueError naming the bad value and the fix.
+
+  name: the model.pe.name (default family<block>), for the messages (spec.PE_ALIASES).
+  """
+  name = name or f"{family}{block or ''}"
   if family not in FAMILIES:
     raise ValueError(f'model.pe.name={family!r} is unknown; use one of {NAMES} '
                      '(e.g. pe=liere8 or pe=rope_mixed).')
   if family in BLOCK_FAMILIES and block is None:
     raise ValueError(f'model.pe.name={family!r} needs a block size; use e.g. {family}8.')
   if family == 'liere' and not 2 <= block <= head_dim:
-    raise ValueError(f'model.pe.name=liere{block}: block size {block} must be in [2, head_dim='
+    raise ValueError(f'model.pe.name={name}: block size {block} must be in [2, head_dim='
                      f'{head_dim}]; use e.g. liere8 or liere{head_dim}.')
   low = MIN_BLOCK.get(family, 2)
   if family in BLOCK_FAMILIES and not low <= block <= head_dim:
@@ -484,7 +513,7 @@ def validate(family: str, *, block, head_dim: int, width: int, n_dims: int):
     raise ValueError(f'comrope_ap{block} gives head_dim // {block} = {head_dim // block} blocks '
                      f'per head, fewer than the {n_dims} position axes (block j follows axis j '
                      f'mod {n_dims}); use a block size <= {head_dim // n_dims}.')
-  if family in ('rope_axial', 'rope_mixed', 'string_cayley') and head_dim < 2 * n_dims:
+  if family in AXIAL + ('rope_mixed', 'string_cayley') and head_dim < 2 * n_dims:
     raise ValueError(f'{family} needs head_dim >= {2 * n_dims} for {n_dims}D positions, got '
                      f'{head_dim}; use fewer heads.')
   if family == 'sincos' and width < 2 * n_dims:
@@ -497,9 +526,10 @@ def build(spec, *, rngs) -> Encoding:
   return {
       'none': lambda: NoPE(),
       'abs': lambda: Absolute(dim=spec.width, train_grid=spec.train_grid,
-                              num_prefix=spec.num_prefix, rngs=rngs),
+                              num_prefix=spec.num_prefix, rngs=rngs, std=spec.embed_std),
       'sincos': lambda: SinCos(dim=spec.width),
       'rope_axial': lambda: RopeAxial(head_dim=spec.head_dim, n_dims=n),
+      'paper_visionllama': lambda: PaperVisionLlama(head_dim=spec.head_dim, n_dims=n),
       'rope_mixed': lambda: RopeMixed(depth=spec.depth, heads=spec.heads,
                                       head_dim=spec.head_dim, n_dims=n, rngs=rngs),
       'alibi': lambda: ALiBi(heads=spec.heads),

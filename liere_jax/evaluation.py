@@ -1,14 +1,24 @@
 """Evaluations of the paper: top-1 with a bootstrap CI, patch shuffling (Table 5), other
-resolutions (Fig. 7) and CLS attention maps (Figs. 10-11)."""
+resolutions (Fig. 7) and CLS attention maps (Figs. 10-11).
+
+Video with several views per video (data.eval_views, e.g. the official (5, 3)): the official
+code scores every view as its own sample and reports the mean over views (O = StanfordMIMI/
+LieRE: dataset/videodataset.py:171-196, lightning_modules/lightning_liere_image_classification.py:
+181-225); `evaluate` reports that as `top1` and `per_view`, and also `per_video`: each video
+classified by the mean of its views' softmax probabilities.
+"""
+import dataclasses
 import math
-from typing import Optional
+from typing import Dict, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from PIL import Image
 
 from liere_jax import data
+from liere_jax import train_lib
 
 
 def shuffle_patches(images: np.ndarray, patch, seed: int = 0) -> np.ndarray:
@@ -32,16 +42,69 @@ def bootstrap_ci(correct: np.ndarray, resamples: int = 1000, seed: int = 0):
   return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
+@dataclasses.dataclass
+class Accuracy:
+  """Top-1 over a whole eval split.
+
+  top1: the primary number: plain top-1, or with views the per-view accuracy (the official
+    protocol's number).
+  correct: [num_eval] per example (with views: per video, the fraction of its views right), whose
+    mean is top1: the unit a bootstrap resamples.
+  per_view, per_video: with views only (else None); per_video classifies each video by the mean
+    of its views' softmax probabilities.
+  """
+  top1: float
+  correct: np.ndarray
+  per_view: Optional[float] = None
+  per_video: Optional[float] = None
+
+  def metrics(self, name: str) -> Dict[str, float]:
+    """{name: top1}, plus name_per_view and name_per_video with views."""
+    out = {name: self.top1}
+    if self.per_video is not None:
+      out.update({f'{name}_per_view': self.per_view, f'{name}_per_video': self.per_video})
+    return out
+
+
+_PROBABILITIES = {}  # id(trainer) -> (trainer, its jitted step): one compile per trainer.
+
+
+def _probabilities(trainer):
+  """The jitted (params, batch, ctx, positions) -> softmax probabilities float32 [b, classes]."""
+  if id(trainer) not in _PROBABILITIES:
+    def step(params, batch, ctx, positions):
+      logits = trainer.model(params)(batch['image'], ctx=ctx, positions=positions)
+      return jax.nn.softmax(logits.astype(jnp.float32))
+    _PROBABILITIES[id(trainer)] = trainer, train_lib.MeshJit(
+        trainer.mesh, step, static_argnums=(3,),
+        in_shardings=(trainer.state_sharding['params'], trainer.batch_sharding, None))
+  return _PROBABILITIES[id(trainer)][1]
+
+
+def _by_video(video: np.ndarray, label: np.ndarray, probs: np.ndarray) -> Accuracy:
+  """Accuracy of views: video, label [n] and probs [n, classes] of the n (unpadded) views."""
+  ok = probs.argmax(-1) == label
+  num = int(video.max()) + 1
+  fraction = np.bincount(video, weights=ok, minlength=num) / np.bincount(video, minlength=num)
+  summed = np.zeros((num, probs.shape[-1]), np.float64)
+  np.add.at(summed, video, probs)
+  video_label = np.zeros(num, label.dtype)
+  video_label[video] = label
+  per_video = float(np.mean(summed.argmax(-1) == video_label))
+  return Accuracy(float(ok.mean()), fraction, per_view=float(ok.mean()), per_video=per_video)
+
+
 def evaluate(trainer, config, params, *, input_size=None, positions: Optional[str] = None,
-             shuffle: bool = False):
-  """(top-1, per-example correctness) over the whole eval split; nothing is dropped.
+             shuffle: bool = False) -> Accuracy:
+  """Top-1 over the whole eval split (every view, with data.eval_views); nothing is dropped.
 
   The encoding's context (rotations) is computed once for the resolution and reused.
   """
-  ctx, correct = None, []
+  ctx, correct, views = None, [], []
   batches = data.eval_batches(config.data, global_batch_size=config.eval_batch_size,
                               process_index=jax.process_index(),
                               process_count=jax.process_count(), input_size=input_size)
+  gather = lambda *xs: [np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in xs]
   for local in batches:
     if shuffle:
       local = dict(local, image=shuffle_patches(local['image'], config.model.patch))
@@ -49,11 +112,17 @@ def evaluate(trainer, config, params, *, input_size=None, positions: Optional[st
     if ctx is None:
       grid = tuple(s // p for s, p in zip(batch['image'].shape[1:-1], config.model.patch))
       ctx = trainer.pe_context(params, grid, positions)
-    ok, mask = trainer.eval_step(params, batch, ctx, positions)
-    ok, mask = (np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in (ok, mask))
-    correct.append(ok[mask])
+    if 'video' in batch:  # Several views per video: keep the probabilities to average them.
+      probs = _probabilities(trainer)(params, batch, ctx, positions)
+      probs, mask, video, label = gather(probs, batch['mask'], batch['video'], batch['label'])
+      views.append((video[mask], label[mask], probs[mask]))
+    else:
+      ok, mask = gather(*trainer.eval_step(params, batch, ctx, positions))
+      correct.append(ok[mask])
+  if views:
+    return _by_video(*map(np.concatenate, zip(*views)))
   correct = np.concatenate(correct)
-  return float(correct.mean()), correct
+  return Accuracy(float(correct.mean()), correct)
 
 
 def _heat(x: np.ndarray) -> np.ndarray:
@@ -66,7 +135,8 @@ def attention_png(trainer, config, params, path: str, num_examples: int = 4):
   """Saves the CLS token's attention per layer (averaged over heads) for a few eval inputs:
   one row per example, the input first and then layers 1..L. Mean-pooled models (no CLS)
   show the attention each patch receives, averaged over queries. Video: averaged over time."""
-  batch = next(iter(data.eval_batches(config.data, global_batch_size=num_examples)))
+  one_view = dict(config.data.to_dict(), eval_views=(1, 1))  # One row per video.
+  batch = next(iter(data.eval_batches(one_view, global_batch_size=num_examples)))
   images = batch['image'][:num_examples]
   _, attention = jax.jit(lambda p, x: trainer.model(p)(x, return_attention=True))(
       jax.device_get(params), images)

@@ -8,15 +8,19 @@
   python -m liere_jax.export official --workdir DIR [--step N | --best] --out FILE.pt
       A state_dict that the official StanfordMIMI/LieRE `RoPEViT` loads with strict=True, plus
       FILE.json with the RoPEViT keyword arguments. Representable: 2D (square) or 3D inputs,
-      CLS pooling, no qkv bias, head_dim 64, pe = liere<b> / rope_mixed (as LieRE with b = 2) /
-      abs / none. The official model uses layer 0's rotations in every layer (a bug in its
-      Transformer.forward), so per-layer generators (share='none' or 'heads', rope_mixed)
-      export with a warning unless all layers are equal.
+      CLS pooling, no qkv bias, head_dim 64, pe = liere<b> / paper_rope_mixed (their
+      rope_mixed: LieRE with b = 2) / rope_mixed (naver-ai's, as LieRE with b = 2) /
+      paper_visionllama (their "tiled" VisionLlama) / abs / none. The official model uses layer
+      0's rotations in every layer (a bug in its Transformer.forward), so per-layer generators
+      (share='none' or 'heads', rope_mixed) export with a warning unless all layers are equal.
   python -m liere_jax.export import-torch --safetensors FILE [--config FILE.json] --out-workdir DIR
   python -m liere_jax.export import-official --state-dict FILE.pt --config CONFIG.json \
       --out-workdir DIR
       Back to a params-only JAX checkpoint that eval.py / load_params read. CONFIG.json: the
-      JSON written by either export, a workdir's config.json or a plain model section.
+      JSON written by either export, a workdir's config.json, a plain model section, or the
+      official model's own description: its RoPEViT keyword arguments, or the `model` section
+      of its lightning_conf YAML as JSON (model_architecture visionllama -> pe=paper_visionllama,
+      rope_mixed -> paper_rope_mixed, liere -> liere<generator_dim>, absolute -> abs).
 Every error is reported before anything is written (exit status 2).
 """
 import argparse
@@ -77,12 +81,100 @@ def _model_section(obj: dict) -> ml_collections.ConfigDict:
   return m
 
 
+# The official LiereImageClassification's model sizes (models/model_args.py size_params):
+# (dim, depth, heads, mlp_dim).
+OFFICIAL_SIZES = {'tiny': (384, 12, 6, 768), 'base': (768, 12, 12, 3072),
+                  'large': (1024, 24, 16, 4096), 'huge': (1280, 32, 16, 5120)}
+# Official (rotary_embedding_per_layer, rotary_embedding_per_head) -> our model.pe.share.
+OFFICIAL_SHARE = {(True, True): 'none', (False, True): 'layers', (True, False): 'heads',
+                  (False, False): 'all'}
+
+
+def rope_vit_kwargs(init_args: dict) -> dict:
+  """The RoPEViT keyword arguments that the official LiereImageClassification builds from its
+  init_args (the `model.init_args` of an official lightning_conf/*.yaml, as JSON)."""
+  a = {'num_classes': 100, 'input_dimensionality': 1, 'generator_dim': 64, 'model_size': 'tiny',
+       'rotary_embedding_per_layer': False, 'rotary_embedding_per_head': False,
+       **init_args}  # models/model_args.py defaults.
+  arch = a['model_architecture']
+  if a['model_size'] not in OFFICIAL_SIZES:
+    raise ValueError(f"model_size={a['model_size']!r} is unknown; the official sizes are "
+                     f'{list(OFFICIAL_SIZES)}.')
+  dim, depth, heads, mlp_dim = OFFICIAL_SIZES[a['model_size']]
+  kw = dict(image_size=a['imsize'], patch_size=a['patch_size'], num_classes=a['num_classes'],
+            dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+            input_dimensionality=a['input_dimensionality'])
+  if arch in ('rope_mixed', 'liere'):  # rope_mixed: the official LieRE with 2x2 blocks.
+    kw.update(positional_encoding_type='liere', phase_type='naver',
+              generator_dim=2 if arch == 'rope_mixed' else a['generator_dim'],
+              rotary_embedding_per_layer=a['rotary_embedding_per_layer'],
+              rotary_embedding_per_head=a['rotary_embedding_per_head'], enable_ape=False)
+  elif arch == 'visionllama':
+    kw.update(positional_encoding_type='tiled', phase_type='inverse_exp')
+  elif arch == 'absolute':
+    kw.update(positional_encoding_type='absolute')
+  else:
+    raise ValueError(f'model_architecture={arch!r} is unknown; the official ones are '
+                     "'absolute', 'visionllama', 'rope_mixed' and 'liere'.")
+  return kw
+
+
+def model_from_official(kw: dict) -> ml_collections.ConfigDict:
+  """Our model section for official RoPEViT keyword arguments (what official_spec writes):
+  tiled (VisionLlama) -> paper_visionllama, LieRE with 2x2 blocks (the official rope_mixed)
+  -> paper_rope_mixed, LieRE with b x b blocks -> liere<b>, absolute -> abs."""
+  from liere_jax import config_lib
+  n = int(kw.get('input_dimensionality', 2))
+  kind = kw.get('positional_encoding_type')
+  if kind == 'tiled' and kw.get('phase_type') == 'inverse_exp':
+    pe = 'paper_visionllama'
+  elif kind == 'liere' and kw.get('phase_type') in ('naver', 'learned'):
+    b = int(kw['generator_dim'])
+    pe = 'paper_rope_mixed' if b == 2 else f'liere{b}'
+  elif kind == 'absolute':
+    pe = 'abs'
+  else:
+    raise ValueError(f"positional_encoding_type={kind!r} with phase_type="
+                     f"{kw.get('phase_type')!r} has no liere_jax encoding.")
+  if int(kw.get('dim_head', OFFICIAL_HEAD_DIM)) * int(kw['heads']) != int(kw['dim']):
+    raise ValueError(f"dim={kw['dim']} is not heads={kw['heads']} x dim_head="
+                     f"{kw.get('dim_head', OFFICIAL_HEAD_DIM)}; liere_jax has no inner width.")
+
+  def axes(v):  # The 2D RoPEViT is square (its ViT reads v[1] of a list); 3D: (d, h, w).
+    v = [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)] * n
+    return (v[-1],) * 2 if n == 2 else tuple(v)
+
+  m = config_lib.model_config(pe=pe, variant='', patch=axes(kw['patch_size']),
+                              input_size=axes(kw['image_size']),
+                              channels=int(kw.get('channels', 3)),
+                              num_classes=int(kw['num_classes']), pool=kw.get('pool', 'cls'),
+                              dropout=float(kw.get('dropout', 0.1)), width=int(kw['dim']),
+                              depth=int(kw['depth']), heads=int(kw['heads']),
+                              mlp_dim=int(kw['mlp_dim']))
+  m.qkv_bias = False
+  if kind == 'liere':
+    m.pe.share = OFFICIAL_SHARE[(bool(kw.get('rotary_embedding_per_layer', False)),
+                                 bool(kw.get('rotary_embedding_per_head', False)))]
+  return m
+
+
 def config_from_json(obj: dict, what: str) -> ml_collections.ConfigDict:
-  """A whole liere_jax config from an exported JSON, a workdir config.json or a model section."""
+  """A whole liere_jax config from an exported JSON, a workdir config.json, a model section,
+  or an official model description: RoPEViT keyword arguments (`rope_vit_kwargs`) or a
+  LiereImageClassification's init_args (`model_architecture`, ...; also under model.init_args).
+  """
   if not isinstance(obj, dict):
     raise ValueError(f'{what} is not a JSON object.')
   if 'liere_model' in obj:  # The JSON beside an official export.
     obj = obj['liere_model']
+  model = obj.get('model')
+  init_args = model.get('init_args') if isinstance(model, dict) else None
+  if init_args is not None or 'model_architecture' in obj:
+    obj = {'rope_vit_kwargs': rope_vit_kwargs(init_args or obj)}
+  if 'rope_vit_kwargs' in obj or 'positional_encoding_type' in obj:
+    m = model_from_official(obj.get('rope_vit_kwargs', obj))
+    model_fields(m)  # Validates.
+    return ml_collections.ConfigDict({'model': m})
   if obj.get('format') == FORMAT:
     if obj.get('source_config'):
       config = ml_collections.ConfigDict(obj['source_config'])
@@ -255,7 +347,12 @@ def official_spec(m) -> dict:
     why = 'heads=1 with width=64 (the official attention then has no output projection)'
   elif name == 'rope_axial':
     why = ('pe=rope_axial: the official VisionLlama ("tiled") uses phases exp(-4 j/15) on '
-           'positions in [0, 1], ours 1/100^(4j/d) on integer positions; different rotations')
+           'positions in [0, 1], ours 1/100^(4j/d) on integer positions; different rotations '
+           '(pe=paper_visionllama is the official one)')
+  elif name == 'paper_visionllama' and ms.pe.positions == 'integer':
+    why = ('pe=paper_visionllama with positions=integer: the official "tiled" encoding turns by '
+           'its fixed frequencies times [0, 1] positions and has no parameter to rescale; use '
+           'positions=normalized')
   elif name in ('sincos', 'alibi'):
     why = f'pe={name} (the official code has no {name} encoding)'
   if why:
@@ -265,7 +362,9 @@ def official_spec(m) -> dict:
             num_classes=int(m.num_classes), dim=width, depth=depth, heads=heads,
             mlp_dim=mlp_dim, input_dimensionality=n, pool='cls', channels=int(m.channels),
             dim_head=OFFICIAL_HEAD_DIM)
-  if block is not None or name == 'rope_mixed':
+  if name == 'paper_visionllama':  # As the official LiereImageClassification builds it.
+    kw.update(positional_encoding_type='tiled', phase_type='inverse_exp')
+  elif block is not None or name == 'rope_mixed':
     share = ms.pe.share
     kw.update(positional_encoding_type='liere', phase_type='naver',
               generator_dim=block or 2, enable_ape=False,
@@ -610,7 +709,8 @@ def _parser():
   s = sub.add_parser('import-official', help='official RoPEViT state_dict -> a JAX workdir')
   s.add_argument('--state-dict', required=True, help='FILE.pt (read with weights_only=True)')
   s.add_argument('--config', required=True,
-                 help='our model config: the JSON of an export, a config.json or a model section')
+                 help='the model: the JSON of an export, a config.json, a model section, or the '
+                 'official RoPEViT kwargs / lightning_conf model section as JSON')
   s.add_argument('--out-workdir', required=True)
   return p
 

@@ -5,6 +5,18 @@ convolution with kernel = stride = `patch` makes the tokens (patches, tubelets).
 blocks, exact GELU, CLS or mean pooling; `model.remat='block'` recomputes each block's
 activations in the backward pass.
 
+Dropout (rate model.dropout) at the sites named in model.dropout_sites, the official LieRE
+code's four (models/vit.py, rope_vit.py): 'embed' the tokens after the CLS concat and the
+position embedding, 'attn' the attention output projection, 'mlp_hidden' the MLP hidden units
+after GELU, 'mlp' the MLP output. One dropout RNG stream per block serves its three sites.
+
+Initialisation (model.init): 'jax' Xavier-uniform kernels, zero biases, a zero head, a
+LeCun-normal patch embedding, CLS token and absolute embedding 0.02 N(0, 1); 'official' the
+PyTorch defaults the official code keeps: every Linear (the patch embedding is one, fan_in =
+prod(patch) * C) has weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)), CLS and absolute
+embedding N(0, 1). LayerNorms start at ones / zeros either way. Parameters are float32 whatever
+model.dtype (bfloat16 is the compute dtype).
+
 Parameter tree (stable names; the PyTorch port maps them one to one):
   patch_embed/kernel [*patch, C, D], patch_embed/bias [D]
   cls_token [1, 1, D]                          (pool='cls' only)
@@ -33,6 +45,7 @@ from liere_jax.spec import LN_EPS, ModelSpec, resolve
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 _XAVIER = nnx.initializers.xavier_uniform()
+_ZEROS = nnx.initializers.zeros_init()
 
 
 def sharded(init, *axes):
@@ -42,15 +55,31 @@ def sharded(init, *axes):
   return nnx.with_partitioning(init, axes, eager_sharding=False)
 
 
+def torch_uniform(fan_in: int):
+  """PyTorch's default init of a Linear's weight and bias alike (kaiming_uniform with
+  a = sqrt(5) for the weight): U(-1/sqrt(fan_in), 1/sqrt(fan_in)), std 1/sqrt(3 fan_in)."""
+  bound = 1. / math.sqrt(fan_in)
+  return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound,
+                                                                  bound)
+
+
+def linear_inits(init: str, fan_in: int, kernel, kernel_axes, bias_axes=None) -> dict:
+  """kernel_init / bias_init of a Linear or the patch conv under model.init: 'jax' `kernel`
+  and zeros, 'official' torch_uniform(fan_in) for both. The logical axes (sharded) are the
+  same under either init; bias_axes=None leaves the bias without them (replicated)."""
+  kernel, bias = (kernel, _ZEROS) if init == 'jax' else (torch_uniform(fan_in),) * 2
+  return dict(kernel_init=sharded(kernel, *kernel_axes),
+              bias_init=bias if bias_axes is None else sharded(bias, *bias_axes))
+
+
 class Attention(nnx.Module):
 
-  def __init__(self, width, heads, *, qkv_bias, dtype, rngs):
+  def __init__(self, width, heads, *, qkv_bias, init, dtype, rngs):
     self.heads = heads
     self.qkv = nnx.Linear(width, 3 * width, use_bias=qkv_bias, dtype=dtype, rngs=rngs,
-                          kernel_init=sharded(_XAVIER, 'embed', 'heads'),
-                          bias_init=sharded(nnx.initializers.zeros_init(), 'heads'))
+                          **linear_inits(init, width, _XAVIER, ('embed', 'heads'), ('heads',)))
     self.proj = nnx.Linear(width, width, dtype=dtype, rngs=rngs,
-                           kernel_init=sharded(_XAVIER, 'heads', 'embed'))
+                           **linear_inits(init, width, _XAVIER, ('heads', 'embed')))
 
   def __call__(self, x, pe, ctx, layer, return_weights=False):
     """Self-attention [B, T, D] -> ([B, T, D], weights [B, H, T, T] or None).
@@ -84,31 +113,40 @@ class Attention(nnx.Module):
 
 class Mlp(nnx.Module):
 
-  def __init__(self, width, mlp_dim, *, dtype, rngs):
+  def __init__(self, width, mlp_dim, *, hidden_dropout, init, dtype, rngs):
     self.fc1 = nnx.Linear(width, mlp_dim, dtype=dtype, rngs=rngs,
-                          kernel_init=sharded(_XAVIER, 'embed', 'mlp'),
-                          bias_init=sharded(nnx.initializers.zeros_init(), 'mlp'))
+                          **linear_inits(init, width, _XAVIER, ('embed', 'mlp'), ('mlp',)))
     self.fc2 = nnx.Linear(mlp_dim, width, dtype=dtype, rngs=rngs,
-                          kernel_init=sharded(_XAVIER, 'mlp', 'embed'))
+                          **linear_inits(init, mlp_dim, _XAVIER, ('mlp', 'embed')))
+    self.dropout = nnx.Dropout(hidden_dropout)  # Keys from the caller's stream (`rngs`).
 
-  def __call__(self, x):
-    return self.fc2(jax.nn.gelu(self.fc1(x), approximate=False))
+  def __call__(self, x, rngs=None):
+    """[..., D] -> [..., D]; `rngs` (an RngStream or key) drives the hidden-unit dropout."""
+    return self.fc2(self.dropout(jax.nn.gelu(self.fc1(x), approximate=False), rngs=rngs))
 
 
 class Block(nnx.Module):
 
-  def __init__(self, width, heads, mlp_dim, *, qkv_bias, dropout, dtype, rngs):
+  def __init__(self, width, heads, mlp_dim, *, qkv_bias, dropout, dropout_sites, init, dtype,
+               rngs):
     norm = dict(epsilon=LN_EPS, dtype=dtype, rngs=rngs)
     self.norm1 = nnx.LayerNorm(width, **norm)
-    self.attn = Attention(width, heads, qkv_bias=qkv_bias, dtype=dtype, rngs=rngs)
+    self.attn = Attention(width, heads, qkv_bias=qkv_bias, init=init, dtype=dtype, rngs=rngs)
     self.norm2 = nnx.LayerNorm(width, **norm)
-    self.mlp = Mlp(width, mlp_dim, dtype=dtype, rngs=rngs)
+    self.mlp = Mlp(width, mlp_dim, init=init, dtype=dtype, rngs=rngs,
+                   hidden_dropout=dropout if 'mlp_hidden' in dropout_sites else 0.)
+    # The block's one RNG stream (and the only one it forks from `rngs`, after the parameters:
+    # the init and the stream layout do not depend on the sites).
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
+    self.sites = tuple(site for site in ('attn', 'mlp') if site in dropout_sites)
+
+  def _drop(self, site, y):
+    return self.dropout(y) if site in self.sites else y
 
   def __call__(self, x, pe, ctx, layer, return_weights=False):
     y, weights = self.attn(self.norm1(x), pe, ctx, layer, return_weights)
-    x = x + self.dropout(y)
-    x = x + self.dropout(self.mlp(self.norm2(x)))
+    x = x + self._drop('attn', y)
+    x = x + self._drop('mlp', self.mlp(self.norm2(x), rngs=self.dropout.rngs))
     return x, weights
 
 
@@ -142,21 +180,24 @@ class ViT(nnx.Module):
     width, dtype = spec.width, DTYPES[spec.dtype]
     self.patch, self.train_grid = spec.patch, spec.train_grid
     self.channels, self.pool, self.num_prefix = spec.channels, spec.pool, spec.num_prefix
-    conv_init = sharded(nnx.initializers.lecun_normal(), *(None,) * (spec.n_dims + 1), 'embed')
+    # The official patch embedding is a Linear on the flattened patch: fan_in = prod(patch) C.
+    conv_axes = (None,) * (spec.n_dims + 1) + ('embed',)
+    conv_init = linear_inits(spec.init, math.prod(self.patch) * spec.channels,
+                             nnx.initializers.lecun_normal(), conv_axes)
     self.patch_embed = nnx.Conv(spec.channels, width, self.patch, strides=self.patch,
-                                padding='VALID', dtype=dtype, kernel_init=conv_init, rngs=rngs)
+                                padding='VALID', dtype=dtype, rngs=rngs, **conv_init)
     if self.num_prefix:
-      self.cls_token = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, 1, width)))
+      cls = jax.random.normal(rngs.params(), (1, 1, width))
+      self.cls_token = nnx.Param(spec.embed_std * cls)
     self.pe = encodings.build(spec, rngs=rngs)
     self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
     self.blocks = nnx.List([
         Block(width, spec.heads, spec.mlp_dim, qkv_bias=spec.qkv_bias, dropout=spec.dropout,
-              dtype=dtype, rngs=rngs)
+              dropout_sites=spec.dropout_sites, init=spec.init, dtype=dtype, rngs=rngs)
         for _ in range(spec.depth)])
     self.norm = nnx.LayerNorm(width, epsilon=spec.layer_norm_eps, dtype=dtype, rngs=rngs)
-    self.head = nnx.Linear(width, spec.num_classes, dtype=dtype,
-                           kernel_init=sharded(nnx.initializers.zeros_init(), 'embed', None),
-                           rngs=rngs)
+    self.head = nnx.Linear(width, spec.num_classes, dtype=dtype, rngs=rngs,
+                           **linear_inits(spec.init, width, _ZEROS, ('embed', None)))
     # Last: its RNG fork must not shift the initialisation of the parameters above.
     self.jitter = PositionJitter(spec.pe.jitter, rngs=rngs)
 
@@ -214,7 +255,9 @@ class ViT(nnx.Module):
     if self.num_prefix:
       cls = jnp.broadcast_to(self.cls_token[...], (x.shape[0], 1, x.shape[-1]))
       x = jnp.concatenate([cls.astype(x.dtype), x], axis=1)
-    x = self.dropout(self.pe.embed(x, grid, self.num_prefix))
+    x = self.pe.embed(x, grid, self.num_prefix)
+    if 'embed' in self.spec.dropout_sites:
+      x = self.dropout(x)
     attention = []
     if self.spec.scan_layers and not return_attention:
       x = self._scan_blocks(x, ctx)

@@ -10,9 +10,16 @@ encoding, size, seed and overrides, so suites share runs). The report goes to
 --out/<suite>.md, <suite>.json (one row per run: pe, px, seed, top1, top1_ci95, shuffled_top1,
 steps, wall_s, command, ...) and <suite>*.png. Every run uses configs/arrows.py as it is (the
 main job's model and budget) plus the suite's overrides; `--set total_steps=2000` (repeatable)
-changes all runs of a larger-scale reproduction (give it its own --runs).
+changes all runs of a larger-scale reproduction (their workdir names end in a hash of the --set
+values, so they never reuse the runs made without them).
+
+The paper's baseline columns ran the official LieRE code's definitions: its "RoPE-Mixed" is
+LieRE with 2x2 blocks (pe=paper_rope_mixed) and its "VisionLlama" the fixed-frequency "tiled"
+encoding on [0, 1] positions (pe=paper_visionllama). The suites run those in the paper's rows
+and naver-ai's RoPE-Mixed (rope_mixed) and rope-vit's axial RoPE (rope_axial) as extra rows.
 """
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -33,10 +40,10 @@ FIG7_EXAMPLES = 500
 PAPER_TABLE3 = {
     ('abs', 108): (45.1, 43.1, 47.7), ('abs', 168): (41.0, 39.0, 43.2),
     ('abs', 276): (40.1, 38.2, 42.0),
-    ('rope_axial', 108): (46.4, 44.0, 47.9), ('rope_axial', 168): (48.6, 46.0, 49.9),
-    ('rope_axial', 276): (48.6, 46.2, 50.1),
-    ('rope_mixed', 108): (100., 99.5, 100.), ('rope_mixed', 168): (98.6, 97.6, 98.7),
-    ('rope_mixed', 276): (88.6, 87.4, 89.9),
+    ('paper_visionllama', 108): (46.4, 44.0, 47.9), ('paper_visionllama', 168): (48.6, 46.0, 49.9),
+    ('paper_visionllama', 276): (48.6, 46.2, 50.1),
+    ('paper_rope_mixed', 108): (100., 99.5, 100.), ('paper_rope_mixed', 168): (98.6, 97.6, 98.7),
+    ('paper_rope_mixed', 276): (88.6, 87.4, 89.9),
     ('liere8', 108): (99.5, 99.2, 99.8), ('liere8', 168): (99.7, 99.4, 99.9),
     ('liere8', 276): (99.7, 99.5, 99.9),
     ('liere_head', 108): (100., 99.5, 100.), ('liere_head', 168): (100., 99.6, 100.),
@@ -44,21 +51,28 @@ PAPER_TABLE3 = {
 }
 # The paper has no synthetic-task numbers for its other experiments; these are its CIFAR-100
 # ones (ViT-B), shown beside ours as the finding being tested, not as a like-for-like number.
-PAPER_CIFAR_SHUFFLE_DROP = {'abs': 69.3, 'rope_axial': 54.8, 'rope_mixed': 75.1,
+PAPER_CIFAR_SHUFFLE_DROP = {'abs': 69.3, 'paper_visionllama': 54.8, 'paper_rope_mixed': 75.1,
                             'liere8': 82.5, 'liere_head': 84.6}  # Table 5, relative drop %.
 PAPER_CIFAR_BLOCKS = {2: 68.84, 4: 69.28, 8: 70.32, 16: 69.85, 32: 69.65, 64: 69.99}  # Table 10.
-PAPER_CIFAR_SHARE = {  # Table 4 rows, by our share mode: (RoPE-Mixed, LieRE64, LieRE8).
-    'all': (68.8, 70.0, 70.3), 'layers': (68.7, 69.5, 69.8),
-    'heads': (69.5, 69.7, 69.7), 'none': (68.3, 69.4, 69.5)}
+# Table 4 rows, by our share mode: (RoPE-Mixed, LieRE64, LieRE8). Its first row is Table 1's
+# default (per layer and head, with LieRE64's 5.684 GFLOP of Table 8); the FLOPs drop (5.613G)
+# in the two rows that share over heads (fewer exponentials); the last row shares both.
+PAPER_CIFAR_SHARE = {
+    'none': (68.8, 70.0, 70.3), 'layers': (68.7, 69.5, 69.8),
+    'heads': (69.5, 69.7, 69.7), 'all': (68.3, 69.4, 69.5)}
 
-NAMES = {'none': 'None', 'abs': 'Absolute', 'sincos': 'Sin-cos', 'rope_axial':
-         'VisionLlama RoPE (axial)', 'rope_mixed': 'RoPE-Mixed', 'alibi': '2D ALiBi',
-         'liere8': 'LieRE8', 'liere32': 'LieRE32 (= head dim)', 'comrope_ap8': 'ComRoPE-AP8',
-         'comrope_ld8': 'ComRoPE-LD8', 'string_cayley': 'STRING (Cayley)',
-         'string_circulant8': 'STRING (circulant 8)'}
 HEAD_DIM = 32  # configs/arrows.py: width 128, 4 heads.
-PAPER_ENCODINGS = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere8',
-                   f'liere{HEAD_DIM}')
+# Report labels: every baseline says whose definition it is.
+NAMES = {'none': 'None', 'abs': 'Absolute', 'sincos': 'Sin-cos',
+         'paper_visionllama': 'VisionLlama RoPE (paper)',
+         'paper_rope_mixed': 'RoPE-Mixed (paper: LieRE2)',
+         'rope_axial': 'Axial RoPE (rope-vit)', 'rope_mixed': 'RoPE-Mixed (naver-ai)',
+         'alibi': '2D ALiBi', 'liere8': 'LieRE8', f'liere{HEAD_DIM}': 'LieRE32 (= head dim)',
+         'comrope_ap8': 'ComRoPE-AP8', 'comrope_ld8': 'ComRoPE-LD8',
+         'string_cayley': 'STRING (Cayley)', 'string_circulant8': 'STRING (circulant 8)'}
+PAPER_ENCODINGS = ('none', 'abs', 'sincos', 'paper_visionllama', 'paper_rope_mixed', 'alibi',
+                   'liere8', f'liere{HEAD_DIM}')
+LIBRARY_BASELINES = ('rope_axial', 'rope_mixed')  # rope-vit's / naver-ai's, beside the paper's.
 SUCCESSORS = ('comrope_ap8', 'comrope_ld8', 'string_cayley', 'string_circulant8')
 
 
@@ -83,6 +97,12 @@ class Run:
   def name(self) -> str:
     extra = ''.join(f"_{k.split('.')[-1]}{v}" for k, v in self.overrides)
     return f'{self.pe}_{self.px}px{extra}_s{self.seed}'
+
+  def dirname(self, extra: Tuple[str, ...] = ()) -> str:
+    """The workdir name: `name`, plus a hash of the --set overrides (`extra`) if any."""
+    if not extra:
+      return self.name
+    return f"{self.name}_set{hashlib.sha1(chr(0).join(extra).encode()).hexdigest()[:8]}"
 
   def train_args(self, workdir: str, extra: Tuple[str, ...]) -> List[str]:
     return (['train.py', '--config', f'configs/arrows.py:pe={self.pe},grid={self.grid}',
@@ -112,10 +132,10 @@ class Suite:
 
 
 def _table3_runs() -> Tuple[Run, ...]:
-  runs = [Run(pe) for pe in PAPER_ENCODINGS]
+  runs = [Run(pe) for pe in PAPER_ENCODINGS + LIBRARY_BASELINES]
   runs.append(Run('rope_mixed', seed=1))  # Near a threshold in our runs: a second seed.
   runs += [Run(pe) for pe in SUCCESSORS]
-  runs += [Run(pe, grid=14) for pe in ('abs', 'rope_mixed', 'liere8')]
+  runs += [Run(pe, grid=14) for pe in ('abs', 'paper_rope_mixed', 'rope_mixed', 'liere8')]
   return tuple(runs)
 
 
@@ -125,21 +145,28 @@ def _fig6_runs():
 
 def _fig4_runs():
   return tuple(Run(pe, overrides=(('data.num_train', str(n)),), label=f'{n} examples')
-               for pe in ('abs', 'rope_mixed', 'liere8') for n in (2000, 8000, 32000))
+               for pe in ('abs', 'paper_rope_mixed', 'rope_mixed', 'liere8')
+               for n in (2000, 8000, 32000))
+
+
+# Table 4's columns: RoPE-Mixed (the paper's, LieRE with 2x2 blocks: sharing applies), LieRE64
+# (= head dim; ours is 32), LieRE8.
+TABLE4_COLUMNS = ('paper_rope_mixed', f'liere{HEAD_DIM}', 'liere8')
 
 
 def _table4_runs():
   return tuple(Run(pe, overrides=(('model.pe.share', s),) if s != 'none' else (),
                    label=f'share {s}')
-               for pe in ('liere8', f'liere{HEAD_DIM}') for s in ('none', 'layers', 'heads', 'all'))
+               for pe in TABLE4_COLUMNS for s in ('none', 'layers', 'heads', 'all'))
 
 
 def _table7_runs():
-  # The paper's "RoPE-Mixed" in Table 7 is the LieRE code's, i.e. LieRE with 2x2 blocks
-  # (IMPLEMENTATION_NOTES 3); our rope_mixed has naver-ai's frequency init and no init scale.
+  # The paper's "RoPE-Mixed" in Table 7 is the LieRE code's, LieRE with 2x2 blocks
+  # (paper_rope_mixed); naver-ai's (rope_mixed) has a frequency init of its own, no init scale.
   return tuple(Run(pe, seed=s, overrides=(('model.pe.init_scale', scale),) if scale != '2pi'
                    else (), label=f'init {scale}')
-               for pe in ('liere8', 'liere2') for scale in ('1.0', '2pi') for s in (0, 1))
+               for pe in ('liere8', 'paper_rope_mixed') for scale in ('1.0', '2pi')
+               for s in (0, 1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,13 +197,18 @@ def _commands(rows) -> str:
 def _report_table3(rows):
   at_train = [r for r in rows if r['px'] == CELL * TRAIN_GRID]
   lines = ['Top-1 % on 2,000 held-out examples, bootstrap 95% CI; paper: ViT-B, 800k examples '
-           '(Table 3). ComRoPE and STRING (the last rows) are later work, not in the paper. '
+           "(Table 3). The paper's rows come first, with its definitions (RoPE-Mixed = the LieRE "
+           "code's LieRE2, VisionLlama = its fixed-frequency encoding on [0, 1] positions); then "
+           "naver-ai's RoPE-Mixed and rope-vit's axial RoPE (integer positions), which the paper "
+           'did not run; ComRoPE and STRING (the last rows) are later work, not in the paper. '
            f"The {len(at_train)} runs at 108 px took {sum(r['wall_s'] for r in at_train) / 60:.0f} "
            'min of train + eval wall time.', '',
            '| encoding | px | seed | ours | paper | patches shuffled |',
            '|---|---|---|---|---|---|']
-  order = {pe: i for i, pe in enumerate(PAPER_ENCODINGS + SUCCESSORS)}
-  for r in sorted(rows, key=lambda r: (r['pe'] in SUCCESSORS, r['px'], order.get(r['pe'], 99),
+  groups = (PAPER_ENCODINGS, LIBRARY_BASELINES, SUCCESSORS)
+  order = {pe: i for i, pe in enumerate(sum(groups, ()))}
+  group = {pe: g for g, pes in enumerate(groups) for pe in pes}
+  for r in sorted(rows, key=lambda r: (group.get(r['pe'], 3), r['px'], order.get(r['pe'], 99),
                                        r['seed'])):
     lines.append(f"| {NAMES.get(r['pe'], r['pe'])} | {r['px']} | {r['seed']} | {_ci(r)} | "
                  f"{_paper3(r['pe'], r['px'])} | {_pct(r['shuffled_top1'])} |")
@@ -296,7 +328,8 @@ def _share(r):
 
 
 SUITES: Dict[str, Suite] = {
-    'table3': Suite('Paper Table 3: every encoding at 108 px (RoPE-Mixed with 2 seeds), abs / '
+    'table3': Suite("Paper Table 3: every encoding at 108 px (the paper's definitions, plus "
+                    "naver-ai's RoPE-Mixed with 2 seeds and rope-vit's axial RoPE), abs / both "
                     'RoPE-Mixed / LieRE8 at 168 px; plus ComRoPE and STRING.',
                     _table3_runs(), Eval(), _report_table3),
     'table5': Suite('Paper Table 5: accuracy drop with shuffled patches, for the table3 runs at '
@@ -314,23 +347,25 @@ SUITES: Dict[str, Suite] = {
                       'best.', lambda r: str(PAPER_CIFAR_BLOCKS.get(_block(r), '-')), _block,
                       'block size', log_x=True)),
     'fig4': Suite('Paper Fig. 4: training-set size (data.num_train = 2k, 8k, 32k examples; the '
-                  'main job sees 64k) for abs, RoPE-Mixed, LieRE8.', _fig4_runs(), Eval(),
+                  "main job sees 64k) for abs, RoPE-Mixed (the paper's and naver-ai's), LieRE8.",
+                  _fig4_runs(), Eval(),
                   _report_sweep(
                       'Training examples (Fig. 4: data.num_train, the same number of steps, so '
                       'fewer examples means more epochs). Paper: CIFAR-100 fractions 20-90% as '
                       'a plot (LieRE and RoPE-Mixed ahead of abs, most when data is scarce); no '
                       'numbers in the text.', lambda r: '-',
                       lambda r: int(r['label'].split()[0]), 'training examples', log_x=True)),
-    'table4': Suite('Paper Table 4: LieRE generators shared over layers, heads or both (LieRE8, '
-                    'LieRE32).', _table4_runs(), Eval(), _report_sweep(
+    'table4': Suite('Paper Table 4: generators shared over layers, heads or both (RoPE-Mixed '
+                    '= LieRE2, LieRE32, LieRE8).', _table4_runs(), Eval(), _report_sweep(
                         'Sharing the generators (Table 4). Paper: CIFAR-100 top-1 (LieRE64 '
                         'column for our LieRE32 = head dim).',
                         lambda r: str(PAPER_CIFAR_SHARE[_share(r)][
-                            2 if r['pe'] == 'liere8' else 1]),
+                            TABLE4_COLUMNS.index(r['pe'])]),
                         lambda r: ('none', 'layers', 'heads', 'all').index(_share(r)),
                         'shared over: 0 none, 1 layers, 2 heads, 3 all')),
-    'table7': Suite('Paper Table 7: init scale 1 vs 2 pi for LieRE8 and LieRE2 (the LieRE '
-                    "code's RoPE-Mixed), 2 seeds each.", _table7_runs(), Eval(), _report_sweep(
+    'table7': Suite("Paper Table 7: init scale 1 vs 2 pi for LieRE8 and the paper's RoPE-Mixed "
+                    "(paper_rope_mixed: the LieRE code's, LieRE with 2x2 blocks), 2 seeds each.",
+                    _table7_runs(), Eval(), _report_sweep(
                         'Init scale (Table 7). Paper (CIFAR-100, paired z-test 2 pi vs 1): '
                         'LieRE8 -1.18 points (p = 0.07), RoPE-Mixed -2.55 (p = 0.0001).',
                         lambda r: '-', lambda r: 0 if '1.0' in r['label'] else 1,
@@ -375,10 +410,23 @@ def _walls(workdir: str) -> dict:
   return {}
 
 
+def _commit() -> str:
+  """The repo's HEAD (with '+' when the tree has changes), or '' outside a git checkout."""
+  try:
+    head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=REPO, text=True,
+                          capture_output=True, check=True).stdout.strip()
+    dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=REPO,
+                           text=True, capture_output=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return ''
+  return head + ('+' if dirty else '')
+
+
 def _add_wall(workdir: str, key: str, seconds: float):
   walls = _walls(workdir)
   walls[key] = walls.get(key, 0.) + seconds
   walls['machine'] = machine()
+  walls.setdefault('commit', _commit())  # The code the run was trained at.
   with open(os.path.join(workdir, 'reproduce_wall.json'), 'w') as f:
     json.dump(walls, f, indent=1)
 
@@ -389,7 +437,7 @@ def _command(args: List[str]) -> str:
 
 def row(run: Run, suite: Suite, runs_dir: str, extra: Tuple[str, ...]) -> Optional[dict]:
   """A run's report row, or None if it has not finished."""
-  workdir = os.path.join(runs_dir, run.name)
+  workdir = os.path.join(runs_dir, run.dirname(extra))
   res = _results(workdir, suite.evaluation.out)
   if res is None:
     return None
@@ -400,12 +448,12 @@ def row(run: Run, suite: Suite, runs_dir: str, extra: Tuple[str, ...]) -> Option
                         for mode, acc in by_mode.items()}
                  for size, by_mode in res['resolutions'].items()}
   return dict(
-      run=run.name, pe=run.pe, px=run.px, seed=run.seed, label=run.label,
+      run=run.dirname(extra), pe=run.pe, px=run.px, seed=run.seed, label=run.label,
       overrides=dict(run.overrides), top1=top1, top1_ci95=res['top1_ci95'],
       shuffled_top1=shuffled, shuffle_drop_rel=(top1 - shuffled) / top1 if top1 else 0.,
       n_examples=res['n_examples'], resolutions=resolutions, steps=res['step'],
       wall_s=walls.get('train_s', 0.) + walls.get(suite.evaluation.out + '_s', 0.),
-      machine=walls.get('machine', ''),
+      machine=walls.get('machine', ''), commit=walls.get('commit', ''),
       command=' && '.join(_command(a) for a in (run.train_args(workdir, extra),
                                                 suite.evaluation.args(workdir))))
 
@@ -416,19 +464,23 @@ def _cost(run: Run) -> float:
 
 
 def run_suite(name: str, runs_dir: str, extra: Tuple[str, ...], dry_run: bool = False,
-              log=print) -> List[dict]:
+              log=print, only: Tuple[str, ...] = ()) -> List[dict]:
+  """Runs the suite's unfinished runs (only those whose encoding or run name is in `only`,
+  if given)."""
   suite = SUITES[name]
-  todo = [r for r in suite.runs if row(r, suite, runs_dir, extra) is None]
-  log(f'suite {name}: {len(suite.runs)} runs, {len(suite.runs) - len(todo)} done, '
-      f'{len(todo)} to run (workdirs under {runs_dir})')
+  todo = [r for r in suite.runs if (not only or r.pe in only or r.dirname(extra) in only)
+          and row(r, suite, runs_dir, extra) is None]
+  done = sum(row(r, suite, runs_dir, extra) is not None for r in suite.runs)
+  log(f'suite {name}: {len(suite.runs)} runs, {done} done here, {len(todo)} to run now '
+      f'(workdirs under {runs_dir})')
   spent, cost_done = 0., 0.
   for i, run in enumerate(todo):
-    workdir = os.path.join(runs_dir, run.name)
+    workdir = os.path.join(runs_dir, run.dirname(extra))
     steps = [run.train_args(workdir, extra + ('--progress=false',)),
              suite.evaluation.args(workdir)]
     eta = (spent / cost_done * sum(map(_cost, todo[i:]))) if cost_done else None
-    log(f"[{i + 1}/{len(todo)}] {run.name}" + (f' (ETA {eta / 60:.0f} min for the rest)'
-                                                if eta is not None else ''))
+    log(f'[{i + 1}/{len(todo)}] {os.path.basename(workdir)}' + (
+        f' (ETA {eta / 60:.0f} min for the rest)' if eta is not None else ''))
     if dry_run:
       for args in steps:
         log('  ' + _command(args))
@@ -495,8 +547,11 @@ _DRY_RUN = flags.DEFINE_bool('dry-run', False, 'Print the commands without runni
 _REPORT = flags.DEFINE_bool('report', False, 'Only rebuild the report from finished runs.')
 _RUNS = flags.DEFINE_string('runs', 'runs/reproduce', 'Where the run workdirs go.')
 _OUT = flags.DEFINE_string('out', 'docs/results', 'Where the report goes.')
+_ONLY = flags.DEFINE_list('only', [], 'Run only these encodings or runs (e.g. '
+                          'paper_visionllama,paper_rope_mixed_108px_s0); the report keeps the '
+                          'rows it has of the others.')
 _SET = flags.DEFINE_multi_string('set', [], 'KEY=VALUE config override for every run, e.g. '
-                                 'total_steps=2000 (use a separate --runs).')
+                                 'total_steps=2000 (its runs get workdirs of their own).')
 
 
 def main(argv):
@@ -515,9 +570,26 @@ def main(argv):
   if _REPORT.value:
     rows = [r for r in (row(r, suite, _RUNS.value, extra) for r in suite.runs) if r]
   else:
-    rows = run_suite(_SUITE.value, _RUNS.value, extra, dry_run=_DRY_RUN.value)
+    rows = run_suite(_SUITE.value, _RUNS.value, extra, dry_run=_DRY_RUN.value,
+                     only=tuple(_ONLY.value))
   if not _DRY_RUN.value:
+    rows = merge_rows(_SUITE.value, rows, extra, _OUT.value)
     print('report:', write_report(_SUITE.value, rows, _OUT.value))
+
+
+def merge_rows(name: str, rows: List[dict], extra: Tuple[str, ...], out_dir: str) -> List[dict]:
+  """`rows` (from workdirs here) over the rows of the committed <out_dir>/<name>.json, for
+  the runs the suite still defines, in the suite's order: a report is rebuilt without the
+  workdirs, and a suite run in parts (or on several machines) adds up."""
+  path = os.path.join(out_dir, f'{name}.json')
+  old = []
+  if os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+  by_run = {r['run']: r for r in old}
+  by_run.update({r['run']: r for r in rows})
+  order = [run.dirname(extra) for run in SUITES[name].runs]
+  return [by_run[n] for n in order if n in by_run]
 
 
 if __name__ == '__main__':

@@ -26,7 +26,8 @@ Parameter names mirror the JAX tree ('blocks/0/attn/qkv/kernel' -> 'blocks.0.att
 LayerNorm scale -> weight; Linear weights [out, in], the patch conv [D, C, *patch]); the
 position-encoding parameters keep their JAX names and shapes: pe.embedding [1, T, D] (abs),
 pe.freqs [n, depth, heads*d/2] (rope_mixed), pe.generators [L', H', n, d//b, b(b-1)/2]
-(liere<b>; L' = 1 / H' = 1 when shared over layers / heads); pe.skew_params
+(liere<b> and paper_rope_mixed = liere2; L' = 1 / H' = 1 when shared over layers / heads),
+none for paper_visionllama (fixed frequencies); pe.skew_params
 [depth, heads, d//b, b, b] (comrope_ap<b>, comrope_ld<b>, plus pe.axis_scales [depth, n, d//b]
 for ld), pe.freqs + pe.cayley [depth, heads, d(d-1)/2] (string_cayley), pe.circulant
 [depth, heads, n, d//b, b] (string_circulant<b>). ComRoPE's exponentials run per token here
@@ -43,7 +44,8 @@ import torch.nn.functional as F
 
 POSITION_MODES = ('normalized', 'integer', 'rescaled')
 PE_NAMES = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere<b>',
-            'comrope_ap<b>', 'comrope_ld<b>', 'string_cayley', 'string_circulant<b>')
+            'comrope_ap<b>', 'comrope_ld<b>', 'string_cayley', 'string_circulant<b>',
+            'paper_rope_mixed', 'paper_visionllama')
 
 
 class WeightsMismatchError(ValueError):
@@ -237,7 +239,9 @@ class RopeAxial(Encoding):
   def __init__(self, head_dim, n_dims, theta=100.):
     super().__init__()
     per_axis = head_dim // (2 * n_dims)
-    freqs = 1. / theta ** (np.arange(per_axis) * 2 * n_dims / head_dim)
+    self.set_freqs(1. / theta ** (np.arange(per_axis) * 2 * n_dims / head_dim))
+
+  def set_freqs(self, freqs):
     self.register_buffer('freqs', torch.tensor(freqs, dtype=torch.float32), persistent=False)
 
   def context(self, pos, num_prefix):
@@ -246,6 +250,15 @@ class RopeAxial(Encoding):
 
   def attend(self, ctx, layer, q, k):
     return rotate(q, ctx), rotate(k, ctx), None
+
+
+class PaperVisionLlama(RopeAxial):
+  """The paper's VisionLlama column (the official LieRE code's "tiled" encoding): RopeAxial's
+  layout with frequencies exp(-4 linspace(0, 1, d // (2n))) on [0, 1] positions."""
+
+  def __init__(self, head_dim, n_dims):
+    super().__init__(head_dim, n_dims)
+    self.set_freqs(np.exp(-4. * np.linspace(0., 1., head_dim // (2 * n_dims))))
 
 
 def _random_frame(n):
@@ -461,6 +474,7 @@ def build_encoding(pe, *, width, depth, heads, train_grid, num_prefix):
       'abs': lambda: Absolute(width, train_grid, num_prefix),
       'sincos': lambda: SinCos(width),
       'rope_axial': lambda: RopeAxial(head_dim, n),
+      'paper_visionllama': lambda: PaperVisionLlama(head_dim, n),
       'rope_mixed': lambda: RopeMixed(depth, heads, head_dim, n),
       'alibi': lambda: ALiBi(heads),
       'liere': lambda: LieRE(pe['block'], pe['layers'], pe['heads'], head_dim, n,
@@ -504,39 +518,47 @@ class Attention(nn.Module):
 
 class Mlp(nn.Module):
 
-  def __init__(self, width, mlp_dim):
+  def __init__(self, width, mlp_dim, hidden_dropout):
     super().__init__()
     self.fc1 = nn.Linear(width, mlp_dim)
+    self.dropout = nn.Dropout(hidden_dropout)
     self.fc2 = nn.Linear(mlp_dim, width)
 
   def forward(self, x):
-    return self.fc2(F.gelu(self.fc1(x)))  # exact (erf) GELU
+    return self.fc2(self.dropout(F.gelu(self.fc1(x))))  # exact (erf) GELU
 
 
 class Block(nn.Module):
+  """Pre-norm block; dropout (training only) at the `dropout_sites` among 'attn' (attention
+  output), 'mlp_hidden' (after GELU) and 'mlp' (MLP output)."""
 
-  def __init__(self, width, heads, mlp_dim, qkv_bias, dropout, eps):
+  def __init__(self, width, heads, mlp_dim, qkv_bias, dropout, eps, dropout_sites):
     super().__init__()
     self.norm1 = nn.LayerNorm(width, eps=eps)
     self.attn = Attention(width, heads, qkv_bias)
     self.norm2 = nn.LayerNorm(width, eps=eps)
-    self.mlp = Mlp(width, mlp_dim)
-    self.dropout = nn.Dropout(dropout)
+    self.mlp = Mlp(width, mlp_dim, dropout if 'mlp_hidden' in dropout_sites else 0.)
+    self.drop_attn = nn.Dropout(dropout if 'attn' in dropout_sites else 0.)
+    self.drop_mlp = nn.Dropout(dropout if 'mlp' in dropout_sites else 0.)
 
   def forward(self, x, pe, ctx, layer):
     y, weights = self.attn(self.norm1(x), pe, ctx, layer)
-    x = x + self.dropout(y)
-    x = x + self.dropout(self.mlp(self.norm2(x)))
+    x = x + self.drop_attn(y)
+    x = x + self.drop_mlp(self.mlp(self.norm2(x)))
     return x, weights
 
 
 SPEC_FIELDS = ('width', 'depth', 'heads', 'mlp_dim', 'patch', 'input_size', 'channels',
-               'num_classes', 'pool', 'qkv_bias', 'dropout', 'layer_norm_eps', 'pe')
+               'num_classes', 'pool', 'qkv_bias', 'dropout', 'dropout_sites', 'layer_norm_eps',
+               'pe')
+# Fields added after models were exported, with the value those models were trained with.
+ADDED_FIELDS = {'dropout_sites': ('embed', 'attn', 'mlp')}
 
 
 def spec_fields(config):
   """The resolved model of an exported JSON (liere_jax.spec.ModelSpec.to_json(): every value
   given, no default applied here)."""
+  config = {**ADDED_FIELDS, **config}
   missing = [k for k in SPEC_FIELDS if k not in config]
   if missing or 'positions' not in config['pe'] or 'family' not in config['pe']:
     raise ValueError(f'The config lacks {missing or ["pe.family / pe.positions"]}: it is not '
@@ -553,7 +575,7 @@ class ViT(nn.Module):
   """
 
   def __init__(self, *, width, depth, heads, mlp_dim, patch, input_size, channels,
-               num_classes, pool, qkv_bias, pe, dropout, layer_norm_eps):
+               num_classes, pool, qkv_bias, pe, dropout, dropout_sites, layer_norm_eps):
     super().__init__()
     patch, input_size = tuple(patch), tuple(input_size)
     if len(patch) != len(input_size) or not 1 <= len(patch) <= 3:
@@ -576,9 +598,10 @@ class ViT(nn.Module):
     self.pe = build_encoding(pe, width=width, depth=depth, heads=heads,
                              train_grid=self.train_grid, num_prefix=self.num_prefix)
     self.positions = pe['positions']
-    self.dropout = nn.Dropout(dropout)
+    self.dropout = nn.Dropout(dropout if 'embed' in dropout_sites else 0.)
     self.blocks = nn.ModuleList([
-        Block(width, heads, mlp_dim, qkv_bias, dropout, layer_norm_eps) for _ in range(depth)])
+        Block(width, heads, mlp_dim, qkv_bias, dropout, layer_norm_eps, dropout_sites)
+        for _ in range(depth)])
     self.norm = nn.LayerNorm(width, eps=layer_norm_eps)
     self.head = nn.Linear(width, num_classes)
 

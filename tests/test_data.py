@@ -1,23 +1,23 @@
 """Tests of liere_jax.data: the arrows task, its TFDS builder and the Grain pipelines (offline)."""
-import ml_collections
+import io
+
+import jax
 import numpy as np
 from PIL import Image
 import pytest
 import tensorflow_datasets as tfds
 
+from liere_jax import config_lib, evaluation, train_lib
 from liere_jax.data import arrows
+from liere_jax.data import augment
 from liere_jax.data import pipeline
 from liere_jax.data import tfds_builders
 from tests import datasets
+from tests.helpers import tiny_model_config
 
 
 def data_config(**overrides):
-  d = ml_collections.ConfigDict(dict(
-      name='arrows', data_dir=None, train_split='train', eval_split='test', fraction=1.0,
-      augment='none', mixup=0.0, image_size=0, num_frames=8, frame_stride=4, grid=9,
-      num_eval=50, num_train=0, seed=0))
-  d.update(overrides)
-  return d
+  return config_lib.data_config(**{'name': 'arrows', 'num_eval': 50, **overrides})
 
 
 def image_bytes(batch, i):
@@ -261,16 +261,16 @@ def test_imagenet_on_mock_data():
     assert b['image'].shape == (4, 24, 24, 3) and b['mask'].all()
 
 
-@pytest.mark.parametrize('op', sorted(pipeline.RANDAUG_OPS))
+@pytest.mark.parametrize('op', sorted(augment.RANDAUG_OPS))
 def test_randaugment_ops_keep_shape_and_treat_frames_alike(op):
   rng = np.random.default_rng(0)
   frame = rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)
   clip = np.stack([frame] * 3)
   for m in (-0.5, 1.0):
-    out = pipeline.RANDAUG_OPS[op](clip, m)
+    out = augment.RANDAUG_OPS[op](clip, m)
     assert out.shape == clip.shape and out.dtype == np.uint8
     assert (out == out[:1]).all()
-    np.testing.assert_array_equal(pipeline.RANDAUG_OPS[op](frame, m), out[0])
+    np.testing.assert_array_equal(augment.RANDAUG_OPS[op](frame, m), out[0])
 
 
 def test_crop_flip_is_a_window_of_the_padded_image():
@@ -279,7 +279,7 @@ def test_crop_flip_is_a_window_of_the_padded_image():
   windows = {(np.ascontiguousarray(w[:, ::f]).tobytes(), f)
              for t in range(5) for l in range(5) for f in (1, -1)
              for w in [padded[t:t + 16, l:l + 16]]}
-  outs = [pipeline.crop_flip(x, np.random.default_rng(i)) for i in range(40)]
+  outs = [augment.crop_flip(x, np.random.default_rng(i)) for i in range(40)]
   found = [{f for b, f in windows if b == np.ascontiguousarray(o).tobytes()} for o in outs]
   assert all(found)  # Every output is some window, flipped or not.
   assert {1, -1} <= set.union(*found) and len({o.tobytes() for o in outs}) > 10
@@ -317,3 +317,263 @@ def test_ucf101_clips(ucf_dir):
     # 32 frames: the centred clip is frames 1, 5, ..., 29; 10 frames: 0, 4, 8, then the last.
     frames = [1 + 4 * t for t in range(8)] if label != 52 else [0, 4, 8] + [9] * 5
     np.testing.assert_allclose(clip, 8 * np.array(frames), atol=2)
+
+
+# The official recipes: training orders, RandomResizedCrop, eval crops and views.
+
+
+@pytest.fixture(scope='module')
+def ucf_native_dir(tmp_path_factory):
+  return datasets.prepare(datasets.Ucf101Native, str(tmp_path_factory.mktemp('ucf1')),
+                          texture=120)
+
+
+@pytest.fixture(scope='module')
+def imagenet_dir(tmp_path_factory):
+  return datasets.prepare(datasets.Imagenet2012, str(tmp_path_factory.mktemp('in')))
+
+
+def _record(monkeypatch, names):
+  """Wraps augment.<name> for each name to log (name, input shape, dtype) and call through."""
+  calls = []
+  for name in names:
+    def wrapped(x, *args, _name=name, _fn=getattr(augment, name), **kw):
+      calls.append((_name, x.shape, x.dtype) if isinstance(x, np.ndarray) else (_name, args))
+      return _fn(x, *args, **kw)
+    monkeypatch.setattr(augment, name, wrapped)
+  return calls
+
+
+_OPS = ('official_randaugment', 'timm_randaugment', 'randaugment', 'crop_flip', 'rrc_box',
+        'resized_crop', 'hflip', 'random_erasing')
+
+
+def test_official_orders(monkeypatch, imagenet_dir, ucf_native_dir):
+  calls = _record(monkeypatch, _OPS)
+  u8, f32 = np.dtype(np.uint8), np.dtype(np.float32)
+  with tfds.testing.mock_data(num_examples=4):  # O data_image.py:96-104: RA, pad-crop, flip.
+    pipeline.train_dataset(data_config(name='cifar100', augment='official_randaug',
+                                       data_dir='/unused'), global_batch_size=1, seed=0)[0]
+  assert [c[0] for c in calls] == ['official_randaugment', 'crop_flip', 'hflip']
+  assert calls[0][1:] == ((32, 32, 3), u8)
+  # O data_image.py:193-205: RA on the native image, then RandomResizedCrop, then flip.
+  calls.clear()
+  cfg = data_config(name='imagenet2012', image_size=24, augment='official_randaug', crop='rrc',
+                    data_dir=imagenet_dir)
+  source = tfds.data_source('imagenet2012', split='train', data_dir=imagenet_dir)
+  native = {source[i]['image'].shape for i in range(len(source))}
+  pipeline.train_dataset(cfg, global_batch_size=1, seed=0)[0]
+  assert [c[0] for c in calls] == ['official_randaugment', 'rrc_box', 'resized_crop', 'hflip']
+  assert calls[0][1] in native and calls[1][1] == calls[0][1][:2]
+  assert calls[2][1] == calls[0][1] and calls[3][1] == (24, 24, 3)
+  # O videodataset.py:306-353: timm RA on native frames, RRC, flip, then erasing (normalised).
+  calls.clear()
+  cfg = data_config(name='ucf101/ucf101_1', image_size=16, num_frames=4, augment='videomae',
+                    crop='rrc', random_erasing=1.0, data_dir=ucf_native_dir)
+  pipeline.train_dataset(cfg, global_batch_size=1, seed=0)[0]
+  assert [c[0] for c in calls] == ['timm_randaugment', 'rrc_box', 'resized_crop', 'hflip',
+                                   'random_erasing']
+  assert calls[0][1:] == ((4, 24, 32, 3), u8) and calls[1][1] == (24, 32)
+  assert calls[4][1:] == ((4, 16, 16, 3), f32)
+  # Ours ('randaug'): crop and flip first, RandAugment at S.
+  calls.clear()
+  pipeline.train_dataset(dict(cfg.to_dict(), augment='randaug', crop='pad', random_erasing=0.0),
+                         global_batch_size=1, seed=0)[0]
+  assert [c[0] for c in calls] == ['crop_flip', 'hflip', 'randaugment']
+  assert calls[2][1] == (4, 16, 16, 3)
+
+
+def test_rrc_crops_native_images_anew_each_time_and_every_frame_alike(ucf_native_dir):
+  rng = np.random.default_rng(0)
+  image = rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)
+  spec = pipeline._spec(data_config(name='imagenet2012', image_size=24, augment='light',
+                                    crop='rrc'))
+  outs = [pipeline._augment(spec, image, np.random.default_rng(i)) for i in range(6)]
+  assert all(o.shape == (24, 24, 3) and o.dtype == np.uint8 for o in outs)
+  assert len({o.tobytes() for o in outs}) == 6
+  clip = np.stack([image] * 5)
+  spec = pipeline._spec(data_config(name='ucf101', image_size=24, augment='videomae',
+                                    crop='rrc'))
+  for seed in range(4):
+    out = pipeline._augment(spec, clip, np.random.default_rng(seed))
+    assert out.shape == (5, 24, 24, 3) and (out == out[:1]).all()
+  # Through the pipeline: native 24 x 32 frames -> [frames, S, S, 3], a pure function of step.
+  cfg = data_config(name='ucf101/ucf101_1', image_size=16, augment='light', crop='rrc',
+                    data_dir=ucf_native_dir)
+  assert pipeline.dataset_info(cfg)['input_shape'] == (8, 16, 16, 3)
+  a, b = (pipeline.train_dataset(cfg, global_batch_size=2, seed=0)[1] for _ in range(2))
+  assert a['image'].shape == (2, 8, 16, 16, 3)
+  np.testing.assert_array_equal(a['image'], b['image'])
+
+
+def test_videomae_training_clips_follow_the_official_sampler():
+  # O videodataset.py:390-417: end ~ U[32, n), floor(linspace(end - 32, end, 8)) clipped to
+  # end - 1; a video of n <= 32 frames: floor(linspace(0, n, n // 4)) then n, clipped to n - 1.
+  starts = set()
+  for seed in range(200):
+    idx = pipeline._train_clip(40, 8, 4, np.random.default_rng(seed), videomae=True)
+    np.testing.assert_array_equal(idx - idx[0], [0, 4, 9, 13, 18, 22, 27, 31])
+    starts.add(int(idx[0]))
+  assert starts == set(range(8))
+  short = pipeline._train_clip(29, 8, 4, np.random.default_rng(0), videomae=True)
+  np.testing.assert_array_equal(short, [0, 4, 9, 14, 19, 24, 28, 28])
+
+
+def _torchvision_center_crop(image, size):
+  """torchvision CenterCrop written out: paste into a zero canvas (pad left/top (S - h) // 2),
+  or cut from offset int(round((h - S) / 2.0)) (Python rounds half to even)."""
+  out = np.zeros((size, size, 3), np.uint8)
+  h, w = image.shape[:2]
+  src_t, dst_t = (int(round((h - size) / 2.0)), 0) if h >= size else (0, (size - h) // 2)
+  src_l, dst_l = (int(round((w - size) / 2.0)), 0) if w >= size else (0, (size - w) // 2)
+  ch, cw = min(h, size), min(w, size)
+  out[dst_t:dst_t + ch, dst_l:dst_l + cw] = image[src_t:src_t + ch, src_l:src_l + cw]
+  return out
+
+
+def test_eval_center_crop_is_torchvisions(imagenet_dir):
+  rng = np.random.default_rng(0)
+  for h in range(30, 52):  # Odd and even differences both ways, e.g. 47 - 40 = 7: offset 4.
+    image = rng.integers(1, 256, (h, 81 - h, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(pipeline._center_crop(image, 40),
+                                  _torchvision_center_crop(image, 40))
+  cfg = data_config(name='imagenet2012', image_size=40, eval_crop='center',
+                    eval_split='validation', data_dir=imagenet_dir)
+  source = tfds.data_source('imagenet2012', split='validation', data_dir=imagenet_dir)
+  expected = [_torchvision_center_crop(source[i]['image'], 40) for i in range(len(source))]
+  assert any(min(source[i]['image'].shape[:2]) < 40 for i in range(len(source)))  # Some pad.
+  batches = list(pipeline.eval_batches(cfg, global_batch_size=len(source)))
+  mean, std = np.array(pipeline.DATASETS['imagenet2012'].mean), np.array(
+      pipeline.DATASETS['imagenet2012'].std)
+  pixels = np.round((batches[0]['image'] * std + mean) * 255).astype(np.uint8)
+  np.testing.assert_array_equal(pixels, expected)
+
+
+def _official_view(jpegs, size, num, stride, t, s, temporal=5, spatial=3):
+  """O videodataset.py:264-296, 382-388 written out: frames 0, stride, ... (the last repeated
+  up to num), resized to shorter side `size`, clip t of `temporal`, crop s of `spatial` along
+  the longer side."""
+  index = list(range(0, len(jpegs), stride))
+  while len(index) < num:
+    index.append(index[-1])
+  start = int(t * max((len(index) - num) / (temporal - 1), 0))
+  frames = []
+  for i in index[start:start + num]:
+    frame = Image.open(io.BytesIO(jpegs[i])).convert('RGB')
+    w, h = frame.size
+    short = min(w, h)
+    frame = np.asarray(frame.resize((round(w * size / short), round(h * size / short)),
+                                    Image.BILINEAR))
+    offset = int(s * ((max(frame.shape[:2]) - size) / (spatial - 1)))
+    frames.append(frame[offset:offset + size] if frame.shape[0] > frame.shape[1]
+                  else frame[:, offset:offset + size])
+  return np.stack(frames)
+
+
+@pytest.mark.parametrize('process_count', [1, 2])
+def test_eval_views_are_the_official_ones(ucf_native_dir, process_count):
+  # 4 frames at stride 2 (32-frame videos: 16 grid points, clips start at 0, 3, 6, 9, 12; the
+  # 10-frame video: 5 points, starts 0, 0, 0, 0, 1); 24 x 32 frames -> 16 x 21: crops at 0, 2, 5.
+  cfg = data_config(name='ucf101/ucf101_1', image_size=16, num_frames=4, frame_stride=2,
+                    eval_views=(5, 3), data_dir=ucf_native_dir)
+  raw = pipeline._video_source(pipeline._spec(cfg), 'test')
+  expected = [(v, _official_view(raw[v]['frames'], 16, 4, 2, t, s).tobytes(), raw[v]['label'])
+              for v in range(len(raw)) for t in range(5) for s in range(3)]
+  assert len(expected) == 45 and len({e[1] for e in expected}) > 30
+  mean, std = np.array(pipeline.DATASETS['ucf101'].mean), np.array(pipeline.DATASETS['ucf101'].std)
+  seen, counts = [], []
+  for p in range(process_count):
+    batches = list(pipeline.eval_batches(cfg, global_batch_size=8, process_index=p,
+                                         process_count=process_count))
+    counts.append(len(batches))
+    for b in batches:
+      assert b['image'].shape == (8 // process_count, 4, 16, 16, 3)
+      assert ((b['video'] >= 0) == b['mask']).all()  # Padding: video -1, mask False.
+      pixels = np.round((b['image'] * std + mean) * 255).astype(np.uint8)
+      seen += [(int(b['video'][i]), pixels[i].tobytes(), int(b['label'][i]))
+               for i in np.flatnonzero(b['mask'])]
+  assert counts == [6] * process_count  # ceil(45 / 8), on every process.
+  if process_count == 1:
+    assert seen == expected  # In order: video by video, temporal-major (O's (ck, cp) order).
+  assert sorted(seen) == sorted(expected)  # Every view once, over disjoint process slices.
+
+
+def test_per_view_and_per_video_accuracy_on_hand_made_scores():
+  video = np.array([1, 0, 0, 1, 0, 1])
+  label = np.array([0, 1, 1, 0, 1, 0])
+  probs = np.array([[.3, .7], [.6, .4], [.4, .6], [.9, .1], [.45, .55], [.2, .8]])
+  # Video 0 (label 1): views right F T T, mean (.483, .517) -> right. Video 1 (label 0): views
+  # F T F, mean (.467, .533) -> wrong.
+  acc = evaluation._by_video(video, label, probs)
+  assert acc.top1 == acc.per_view == 0.5 and acc.per_video == 0.5
+  np.testing.assert_allclose(acc.correct, [2 / 3, 1 / 3])
+  assert acc.metrics('top1') == dict(top1=0.5, top1_per_view=0.5, top1_per_video=0.5)
+  probs[3] = [.1, .9]  # Video 1: F F F, mean still wrong; video 0 unchanged.
+  acc = evaluation._by_video(video, label, probs)
+  assert (acc.per_view, acc.per_video) == (2 / 6, 0.5)
+  assert evaluation.Accuracy(0.7, np.ones(3)).metrics('x') == dict(x=0.7)
+
+
+def test_evaluate_with_views_scores_every_view_and_every_video(ucf_native_dir):
+  data = data_config(name='ucf101/ucf101_1', image_size=16, num_frames=4, frame_stride=2,
+                     eval_views=(5, 3), data_dir=ucf_native_dir)
+  model = tiny_model_config(pe='abs', n_dims=3, size=16, depth=1)
+  model.patch, model.input_size, model.num_classes = (2, 8, 8), (4, 16, 16), 101
+  config = config_lib.base_config(model=model, data=data, batch_size=8, total_steps=1, lr=1e-3)
+  trainer = train_lib.Trainer(config, train_lib.make_mesh())
+  rng = np.random.default_rng(0)  # Random parameters (no init to compile) ...
+  params = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(x.dtype),
+                        trainer.abstract_state['params'])
+  params['head']['bias'][:] = -100  # ... that predict one of the labels 50-52, by view.
+  params['head']['bias'][50:53] = 0
+  params = jax.device_put(params, trainer.state_sharding['params'])
+  acc = evaluation.evaluate(trainer, config, params)
+  # Independently: every view's prediction from the model, then the means by hand.
+  video, label, probs = [], [], []
+  forward = jax.jit(lambda params, x: jax.nn.softmax(trainer.model(params)(x)))
+  for b in pipeline.eval_batches(data, global_batch_size=8):
+    p = forward(params, b['image'])
+    video += list(b['video'][b['mask']])
+    label += list(b['label'][b['mask']])
+    probs += list(np.asarray(p)[b['mask']])
+  video, label, probs = np.array(video), np.array(label), np.array(probs)
+  right = probs.argmax(-1) == label
+  assert len(right) == 45 and 0 < right.mean() < 1
+  assert acc.top1 == acc.per_view == pytest.approx(right.mean())
+  per_video = [probs[video == v].mean(0).argmax() == label[video == v][0] for v in range(3)]
+  assert acc.per_video == pytest.approx(np.mean(per_video)) and len(acc.correct) == 3
+
+
+@pytest.mark.parametrize('name,overrides', [
+    ('cifar100', dict(augment='official_randaug')),
+    ('imagenet2012', dict(image_size=24, augment='official_randaug', crop='rrc')),
+    ('imagenet2012', dict(image_size=24, augment='randaug', crop='rrc', random_erasing=0.5)),
+    ('ucf101/ucf101_1', dict(image_size=16, num_frames=4, augment='videomae', crop='rrc',
+                             random_erasing=0.25)),
+])
+def test_new_modes_are_a_function_of_seed_and_step(name, overrides, imagenet_dir,
+                                                   ucf_native_dir):
+  data_dir = {'imagenet2012': imagenet_dir, 'ucf101/ucf101_1': ucf_native_dir}.get(name)
+  cfg = data_config(name=name, data_dir=data_dir or '/unused', **overrides)
+  with tfds.testing.mock_data(num_examples=8):  # Used by cifar100 only (data_dir='/unused').
+    make = lambda seed, **kw: pipeline.train_dataset(cfg, global_batch_size=4, seed=seed, **kw)
+    a, b, c = make(0)[2], make(0)[2], make(1)[2]
+    np.testing.assert_array_equal(a['image'], b['image'])
+    assert not np.array_equal(a['image'], c['image'])
+    halves = [make(0, process_index=p, process_count=2)[2]['image'] for p in range(2)]
+    assert sorted(x.tobytes() for h in halves for x in h) == sorted(x.tobytes() for x in a['image'])
+
+
+def test_recipe_config_errors_name_the_bad_value():
+  bad = [(dict(crop='random'), 'data.crop'), (dict(eval_crop='resize'), 'data.eval_crop'),
+         (dict(random_erasing=1.5), 'random_erasing=1.5'),
+         (dict(augment='videomae', randaug_policy='rand-m7-x2'), "token 'x2'"),
+         (dict(name='cifar100', eval_views=(5, 3)), 'is for video'),
+         (dict(name='ucf101', image_size=16, eval_views=(5,)), 'eval_views=\\(5,\\)'),
+         (dict(name='ucf101', image_size=16, eval_views=(5, 3), eval_crop='center'),
+          "eval_crop='resize_center'")]
+  for overrides, match in bad:
+    with pytest.raises(ValueError, match=match):
+      pipeline._spec(data_config(**{'name': 'imagenet2012', 'image_size': 16, **overrides}))
+  with pytest.raises(ValueError, match='arrows'):
+    pipeline._spec(data_config(random_erasing=0.25))

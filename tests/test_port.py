@@ -38,7 +38,7 @@ LOGIT_TOL, ROT_TOL = 1e-4, 1e-5
 OFFICIAL_TOL = 2e-4
 MAX = {}  # Largest differences seen: kind -> (value, case).
 ALL = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere2', 'liere8',
-       'liere16', 'liere6')
+       'liere16', 'liere6', 'paper_rope_mixed', 'paper_visionllama')
 SIZES = {1: (16, 28), 2: (16, 24), 3: (8, 12)}  # (training, larger) input sizes, patch 4.
 
 
@@ -173,6 +173,7 @@ def test_parity_every_encoding(pe, n_dims):
     # (and so the float32 expm accuracy) where the normalized positions have them.
     dict(pe='liere8', positions='integer', init_scale=2 * np.pi / 3, sizes='larger'),
     dict(pe='rope_mixed', positions='normalized'),
+    dict(pe='paper_visionllama', n_dims=1),
 ], ids=lambda c: ','.join(f'{k}={v}' for k, v in c.items()))
 def test_parity_variants(case):
   """(Each new shape costs a JAX compile of ~1-2 s: one size where the other adds nothing.)"""
@@ -372,6 +373,9 @@ OFFICIAL_CASES = [
     dict(pe='abs'),
     dict(pe='none'),
     dict(pe='liere8', share='all', n_dims=3),
+    dict(pe='paper_rope_mixed', share='layers'),  # liere2 by another name.
+    dict(pe='paper_visionllama'),  # The official "tiled" VisionLlama: no parameters.
+    dict(pe='paper_visionllama', n_dims=3),  # 10 pairs per axis, 4 head dims unrotated.
 ]
 
 
@@ -481,7 +485,8 @@ def test_per_layer_export_warns_and_import_reproduces_the_layer0_bug():
 
 
 @pytest.mark.parametrize('kw,message', [
-    (dict(pe='rope_axial'), 'VisionLlama'),
+    (dict(pe='rope_axial'), 'VisionLlama.*pe=paper_visionllama is the official one'),
+    (dict(pe='paper_visionllama', positions='integer'), 'use positions=normalized'),
     (dict(pe='sincos'), 'no sincos encoding'),
     (dict(pe='alibi'), 'no alibi encoding'),
     (dict(pe='liere8', pool='mean'), "pool='mean'"),
@@ -518,6 +523,46 @@ def test_official_cli_round_trip(tmp_path):
     diff = float(np.abs(_official_logits(rope_vit, {k: v.numpy() for k, v in state.items()},
                                          kw, x) - _jax_logits(jm, x)).max())
     assert _record('official logits', diff, 'CLI .pt') <= OFFICIAL_TOL
+
+
+@pytest.mark.parametrize('pe', ['paper_visionllama', 'paper_rope_mixed'])
+def test_import_official_with_the_official_model_description(tmp_path, pe):
+  """An official checkpoint plus only its RoPEViT kwargs (no liere_jax config) imports as the
+  paper's encoding, with the same parameters."""
+  jm, cfg = _official_jax_model(pe=pe, share='layers')
+  out = str(tmp_path / 'official.pt')
+  assert export.main(['official', '--workdir', _save_run(tmp_path, 'run', jm, cfg), '--out',
+                      out]) == 0
+  with open(str(tmp_path / 'official.json')) as f:
+    kw = json.load(f)['rope_vit_kwargs']
+  export._write_json(str(tmp_path / 'kwargs.json'), kw)
+  back = str(tmp_path / 'back')
+  assert export.main(['import-official', '--state-dict', out, '--config',
+                      str(tmp_path / 'kwargs.json'), '--out-workdir', back]) == 0
+  config, params = checkpoint.load_params(back)[:2]
+  assert config.model.pe.name == pe and config.model.pe.share == (
+      'layers' if pe == 'paper_rope_mixed' else 'none')
+  _assert_bit_identical(_params(jm), params)
+
+
+@pytest.mark.parametrize('arch,pe,share', [
+    ('visionllama', 'paper_visionllama', 'none'), ('rope_mixed', 'paper_rope_mixed', 'layers'),
+    ('liere', 'liere8', 'layers'), ('absolute', 'abs', 'none')])
+def test_official_init_args_map_to_the_paper_encodings(arch, pe, share):
+  """The official YAML's model section (LiereImageClassification init_args) -> our config;
+  exporting that config gives back the RoPEViT arguments the official module builds."""
+  init_args = dict(imsize=32, patch_size=[4, 4], model_architecture=arch, model_size='base',
+                   input_dimensionality=2, generator_dim=8, rotary_embedding_per_layer=False,
+                   rotary_embedding_per_head=True)
+  for obj in ({'model': {'class_path': 'LiereImageClassification', 'init_args': init_args}},
+              init_args):
+    m = export.config_from_json(obj, 'test').model
+    assert (m.pe.name, m.pe.share, m.width, m.patch, m.input_size) == (
+        pe, share, 768, (4, 4), (32, 32))
+  kw, spec = export.rope_vit_kwargs(init_args), export.official_spec(m)
+  for key in ('dim', 'depth', 'heads', 'mlp_dim', 'positional_encoding_type', 'phase_type',
+              'generator_dim', 'rotary_embedding_per_layer', 'rotary_embedding_per_head'):
+    assert spec.get(key) == kw.get(key), key
 
 
 def test_zz_summary():

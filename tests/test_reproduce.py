@@ -49,14 +49,15 @@ def test_a_suite_trains_evaluates_skips_when_done_and_reports(tmp_path, monkeypa
   monkeypatch.setitem(reproduce.SUITES, 'tiny', suite)
   runs, lines = str(tmp_path / 'runs'), []
   rows = reproduce.run_suite('tiny', runs, SHRINK, log=lines.append)
-  assert [r['run'] for r in rows] == ['liere8_108px_s1']
+  name = suite.runs[0].dirname(SHRINK)  # liere8_108px_s1_set<hash of SHRINK>
+  assert name.startswith('liere8_108px_s1_set') and [r['run'] for r in rows] == [name]
   row = rows[0]
   assert row['steps'] == 2 and row['n_examples'] == 16 and row['wall_s'] > 0
   assert set(row['resolutions']) == {'96', '120'}
   assert set(row['resolutions']['96']) == {'sequential', 'rescaled'}
   assert row['command'].startswith('python train.py --config configs/arrows.py:pe=liere8,grid=9')
   assert '--config.model.width=16' in row['command'] and '--config.seed=1' in row['command']
-  with open(os.path.join(runs, 'liere8_108px_s1', 'config.json')) as f:
+  with open(os.path.join(runs, name, 'config.json')) as f:
     assert json.load(f)['seed'] == 1
 
   # Done runs are skipped: nothing runs again.
@@ -86,6 +87,23 @@ def test_a_suite_trains_evaluates_skips_when_done_and_reports(tmp_path, monkeypa
   for key in ('pe', 'px', 'seed', 'top1', 'top1_ci95', 'shuffled_top1', 'steps', 'wall_s',
               'command'):
     assert key in row2
+
+
+def test_set_overrides_get_workdirs_of_their_own(tmp_path):
+  """A run finished without --set is not reused (nor reported) for a --set; without --set the
+  workdir name stays `{pe}_{px}px..._s{seed}`, so existing runs are found."""
+  run = reproduce.Run('liere8')
+  suite = reproduce.Suite('test', (run,), reproduce.Eval(), reproduce._report_table3)
+  runs = str(tmp_path)
+  os.makedirs(os.path.join(runs, 'liere8_108px_s0', 'eval'))
+  with open(os.path.join(runs, 'liere8_108px_s0', 'eval', 'results.json'), 'w') as f:
+    json.dump(dict(top1=1., top1_ci95=[1., 1.], shuffled_top1=.3, n_examples=16, step=300,
+                   resolutions={}), f)
+  assert reproduce.row(run, suite, runs, ())['run'] == 'liere8_108px_s0'
+  sets = ('--config.total_steps=2000',)
+  assert reproduce.row(run, suite, runs, sets) is None
+  other = run.dirname(('--config.total_steps=3000',))
+  assert run.dirname(sets) == run.dirname(sets) != other and other.startswith('liere8_108px_s0')
 
 
 def test_a_failed_run_names_its_command_and_log(tmp_path, monkeypatch):

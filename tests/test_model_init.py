@@ -1,0 +1,195 @@
+"""Fine-tuning from a checkpoint (liere_jax/model_init.py, --config.model_init): from a workdir
+(latest, :best, :STEP), a .safetensors export and an official LieRE .ckpt the parameters carry
+over exactly, the optimizer state is fresh and the step 0; the absolute embedding is resized as
+evaluation resizes it (same logits at the new grid); a head is reinitialised only when asked;
+every other mismatch stops in one line before train.py writes anything."""
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from liere_jax import checkpoint, config_lib, export, model_init, train_lib
+from liere_jax.model import ViT
+from tests.helpers import tiny_model_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# pylint: disable-next=protected-access
+_flatten, _unflatten_like = model_init._flatten, model_init._unflatten_like
+
+
+def _config(num_classes=5, qkv_bias=True, **kw):
+  model = tiny_model_config(**kw)
+  model.num_classes, model.qkv_bias = num_classes, qkv_bias
+  data = config_lib.data_config(name='arrows', grid=model.input_size[0] // model.patch[0])
+  return config_lib.base_config(model=model, data=data, batch_size=8, total_steps=2, lr=1e-3)
+
+
+def _random_params(config, seed):
+  """Every parameter drawn at random (the zero-initialised head too), with numpy."""
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32),
+                      export.abstract_params(config.model))
+
+
+def _save_run(workdir, config, steps, best_step=None):
+  """A training workdir: {step: params} with a non-zero Adam state, the best at best_step."""
+  checkpoint.write_config(workdir, config)
+  tx, _ = train_lib.make_optimizer(config)
+  best = {best_step: steps[best_step]} if best_step else {}
+  for name, kept in (('checkpoints', steps), ('best', best)):
+    mngr = checkpoint.manager(workdir, name, best=name == 'best')
+    for step, params in kept.items():
+      state = {'params': params, 'step': np.int32(step),
+               'opt_state': jax.tree.map(jnp.ones_like, tx.init(params))}
+      checkpoint.save(mngr, step, state, {'step': step, 'data_position': step},
+                      metrics={'accuracy': 1.0} if name == 'best' else None)
+    mngr.wait_until_finished()
+    mngr.close()
+  return workdir
+
+
+def _assert_equal(loaded, params, skip=()):
+  want = _flatten(params)
+  assert loaded.keys() == want.keys()
+  for key, value in want.items():
+    if key not in skip:
+      np.testing.assert_array_equal(loaded[key], value, err_msg='/'.join(key))
+
+
+def _fresh_start(config, loaded):
+  trainer = train_lib.Trainer(config, train_lib.make_mesh())
+  return model_init.init_state(trainer, config.seed, loaded)
+
+
+def test_workdir_latest_best_and_step_fresh_optimizer(tmp_path):
+  config = _config(pe='liere8', share='layers')
+  steps = {1: _random_params(config, 1), 2: _random_params(config, 2)}
+  run = _save_run(str(tmp_path / 'run'), config, steps, best_step=1)
+  for suffix, step in (('', 2), (':1', 1), (':best', 1), (':2', 2)):
+    _assert_equal(model_init.load(config, run + suffix), steps[step])
+  new = _config(pe='liere8', share='layers', size=24)  # Another grid: LieRE carries over as is.
+  loaded = model_init.load(new, run)
+  _assert_equal(loaded, steps[2])
+  state = _fresh_start(new, loaded)
+  assert int(state['step']) == 0
+  assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(state['opt_state']))
+  _assert_equal({k: np.asarray(v) for k, v in _flatten(state['params']).items()}, steps[2])
+  with pytest.raises(FileNotFoundError, match=r'holds no checkpoint of step 3 \(it holds '
+                     r'\[1, 2\]\)'):
+    model_init.load(config, run + ':3')
+
+
+def test_safetensors_export(tmp_path):
+  config = _config(pe='rope_mixed', pool='mean')
+  params = _random_params(config, 3)
+  run = _save_run(str(tmp_path / 'run'), config, {4: params})
+  out = str(tmp_path / 'model.safetensors')
+  export.export_torch(run, out)
+  _assert_equal(model_init.load(_config(pe='rope_mixed', pool='mean', size=32), out), params)
+
+
+def test_official_lightning_checkpoint(tmp_path):
+  torch = pytest.importorskip('torch')
+  kw = dict(pe='liere8', share='layers', width=128, heads=2, qkv_bias=False)
+  config = _config(**kw)  # 16 px, patch 4: a 4x4 grid.
+  params = _random_params(config, 4)
+  state, _ = export.official_layout(params, config.model)
+  path = str(tmp_path / 'epoch=199.ckpt')
+  torch.save({'state_dict': {f'model.{k}': torch.from_numpy(v) for k, v in state.items()},
+              'epoch': 199}, path)
+  # Fine-tune at 24 px (6x6) with 7 classes: the grid comes from the pos_embedding.
+  new = _config(num_classes=7, size=24, **kw)
+  with pytest.raises(ValueError, match='head/bias has shape \\(5,\\) in the checkpoint and '
+                     '\\(7,\\) in this model; set --config.model_init_head=reinit'):
+    model_init.load(new, path)
+  new.model_init_head = 'reinit'
+  loaded = model_init.load(new, path)
+  _assert_equal(loaded, params, skip=model_init.HEAD)
+  assert all(loaded[k] is None for k in model_init.HEAD)
+  head = _flatten(_fresh_start(new, loaded)['params'])
+  assert head[('head', 'kernel')].shape == (128, 7) and not np.any(head[('head', 'kernel')])
+
+
+@pytest.mark.parametrize('pool', ['cls', 'mean'])
+def test_abs_embedding_resized_as_evaluation_does(tmp_path, pool):
+  config = _config(pe='abs', size=32, pool=pool)  # 8x8 patches.
+  params = _random_params(config, 5)
+  run = _save_run(str(tmp_path / 'run'), config, {1: params})
+  new = _config(pe='abs', size=44, pool=pool)  # 11x11.
+  loaded = model_init.load(new, run)
+  prefix = int(pool == 'cls')
+  assert loaded[model_init.EMBEDDING].shape == (1, prefix + 121, 32)
+  _assert_equal(loaded, params, skip=[model_init.EMBEDDING])
+  # The new model at its own grid computes what the old one computes at that grid.
+  tree = {**_flatten(params), model_init.EMBEDDING: loaded[model_init.EMBEDDING]}
+  x = np.random.default_rng(0).normal(size=(2, 44, 44, 3)).astype(np.float32)
+  np.testing.assert_allclose(_logits(new, _unflatten_like(params, tree), x),
+                             _logits(config, params, x), atol=1e-6)
+
+
+def _logits(config, params, x):
+  model = ViT(config.model, rngs=nnx.Rngs(0))
+  state = nnx.state(model, nnx.Param)
+  nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+  nnx.update(model, state)
+  model.eval()
+  return np.asarray(model(x))
+
+
+@pytest.mark.parametrize('kw,head,message', [
+    (dict(pe='abs'), 'load', r"model.pe.name='liere8', this run has 'abs'; set "
+     r'--config.model.pe.name=liere8'),
+    (dict(positions='integer'), 'load', r'model.pe.positions=.normalized.'),
+    (dict(width=64), 'load', r'parameter blocks/0/attn/proj/bias has shape \(32,\) in the '
+     r'checkpoint and \(64,\) in this model; .*set --config.model.width=32'),
+    (dict(qkv_bias=False), 'load', r'parameter blocks/0/attn/qkv/bias has shape \(96,\) in the '
+     r'checkpoint and none in this model; .*--config.model.qkv_bias=True'),
+    (dict(share='all'), 'load', r'parameter pe/generators has shape \(2, 2, 2, 2, 28\) in the '
+     r'checkpoint and \(1, 1, 2, 2, 28\) in this model; .*--config.model.pe.share=none'),
+    (dict(num_classes=3), 'load', r'head/bias has shape \(5,\) in the checkpoint and \(3,\) in '
+     r'this model; set --config.model_init_head=reinit'),
+    (dict(), 'keep', r"model_init_head='keep' is unknown"),
+])
+def test_mismatch_is_one_line_naming_the_fix(tmp_path, kw, head, message):
+  config = _config(pe='liere8')
+  run = _save_run(str(tmp_path / 'run'), config, {1: _random_params(config, 6)})
+  new = _config(**{'pe': 'liere8', **kw})
+  new.model_init_head = head
+  with pytest.raises(ValueError, match=message) as e:
+    model_init.load(new, run)
+  assert '\n' not in str(e.value)
+
+
+def _train(workdir, *args):
+  cmd = [sys.executable, os.path.join(ROOT, 'train.py'), '--config',
+         os.path.join(ROOT, 'configs/arrows.py:grid=5'), '--workdir', workdir, '--noprogress',
+         '--config.model.width=32', '--config.model.depth=1', '--config.model.heads=2',
+         '--config.model.mlp_dim=64', '--config.batch_size=8', '--config.eval_batch_size=8',
+         '--config.data.num_eval=8', '--config.total_steps=1', '--config.warmup_steps=0',
+         '--config.resolutions=()', *args]
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
+             XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+  return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_train_py_fine_tunes_resumes_and_refuses_before_writing(tmp_path):
+  source = config_lib.load(os.path.join(ROOT, 'configs/arrows.py:grid=4'))
+  source.model.update(width=32, depth=1, heads=2, mlp_dim=64)
+  run = _save_run(str(tmp_path / 'base'), source, {3: _random_params(source, 7)})
+  bad = str(tmp_path / 'bad')
+  rc, out = _train(bad, f'--config.model_init={run}', '--config.model.width=64')
+  assert rc != 0 and not os.path.exists(bad), out
+  assert (f'ValueError: --config.model_init={run}: parameter blocks/0/attn/proj/bias has shape '
+          '(32,) in the checkpoint and (64,) in this model;') in out, out
+  work = str(tmp_path / 'ft')
+  rc, out = _train(work, f'--config.model_init={run}')
+  assert rc == 0 and f'Started from the parameters of {run}' in out, out
+  assert checkpoint.read_config(work).model_init == run
+  rc, out = _train(work, f'--config.model_init={run}', '--config.total_steps=2')
+  assert rc == 0 and 'Resumed from step 1.' in out and 'is ignored' in out, out

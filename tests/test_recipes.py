@@ -1,0 +1,42 @@
+"""The paper configs are the official recipe, field by field (liere_jax/recipes.py), and the
+README's "Table 1, as a command" section is the one that module prints."""
+import pathlib
+
+import pytest
+
+from liere_jax import config_lib, recipes, spec
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _get(config, key):
+  for part in key.split('.'):
+    config = config[part]
+  return tuple(config) if isinstance(config, (list, tuple)) else config
+
+
+@pytest.mark.parametrize('dataset', recipes.DATASETS)
+def test_paper_config_is_the_official_recipe(dataset):
+  config = config_lib.load(str(ROOT / 'configs' / f'{dataset}.py'))
+  wrong = {key: (_get(config, key), want) for key, want in recipes.OFFICIAL[dataset].items()
+           if _get(config, key) != (tuple(want) if isinstance(want, (list, tuple)) else want)}
+  assert not wrong, f'configs/{dataset}.py differs from the official recipe: {wrong}'
+  spec.resolve(config.model)  # And it resolves.
+
+
+@pytest.mark.parametrize('dataset', recipes.DATASETS)
+@pytest.mark.parametrize('pe', sorted(recipes.COLUMNS.values()))
+def test_every_table1_command_resolves(dataset, pe):
+  config = config_lib.load(str(ROOT / 'configs' / f'{dataset}.py') + f':pe={pe}')
+  assert spec.resolve(config.model).pe.name == pe
+
+
+def test_readme_carries_the_table():
+  assert recipes.table() in (ROOT / 'README.md').read_text(), (
+      'README.md is out of date: paste the output of `python -m liere_jax.recipes` into its '
+      '"Table 1, as a command" section.')
+
+
+def test_differences_name_a_reason_and_a_flag():
+  for d in recipes.DIFFERENCES:
+    assert d.why and d.flag and set(d.datasets) <= set(recipes.DATASETS), d
