@@ -1,8 +1,10 @@
 """The paths users walk, end to end through the real CLI, for every config in configs/.
 
 Each row: `train.py` (2 steps, a tiny model set by command-line overrides only, the config's
-own options: dropout 0.1, RandAugment, mixup...) on stand-in datasets written in the real TFDS
-on-disk layout (tests/datasets.py), then `eval.py --workdir DIR` (the run's own config.json),
+own options: the official recipe's augmentation, evaluation protocol, dropout sites, inits, bf16)
+on datasets prepared by `liere_jax.data.prepare` from tiny files in the original download formats
+(tests/datasets.py writes them: the CIFAR-100 binary archive, the ILSVRC2012 tars, UCF101 .avi
+videos and split lists), then `eval.py --workdir DIR` (the run's own config.json),
 then `python -m liere_jax.export torch`, then the export loaded into the PyTorch port and its
 logits compared with the JAX model's on a batch of the eval pipeline: within 1e-4 in float32
 (with the trained head, and with a random head so the comparison sees the whole body); finite
@@ -41,10 +43,12 @@ SIZES = {  # Stand-in examples per split; eval sizes are not multiples of the ba
     datasets.Ucf101: dict(train=6, test=3),
 }
 OPTIONS = {datasets.Ucf101: dict(texture=64)}  # Frames with content, not flat.
+CIFAR_SIZES = dict(train=16, test=10)  # The prepared originals (eval sizes pad the batch).
+IMAGENET_VAL, UCF_TEST = 6, 2
 TINY = ['--config.model.variant=', '--config.model.width=32', '--config.model.depth=1',
         '--config.model.heads=2', '--config.model.mlp_dim=64', '--config.batch_size=8',
-        '--config.eval_batch_size=8', '--config.total_steps=2', '--config.warmup_steps=1',
-        '--config.checkpoint_every=2', '--config.log_every=1']
+        '--config.eval_batch_size=8', '--config.total_steps=2', '--config.checkpoint_every=2',
+        '--config.log_every=1']
 IMAGE_32 = ['--config.data.image_size=32', '--config.model.input_size=(32,32)']
 
 
@@ -61,29 +65,43 @@ class Row:
   expect: Tuple[Tuple[str, object], ...] = ()  # (dotted key, value) in the run's config.json.
 
 
-SHIPPED = (('model.dropout', 0.1), ('data.augment', 'randaug'))  # cifar100 / imagenet as shipped.
+OFFICIAL = (('model.dropout', 0.1), ('model.init', 'official'), ('model.qkv_bias', False),
+            ('warmup_steps', 0))  # The paper configs as shipped.
+CIFAR = OFFICIAL + (('data.augment', 'official_randaug'), ('data.crop', 'pad'))
+IMAGENET = OFFICIAL + (('data.augment', 'official_randaug'), ('data.crop', 'rrc'),
+                       ('data.eval_crop', 'center'))
+FLOAT32 = ('--config.model.dtype=float32',)  # For the 1e-4 port check (bf16 is the default).
 
 
 ROWS = {
-    # The config as shipped (liere8, dropout 0.1, randaug); eval at another size by flag.
-    'cifar100-liere8': Row('cifar100.py', eval_args=('--resolutions', '48'), n_examples=10,
-                           resolutions=('48',), expect=SHIPPED),
-    'cifar100-rope_mixed-mean-fsdp-2dev': Row(
-        'cifar100.py:pe=rope_mixed', ('--config.model.pool=mean', '--config.sharding=fsdp'),
-        devices=2, n_examples=10, expect=SHIPPED + (('model.pool', 'mean'),)),
+    # The config as shipped (liere8, bf16, the official recipe); eval at another size by flag.
+    'cifar100-liere8-bf16': Row('cifar100.py', eval_args=('--resolutions', '48'), n_examples=10,
+                                resolutions=('48',), float32=False,
+                                expect=CIFAR + (('model.dtype', 'bfloat16'),)),
+    'cifar100-paper_rope_mixed-mean-fsdp-2dev': Row(
+        'cifar100.py:pe=paper_rope_mixed', ('--config.model.pool=mean', '--config.sharding=fsdp',
+                                            *FLOAT32),
+        devices=2, n_examples=10, expect=CIFAR + (('model.pool', 'mean'),)),
+    'cifar100-rope_mixed-ours': Row(  # Our recipe as options.
+        'cifar100.py:pe=rope_mixed', ('--config.data.augment=randaug', '--config.model.init=jax',
+                                      *FLOAT32), n_examples=10,
+        expect=(('data.augment', 'randaug'), ('model.init', 'jax'))),
     'imagenet2012-abs-2dev': Row(
-        'imagenet.py:pe=abs', (*IMAGE_32, '--config.resolutions=(48,)'), devices=2,
-        n_examples=6, resolutions=('48',), expect=SHIPPED),
-    'imagenet2012-liere8-bf16-fsdp-4dev': Row(
-        'imagenet.py', (*IMAGE_32, '--config.model.dtype=bfloat16', '--config.sharding=fsdp'),
-        devices=4, n_examples=6, float32=False,
-        expect=SHIPPED + (('model.dtype', 'bfloat16'), ('sharding', 'fsdp'))),
-    # ucf101 as shipped: light augmentation + mixup 0.8, dropout 0.1; 4 frames at stride 2.
-    'ucf101-liere8-mixup-2dev': Row(
+        'imagenet.py:pe=abs', (*IMAGE_32, '--config.resolutions=(48,)', *FLOAT32), devices=2,
+        n_examples=IMAGENET_VAL, resolutions=('48',), expect=IMAGENET),
+    'imagenet2012-paper_visionllama-bf16-fsdp-4dev': Row(
+        'imagenet.py:pe=paper_visionllama', (*IMAGE_32, '--config.sharding=fsdp'), devices=4,
+        n_examples=IMAGENET_VAL, float32=False,
+        expect=IMAGENET + (('model.dtype', 'bfloat16'), ('sharding', 'fsdp'))),
+    # ucf101 as shipped: native frames, VideoMAE augmentation, 5 x 3 views; 4 frames at stride 2.
+    'ucf101-liere8-views-2dev': Row(
         'ucf101.py', ('--config.data.image_size=32', '--config.data.num_frames=4',
-                      '--config.data.frame_stride=2', '--config.model.input_size=(4,32,32)'),
-        devices=2, eval_args=('--resolutions', '48'), n_examples=3, resolutions=('48',),
-        expect=(('model.dropout', 0.1), ('data.augment', 'light'), ('data.mixup', 0.8))),
+                      '--config.data.frame_stride=2', '--config.model.input_size=(4,32,32)',
+                      *FLOAT32),
+        devices=2, eval_args=('--resolutions', '48'), n_examples=UCF_TEST, resolutions=('48',),
+        expect=OFFICIAL + (('data.augment', 'videomae'), ('data.crop', 'rrc'),
+                           ('data.random_erasing', 0.25), ('data.eval_views', [5, 3]),
+                           ('data.mixup', 0.0), ('data.name', 'ucf101/ucf101_1'))),
     'arrows-alibi-num_train': Row(
         'arrows.py:grid=4,pe=alibi', ('--config.data.num_train=32', '--config.data.num_eval=12',
                                       '--config.resolutions=(60,)'),
@@ -94,7 +112,23 @@ ROWS = {
 
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory):
-  root = str(tmp_path_factory.mktemp('tfds'))
+  """The datasets as a user makes them: the preparation command on the original downloads."""
+  downloads, root = tmp_path_factory.mktemp('downloads'), str(tmp_path_factory.mktemp('tfds'))
+  datasets.cifar100_archive(str(downloads), CIFAR_SIZES)
+  os.makedirs(downloads / 'manual')
+  datasets.imagenet_tars(str(downloads / 'manual'), num_classes=3, per_class=3,
+                         num_val=IMAGENET_VAL)
+  datasets.ucf101_downloads(str(downloads), extracted=True, num_frames=8)
+  for name in ('cifar100', 'imagenet2012', 'ucf101/ucf101_1'):
+    rc, out = _run(['-m', 'liere_jax.data.prepare', name, f'--download_dir={downloads}',
+                    f'--data_dir={root}'], devices=1)
+    assert rc == 0, f'prepare {name} failed:\n{out}'
+  return root
+
+
+@pytest.fixture(scope='module')
+def stand_in_dir(tmp_path_factory):
+  root = str(tmp_path_factory.mktemp('stand_ins'))
   for builder, sizes in SIZES.items():
     datasets.prepare(builder, root, sizes, **OPTIONS.get(builder, {}))
   return root
@@ -198,12 +232,12 @@ def test_user_path(name, data_dir, tmp_path):
   _check_port(workdir, export, row.float32)
 
 
-def test_stand_ins_read_back_through_the_pipeline(data_dir):
+def test_stand_ins_read_back_through_the_pipeline(stand_in_dir):
   """The stand-in data through the real pipeline (no TensorFlow): shapes, counts, pixels."""
-  cifar = config_lib.data_config(name='cifar100', data_dir=data_dir, augment='none')
+  cifar = config_lib.data_config(name='cifar100', data_dir=stand_in_dir, augment='none')
   info = pipeline.dataset_info(cifar)
   assert info == dict(input_shape=(32, 32, 3), num_classes=100, num_train=16, num_eval=10)
-  builder = datasets.Cifar100(data_dir=data_dir, sizes=SIZES[datasets.Cifar100])
+  builder = datasets.Cifar100(data_dir=stand_in_dir, sizes=SIZES[datasets.Cifar100])
   examples = builder._generate_examples('test', 10)  # pylint: disable=protected-access
   written = sorted((np.asarray(Image.open(io.BytesIO(ex['image']))).tobytes(), ex['label'])
                    for _, ex in examples)
@@ -214,13 +248,13 @@ def test_stand_ins_read_back_through_the_pipeline(data_dir):
     pixels = np.round((batch['image'] * std + mean) * 255).astype(np.uint8)
     read += [(pixels[i].tobytes(), batch['label'][i]) for i in np.flatnonzero(batch['mask'])]
   assert sorted(read) == written  # PNG is lossless: exactly the pixels and labels written.
-  imagenet = config_lib.data_config(name='imagenet2012', data_dir=data_dir, image_size=24,
+  imagenet = config_lib.data_config(name='imagenet2012', data_dir=stand_in_dir, image_size=24,
                                     eval_split='validation')
   assert pipeline.dataset_info(imagenet)['num_eval'] == 6
   train = pipeline.train_dataset(dict(imagenet.to_dict(), augment='randaug'),
                                  global_batch_size=4, seed=0)
   assert train[1]['image'].shape == (4, 24, 24, 3) and train[1]['label'].shape == (4, 1000)
-  ucf = config_lib.data_config(name='ucf101', data_dir=data_dir, image_size=16, num_frames=4,
+  ucf = config_lib.data_config(name='ucf101', data_dir=stand_in_dir, image_size=16, num_frames=4,
                                frame_stride=2)
   assert pipeline.dataset_info(ucf) == dict(input_shape=(4, 16, 16, 3), num_classes=101,
                                             num_train=6, num_eval=3)
