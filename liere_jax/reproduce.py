@@ -411,15 +411,19 @@ def _walls(workdir: str) -> dict:
 
 
 def _commit() -> str:
-  """The repo's HEAD (with '+' when the tree has changes), or '' outside a git checkout."""
+  """The repo's HEAD (with '+' when tracked files changed), or '' outside a git checkout."""
+  def git(*args):  # Popen: the suite's subprocess.run is for train.py / eval.py only.
+    with subprocess.Popen(['git', *args], cwd=REPO, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL) as proc:
+      out = proc.communicate()[0].strip()
+    return out if proc.returncode == 0 else None
+
   try:
-    head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=REPO, text=True,
-                          capture_output=True, check=True).stdout.strip()
-    dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=REPO,
-                           text=True, capture_output=True, check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
+    head, dirty = git('rev-parse', '--short', 'HEAD'), git('status', '--porcelain',
+                                                            '--untracked-files=no')
+  except OSError:
     return ''
-  return head + ('+' if dirty else '')
+  return '' if head is None else head + ('+' if dirty else '')
 
 
 def _add_wall(workdir: str, key: str, seconds: float):

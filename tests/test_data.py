@@ -183,20 +183,24 @@ def test_fraction_trains_on_the_first_examples_and_repeats():
       pipeline.dataset_info(data_config(fraction=bad))
 
 
+def _eval_on_processes(cfg, global_batch_size, process_count):
+  """[the eval batches of process p for each p]."""
+  return [list(pipeline.eval_batches(cfg, global_batch_size=global_batch_size, process_index=p,
+                                     process_count=process_count))
+          for p in range(process_count)]
+
+
 @pytest.mark.parametrize('process_count', [1, 2])
 def test_eval_never_drops_examples(process_count):
   cfg = data_config(num_eval=50)
   expected = sorted(((arrows.make_example(1, i)['image'] / 255 - .5) / .5).astype(np.float32)
                     .tobytes() for i in range(50))
-  seen, num_batches = [], []
-  for p in range(process_count):
-    batches = list(pipeline.eval_batches(cfg, global_batch_size=16, process_index=p,
-                                         process_count=process_count))
-    num_batches.append(len(batches))
-    for b in batches:
-      assert b['image'].shape[0] == 16 // process_count and b['label'].dtype == np.int32
-      seen += [image_bytes(b, i) for i in np.flatnonzero(b['mask'])]
-  assert num_batches == [4] * process_count  # ceil(50 / 16), equal on every process.
+  seen = []
+  per_process = _eval_on_processes(cfg, 16, process_count)
+  for b in sum(per_process, []):
+    assert b['image'].shape[0] == 16 // process_count and b['label'].dtype == np.int32
+    seen += [image_bytes(b, i) for i in np.flatnonzero(b['mask'])]
+  assert list(map(len, per_process)) == [4] * process_count  # ceil(50 / 16), on every process.
   assert sorted(seen) == expected
 
 
@@ -481,18 +485,15 @@ def test_eval_views_are_the_official_ones(ucf_native_dir, process_count):
               for v in range(len(raw)) for t in range(5) for s in range(3)]
   assert len(expected) == 45 and len({e[1] for e in expected}) > 30
   mean, std = np.array(pipeline.DATASETS['ucf101'].mean), np.array(pipeline.DATASETS['ucf101'].std)
-  seen, counts = [], []
-  for p in range(process_count):
-    batches = list(pipeline.eval_batches(cfg, global_batch_size=8, process_index=p,
-                                         process_count=process_count))
-    counts.append(len(batches))
-    for b in batches:
-      assert b['image'].shape == (8 // process_count, 4, 16, 16, 3)
-      assert ((b['video'] >= 0) == b['mask']).all()  # Padding: video -1, mask False.
-      pixels = np.round((b['image'] * std + mean) * 255).astype(np.uint8)
-      seen += [(int(b['video'][i]), pixels[i].tobytes(), int(b['label'][i]))
-               for i in np.flatnonzero(b['mask'])]
-  assert counts == [6] * process_count  # ceil(45 / 8), on every process.
+  seen = []
+  per_process = _eval_on_processes(cfg, 8, process_count)
+  for b in sum(per_process, []):
+    assert b['image'].shape == (8 // process_count, 4, 16, 16, 3)
+    assert ((b['video'] >= 0) == b['mask']).all()  # Padding: video -1, mask False.
+    pixels = np.round((b['image'] * std + mean) * 255).astype(np.uint8)
+    seen += [(int(b['video'][i]), pixels[i].tobytes(), int(b['label'][i]))
+             for i in np.flatnonzero(b['mask'])]
+  assert list(map(len, per_process)) == [6] * process_count  # ceil(45 / 8), on every process.
   if process_count == 1:
     assert seen == expected  # In order: video by video, temporal-major (O's (ck, cp) order).
   assert sorted(seen) == sorted(expected)  # Every view once, over disjoint process slices.

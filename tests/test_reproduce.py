@@ -64,7 +64,7 @@ def test_a_suite_trains_evaluates_skips_when_done_and_reports(tmp_path, monkeypa
   lines.clear()
   monkeypatch.setattr(reproduce.subprocess, 'run', lambda *a, **k: pytest.fail('ran again'))
   assert reproduce.run_suite('tiny', runs, SHRINK, log=lines.append) == rows
-  assert lines == [f'suite tiny: 1 runs, 1 done, 0 to run (workdirs under {runs})']
+  assert lines == [f'suite tiny: 1 runs, 1 done here, 0 to run now (workdirs under {runs})']
 
   # A second evaluation of a trained run evaluates without training again.
   suite2 = reproduce.Suite('test', suite.runs[:1], reproduce.Eval(), reproduce._report_table3)
@@ -131,3 +131,15 @@ def test_every_suite_report_builds_from_rows(tmp_path):
     text = open(md).read()
     assert all(r['command'] in text for r in rows), name
     assert (tmp_path / f'{name}.png').exists(), name
+
+
+def test_report_rows_merge_over_the_committed_json(tmp_path):
+  """A report keeps the committed rows of runs not here, takes this machine's rows over them,
+  drops rows of runs the suite no longer defines, and keeps the suite's order."""
+  names = [run.dirname() for run in reproduce.SUITES['table3'].runs]
+  committed = [dict(run=names[2], top1=0.1), dict(run=names[0], top1=0.2),
+               dict(run='gone_108px_s0', top1=0.3)]
+  (tmp_path / 'table3.json').write_text(json.dumps(committed))
+  merged = reproduce.merge_rows('table3', [dict(run=names[2], top1=0.9)], (), str(tmp_path))
+  assert merged == [dict(run=names[0], top1=0.2), dict(run=names[2], top1=0.9)]
+  assert reproduce.merge_rows('table3', [], (), str(tmp_path / 'none')) == []

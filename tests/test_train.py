@@ -120,6 +120,7 @@ def test_eight_devices_equal_one_device_step():
 
 def test_parameter_shardings_follow_their_metadata():
   cfg = load_config('configs/cifar100.py', 'variant=Ti')  # width 192, 3 heads, MLP 768
+  cfg.model.qkv_bias = True  # The paper config has none; its sharding is checked here.
   specs = {}
   for sharding, model_parallel in [('data', 1), ('fsdp', 1), ('fsdp', 2)]:
     cfg.sharding = sharding

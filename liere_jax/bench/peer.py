@@ -55,9 +55,6 @@ def official_kwargs(model) -> dict:
     kw = export.official_spec(model)
   except ValueError as e:
     raise ValueError(f'No official model to time: {e}') from e
-  if s.dtype != 'float32':
-    raise ValueError(f'No official model to time: dtype={s.dtype} (the official model runs in '
-                     'float32).')
   kw.update(dropout=s.dropout, emb_dropout=s.dropout)
   return kw
 
@@ -85,9 +82,10 @@ class Official:
       import jax
       device = 'cuda' if jax.devices()[0].platform == 'gpu' else 'cpu'
     self.python = python or sys.executable
+    # Our bfloat16 models are timed against the official run's precision, bf16-mixed autocast.
     job = dict(checkout=checkout, kwargs=self.kwargs, batch_size=int(config.batch_size),
                lr=float(config.get('lr', 1e-4)), threads=int(threads or os.cpu_count() or 1),
-               device=device, seed=seed)
+               device=device, seed=seed, bf16=config.model.dtype == 'bfloat16')
     env = dict(os.environ)
     # torch's OpenMP threads otherwise spin between steps while ours run.
     env.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
@@ -195,7 +193,8 @@ def _worker(job, proto):
     sync()
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
-    loss = loss_fn(model(x), y)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=job['bf16']):
+      loss = loss_fn(model(x), y)
     loss.backward()
     opt.step()
     loss.item()
