@@ -225,13 +225,13 @@ def test_config_errors_name_the_bad_value():
 
 
 def test_unprepared_datasets_say_how_to_prepare(tmp_path):
-  with pytest.raises(FileNotFoundError, match='tfds build cifar100 --file_format=array_record'):
+  with pytest.raises(FileNotFoundError, match='liere_jax.data.prepare cifar100 --download_dir'):
     pipeline.train_dataset(data_config(name='cifar100', data_dir=str(tmp_path)),
                            global_batch_size=4, seed=0)
   with pytest.raises(FileNotFoundError, match='ILSVRC2012_img_train.tar'):
     pipeline.dataset_info(data_config(name='imagenet2012', image_size=224,
                                       eval_split='validation', data_dir=str(tmp_path)))
-  with pytest.raises(FileNotFoundError, match='tfds build ucf101'):
+  with pytest.raises(FileNotFoundError, match='liere_jax.data.prepare ucf101'):
     pipeline.dataset_info(data_config(name='ucf101', image_size=224, data_dir=str(tmp_path)))
   with pytest.raises(FileNotFoundError, match='prepare_arrows'):
     pipeline.dataset_info(data_config(data_dir=str(tmp_path)))

@@ -192,7 +192,7 @@ def test_unprepared_dataset_says_how_to_prepare(tmp_path):
          f'--config.data.data_dir={tmp_path}']
   out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ,
                                                                      PYTHONPATH=ROOT))
-  assert out.returncode != 0 and 'tfds build cifar100' in out.stdout + out.stderr
+  assert out.returncode != 0 and 'liere_jax.data.prepare cifar100' in out.stdout + out.stderr
   assert not (tmp_path / 'w').exists()
 
 

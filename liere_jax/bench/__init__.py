@@ -1,10 +1,12 @@
-r"""Benchmarks: the matrix exponential on realistic LieRE cases, and whole train/eval steps.
+r"""Benchmarks: the matrix exponential on realistic LieRE cases, whole train/eval steps, input.
 
   python -m liere_jax.bench expm [--case NAME ...] [--impl NAME ...] [--repeats N] [--json]
   python -m liere_jax.bench rotations [--case NAME ...] [--repeats N] [--json]
   python -m liere_jax.bench step --config configs/cifar100.py:variant=Ti,pe=liere64 --vs pe=abs \
       --config.batch_size=128 [--steps N] [--breakdown] [--json]
       [--official DIR [--official_python PY] [--official_threads N]]
+  python -m liere_jax.bench data --config configs/imagenet.py --config.batch_size=32 \
+      [--workers 0,1,2] [--batches N] [--repeats N] [--json]
 
 expm: for each case (a stack of skew-symmetric generator combinations as LieRE builds them:
 U[0, 2 pi) strict upper triangles, 2D, times normalized grid positions in [0, 1]) and each
@@ -32,15 +34,26 @@ exponential is undercounted; the steps without it are counted exactly). --offici
 official PyTorch LieRE train step of A's shape in a subprocess (its interpreter needs torch,
 einops and the official code's imports), one of its steps after each pair of ours.
 
+data: the config's real train batches (train_dataset: its decode, augmentation, normalisation,
+mixup) through to_iterator with each --workers count of Grain worker processes (data.threads
+threads and data.prefetch batches ahead in each process, as train.py runs it), on stand-in data
+of the real size written to a temporary directory (liere_jax/data/standin.py: ~100 kB JPEGs of
+500 x 375 for ImageNet, 32 px PNGs for CIFAR-100, ~150-frame JPEG videos for UCF101) unless
+--config.data.data_dir names prepared data. Images/s (video: clips/s and frames/s) after
+warm-up, medians over --repeats rounds that visit the counts in turn, and CPU ms per image of
+the main process and its workers (read from /proc: the per-core cost, whatever else loads the
+machine).
+
 Timings use block_until_ready and nothing device-specific: the same command runs on CPU, GPU
 and TPU. The last line of --json output is the machine-readable result.
 
 Modules: expm.py (bench expm), step.py (bench step), peer.py (the official code's step),
-__main__.py (the command line).
+data.py (bench data), __main__.py (the command line).
 """
 from liere_jax.bench.expm import (CASES, DEFAULT_CASES, IMPLS, ROTATION_CASES, ROW_KEYS, Case,
                                   available_bytes, bench_expm, bench_rotations, case_inputs,
                                   expm_table, is_oom, rotations_table)
+from liere_jax.bench.data import bench_data, data_table
 from liere_jax.bench.peer import Official, OfficialError, official_kwargs, time_official
 from liere_jax.bench.step import bench_step, load_config, random_batches, step_table, with_args
 
@@ -48,4 +61,4 @@ __all__ = ['CASES', 'DEFAULT_CASES', 'IMPLS', 'ROTATION_CASES', 'ROW_KEYS', 'Cas
            'available_bytes', 'bench_expm', 'bench_rotations', 'case_inputs', 'expm_table',
            'is_oom', 'rotations_table', 'Official', 'OfficialError', 'official_kwargs',
            'time_official', 'bench_step', 'load_config', 'random_batches', 'step_table',
-           'with_args']
+           'with_args', 'bench_data', 'data_table']

@@ -1,4 +1,4 @@
-"""python -m liere_jax.bench {expm,rotations,step} [flags]: see liere_jax.bench."""
+"""python -m liere_jax.bench {expm,rotations,step,data} [flags]: see liere_jax.bench."""
 import json
 import sys
 
@@ -7,12 +7,13 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from liere_jax import config_lib
+from liere_jax.bench.data import bench_data, data_table
 from liere_jax.bench.expm import (DEFAULT_CASES, IMPLS, bench_expm, bench_rotations, expm_table,
                                   rotations_table)
 from liere_jax.bench.peer import OfficialError
 from liere_jax.bench.step import bench_step, load_config, step_table, with_args
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'step: config file[:args].',
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'step, data: config file[:args].',
                                           lock_config=False)
 _VS = flags.DEFINE_string('vs', None, 'step: arguments appended to the config argument string '
                           'for the baseline, e.g. pe=abs.')
@@ -31,14 +32,18 @@ _CASE = flags.DEFINE_multi_string('case', None, 'expm, rotations: cases (default
                                    'but tiny, rotations all but tiny).')
 _IMPL = flags.DEFINE_multi_string('impl', None, 'expm: implementations (default: all).')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'expm, rotations: timed calls of each (after '
-                                'warm-up).')
+                                'warm-up); data: rounds over the worker counts.')
+_WORKERS = flags.DEFINE_list('workers', ['0', '1', '2'], 'data: Grain worker process counts '
+                              'to time (0 = threads of the main process only).')
+_BATCHES = flags.DEFINE_integer('batches', 10, 'data: timed batches of each (after warm-up); '
+                                'the batch is --config.batch_size.')
 _JSON = flags.DEFINE_bool('json', False, 'Print the result as JSON on the last line.')
 
 
 def main(argv):
-  if len(argv) != 2 or argv[1] not in ('expm', 'rotations', 'step'):
-    raise app.UsageError('Usage: python -m liere_jax.bench {expm,rotations,step} [flags]; see '
-                         '--help.')
+  if len(argv) != 2 or argv[1] not in ('expm', 'rotations', 'step', 'data'):
+    raise app.UsageError('Usage: python -m liere_jax.bench {expm,rotations,step,data} [flags]; '
+                         'see --help.')
   log = lambda s: print(s, file=sys.stderr, flush=True)
   platform = (f'platform: {jax.devices()[0].platform} ({jax.devices()[0].device_kind}), '
               f'jax {jax.__version__}')
@@ -56,6 +61,25 @@ def main(argv):
     print(expm_table(rows))
     if _JSON.value:
       print(json.dumps(rows))
+    return
+  if argv[1] == 'data':
+    if _CONFIG.value is None:
+      raise app.UsageError('data needs --config CONFIG[:args].')
+    workers = [int(n) for n in _WORKERS.value if n.isdigit()]
+    if (not workers or len(workers) != len(_WORKERS.value) or _BATCHES.value < 1
+        or _REPEATS.value < 1):
+      raise app.UsageError(f'--workers={",".join(_WORKERS.value)} must be counts >= 0, '
+                           f'--batches={_BATCHES.value} and --repeats={_REPEATS.value} >= 1.')
+    res = bench_data(_CONFIG.value, workers=workers, batches=_BATCHES.value,
+                     warmup=_WARMUP.value, repeats=_REPEATS.value, log=log)
+    res['config'] = config_flags.get_config_filename(flags.FLAGS['config'])
+    res['overrides'] = config_flags.get_override_values(flags.FLAGS['config'])
+    print(f'{res["config"]}: {res["dataset"]} {res["input_shape"]}, augment {res["augment"]}, '
+          f'batch {res["batch_size"]}, {res["batches"]} timed batches, {res["cores"]} cores, '
+          f'prefetch {res["prefetch"]}; {res["data"]}')
+    print(data_table(res))
+    if _JSON.value:
+      print(json.dumps(res, default=str))
     return
   if _CONFIG.value is None or _VS.value is None:
     raise app.UsageError('step needs --config CONFIG[:args] and --vs ARGS.')

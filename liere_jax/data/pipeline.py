@@ -84,9 +84,9 @@ Config fields (data.*):
 Eval has no augmentation (eval_crop, eval_views). Normalisation: (x / 255 - mean) / std per
 channel with the dataset's constants. O = the official code, github.com/StanfordMIMI/LieRE.
 
-Preparing data (no dataset is downloaded here): `tfds build cifar100 --file_format=array_record
---data_dir=DIR` on a machine with internet, then copy DIR/cifar100; a tfrecord copy converts
-with `tfds convert_format --dataset_version_dir=DIR/cifar100/3.0.2 --out_file_format=array_record`.
+Preparing data (no dataset is downloaded here): `python -m liere_jax.data.prepare NAME
+--download_dir=DL --data_dir=DIR` turns the original download in DL into the TFDS dataset,
+without TensorFlow (liere_jax/data/prepare.py; README "Data").
 """
 import dataclasses
 import io
@@ -126,20 +126,21 @@ class _Dataset:
   how_to_prepare: str
 
 
-_BUILD = ('on a machine with internet run `tfds build {name} --file_format=array_record '
-          '--data_dir={root}` and copy the result to {root}')
+_PREPARE = ('put {download} in a folder DL, then run `python -m liere_jax.data.prepare {name} '
+            '--download_dir=DL --data_dir={root}`')
 DATASETS = {
     'cifar100': _Dataset(
         'cifar100', 100, ('train', 'test'), (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762),
-        _BUILD),
+        _PREPARE.replace('{download}', 'cifar-100-binary.tar.gz (from '
+                         'https://www.cs.toronto.edu/~kriz/)')),
     'imagenet2012': _Dataset(
         'imagenet2012', 1000, ('train', 'validation'), _IMAGENET_MEAN, _IMAGENET_STD,
-        'put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar in {root}/downloads/manual, '
-        'then run `tfds build {name} --file_format=array_record --data_dir={root}`'),
+        _PREPARE.replace('{download}', 'ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar')),
     # Video models commonly reuse the ImageNet constants.
     'ucf101': _Dataset(
         'ucf101/ucf101_1_256', 101, ('train', 'test'), _IMAGENET_MEAN, _IMAGENET_STD,
-        _BUILD + ' (building needs TensorFlow and ffmpeg; reading here needs neither)'),
+        _PREPARE.replace('{download}', 'UCF101_videos.zip and '
+                         'UCF101TrainTestSplits-RecognitionTask.zip')),
     'arrows': _Dataset(
         'liere_arrows', arrows.NUM_CLASSES, ('train', 'test'), (0.5,) * 3, (0.5,) * 3,
         'run `python -c "from liere_jax.data import tfds_builders; '
@@ -286,9 +287,8 @@ def _not_prepared(spec: _Spec, name: str, split: str, grid: int,
                              f'{how}.')
   if file_format is not None and file_format.value != 'array_record':
     return FileNotFoundError(
-        f'{name} at {path} is stored as {file_format.value}, and Grain needs array_record: run '
-        f'`tfds convert_format --dataset_version_dir={path} --out_file_format=array_record`, '
-        f'or {how}.')
+        f'{name} at {path} is stored as {file_format.value}, and Grain needs array_record '
+        f'(`tfds convert_format` needs TensorFlow): {how}.')
   return ValueError(f'TFDS could not open {name} split={split!r} at {path}: {error}')
 
 
@@ -338,8 +338,8 @@ def _video_source(spec: _Spec, split: str) -> VideoSource:
   if 'array_record' not in [info.get('fileFormat')] + info.get('alternativeFileFormats', []):
     raise FileNotFoundError(
         f'{name} at {path} is stored as {info.get("fileFormat", "tfrecord")}, and Grain needs '
-        f'array_record: run `tfds convert_format --dataset_version_dir={path} '
-        '--out_file_format=array_record`.')
+        'array_record (`tfds convert_format` needs TensorFlow): '
+        + spec.info.how_to_prepare.format(name=name, root=root) + '.')
   splits = {s['name']: s for s in info['splits']}
   if split not in splits:
     raise ValueError(f'split={split!r} is not in {name} at {path}; it has {sorted(splits)} '
