@@ -1,0 +1,76 @@
+"""Grain worker processes (data.workers, to_iterator) give exactly the batches of ds[k], also on
+resume, and the `bench data` CLI reports images/s per worker count."""
+import json
+import os
+import subprocess
+import sys
+
+from absl import flags
+import grain
+import numpy as np
+import pytest
+
+import datasets
+from liere_jax import config_lib
+from liere_jax.data import pipeline
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def absl_flags_parsed():
+  """Grain's worker processes read absl flags, which pytest does not parse."""
+  parsed = flags.FLAGS.is_parsed()
+  flags.FLAGS.mark_as_parsed()
+  yield
+  if not parsed:
+    flags.FLAGS.unparse_flags()
+
+
+def test_workers_need_parsed_flags():
+  parsed = flags.FLAGS.is_parsed()
+  flags.FLAGS.unparse_flags()
+  try:
+    with pytest.raises(RuntimeError, match='app.run'):
+      pipeline.to_iterator(grain.MapDataset.range(4), workers=1)
+  finally:
+    if parsed:
+      flags.FLAGS.mark_as_parsed()
+
+
+@pytest.mark.usefixtures('absl_flags_parsed')
+def test_workers_and_resume_give_the_batches_of_ds_k(tmp_path):
+  datasets.prepare(datasets.Cifar100, str(tmp_path), sizes=dict(train=12, test=4))
+  cfg = config_lib.data_config(name='cifar100', data_dir=str(tmp_path), augment='randaug',
+                               mixup=0.5)
+  ds = pipeline.train_dataset(cfg, global_batch_size=4, seed=3)
+  want = [ds[k] for k in range(7)]  # 3 batches an epoch: crosses two epoch boundaries.
+  assert not np.array_equal(want[0]['image'], want[3]['image'])  # A new shuffle each epoch.
+  for workers, threads, start in ((0, 2, 0), (2, 2, 3)):  # Worker 0 makes 3, 5; worker 1: 4, 6.
+    it = pipeline.to_iterator(ds, start=start, workers=workers, threads=threads, prefetch=2)
+    try:
+      got = [next(it) for _ in range(start, len(want))]
+    finally:
+      it.close()
+    for step, batch in zip(range(start, len(want)), got):
+      for key in ('image', 'label'):
+        np.testing.assert_array_equal(batch[key], want[step][key],
+                                      err_msg=f'{workers} workers, start {start}, step {step}')
+
+
+def test_bench_data_cli_json():
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  proc = subprocess.run(
+      [sys.executable, '-m', 'liere_jax.bench', 'data', '--config', 'configs/cifar100.py',
+       '--config.batch_size=4', '--workers', '0,1', '--batches', '1', '--warmup', '0',
+       '--repeats', '1', '--json'],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  res = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert [r['workers'] for r in res['rows']] == [0, 1]
+  for r in res['rows']:
+    assert r['images_per_s'] > 0 and r['cpu_ms_per_image'] > 0, r
+  assert res['config'] == 'configs/cifar100.py' and res['dataset'] == 'cifar100'
+  assert res['cores'] >= 1 and res['batch_size'] == 4 and 'stand-in' in res['data']
+  assert res['input_shape'] == [32, 32, 3] and res['measured']
+  assert 'images/CPU s' in proc.stdout  # The table came first.
