@@ -27,6 +27,8 @@ import numpy as np
 from PIL import Image
 import tensorflow_datasets as tfds
 
+from liere_jax.data import standin
+
 
 def png(image: np.ndarray) -> bytes:
   buf = io.BytesIO()
@@ -82,12 +84,7 @@ class Cifar100(_StandIn, skip_registration=True):
   SIZES = {'train': 16, 'test': 8}
 
   def _info(self):
-    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-        'id': tfds.features.Text(),
-        'image': tfds.features.Image(shape=(32, 32, 3)),
-        'label': tfds.features.ClassLabel(num_classes=100),
-        'coarse_label': tfds.features.ClassLabel(num_classes=20),
-    }))
+    return tfds.core.DatasetInfo(builder=self, features=standin.cifar100_features())
 
   def _example(self, split, index, rng):
     label = int(rng.integers(100))
@@ -169,14 +166,8 @@ def prepare(builder_cls, data_dir: str, sizes: Optional[Dict[str, int]] = None,
   sizes: examples per split, e.g. dict(train=16, test=8) (default: the class's SIZES);
   kwargs: the builder's own options (Ucf101: texture).
   """
-  builder = builder_cls(data_dir=data_dir, file_format='array_record', sizes=sizes, **kwargs)
-  shown = getattr(tfds.core.utils.tqdm_utils, '_active', True)
-  tfds.display_progress_bar(False)
-  try:
-    builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
-  finally:
-    tfds.display_progress_bar(shown)
+  standin.write(builder_cls(data_dir=data_dir, file_format='array_record', sizes=sizes,
+                            **kwargs))
   return data_dir
 
 

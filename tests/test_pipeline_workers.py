@@ -10,9 +10,9 @@ import grain
 import numpy as np
 import pytest
 
-import datasets
 from liere_jax import config_lib
 from liere_jax.data import pipeline
+from tests import datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

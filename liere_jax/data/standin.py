@@ -87,17 +87,22 @@ class _StandIn(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     raise NotImplementedError
 
 
+def cifar100_features() -> tfds.features.FeaturesDict:
+  """TFDS cifar100 3.0.2's features (its builder needs TensorFlow to run)."""
+  return tfds.features.FeaturesDict({
+      'id': tfds.features.Text(),
+      'image': tfds.features.Image(shape=(32, 32, 3)),
+      'label': tfds.features.ClassLabel(num_classes=100),
+      'coarse_label': tfds.features.ClassLabel(num_classes=20),
+  })
+
+
 class Cifar100(_StandIn, skip_registration=True):
   name = 'cifar100'
   VERSION = tfds.core.Version('3.0.2')
 
   def _info(self):
-    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-        'id': tfds.features.Text(),
-        'image': tfds.features.Image(shape=(32, 32, 3)),
-        'label': tfds.features.ClassLabel(num_classes=100),
-        'coarse_label': tfds.features.ClassLabel(num_classes=20),
-    }))
+    return tfds.core.DatasetInfo(builder=self, features=cifar100_features())
 
   def _example(self, index, rng):
     label = int(rng.integers(100))
@@ -172,8 +177,13 @@ def prepare(name: str, data_dir: str, num_train: int, num_eval: int = 2) -> str:
   base, _, config = name.split(':')[0].partition('/')  # A version (':3.0.2') is ignored.
   if base not in BUILDERS:
     raise ValueError(f'No stand-in of {name!r}; there are {sorted(BUILDERS)}.')
-  builder = BUILDERS[base](data_dir=data_dir, file_format='array_record', num_train=num_train,
-                           num_eval=num_eval, **({'config': config} if config else {}))
+  write(BUILDERS[base](data_dir=data_dir, file_format='array_record', num_train=num_train,
+                       num_eval=num_eval, **({'config': config} if config else {})))
+  return data_dir
+
+
+def write(builder: tfds.core.DatasetBuilder):
+  """builder.download_and_prepare() offline and without TFDS's progress bars."""
   shown = getattr(tfds.core.utils.tqdm_utils, '_active', True)
   tfds.display_progress_bar(False)
   try:
@@ -181,4 +191,3 @@ def prepare(name: str, data_dir: str, num_train: int, num_eval: int = 2) -> str:
         download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   finally:
     tfds.display_progress_bar(shown)
-  return data_dir
