@@ -20,7 +20,7 @@ def get_config(arg=None):
                                   input_size=(32, 32), channels=3, num_classes=100)
   model.update(config_lib.OFFICIAL_MODEL)
   data = config_lib.data_config(name='cifar100', train_split='train', eval_split='test',
-                                augment='official_randaug')
+                                augment='official_randaug', normalise='device')
   steps_per_epoch = math.ceil(50_000 / 512)  # The official loader keeps the last partial batch.
   return config_lib.base_config(model=model, data=data, batch_size=512,
                                 total_steps=200 * steps_per_epoch, lr=1e-4)

@@ -30,7 +30,7 @@ def get_config(arg=None):
   model.update(config_lib.OFFICIAL_MODEL)
   data = config_lib.data_config(name='imagenet2012', train_split='train',
                                 eval_split='validation', augment='official_randaug', crop='rrc',
-                                eval_crop='center', image_size=size)
+                                eval_crop='center', image_size=size, normalise='device')
   steps_per_epoch = math.ceil(1_281_167 / 512)
   epochs, lr = (30, 1e-5) if arg.finetune else (200, 1e-4)
   return config_lib.base_config(model=model, data=data, batch_size=512,

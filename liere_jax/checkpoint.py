@@ -35,6 +35,9 @@ def read_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
   if 'pe' in config.get('model', {}):  # Fields added since the run was written.
     config['model'] = {**spec_lib.MODEL_ADDED, **config['model']}
     config['model']['pe'] = {**spec_lib.PE_ADDED, **config['model']['pe']}
+  if 'data' in config:
+    from liere_jax.data import pipeline  # Late: reading a config needs no TFDS otherwise.
+    config['data'] = {**pipeline.DATA_ADDED, **config['data']}
   return ml_collections.ConfigDict(config)
 
 

@@ -116,6 +116,7 @@ def data_config(*, name, **overrides):
   d.workers = 0
   d.threads = 2
   d.prefetch = 2
+  d.normalise = 'host'  # 'device': uint8 train batches, normalised by the trainer (pipeline.py).
   d.update(overrides)
   return d
 

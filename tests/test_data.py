@@ -578,3 +578,19 @@ def test_recipe_config_errors_name_the_bad_value():
       pipeline._spec(data_config(**{'name': 'imagenet2012', 'image_size': 16, **overrides}))
   with pytest.raises(ValueError, match='arrows'):
     pipeline._spec(data_config(random_erasing=0.25))
+
+
+def test_device_normalisation_sends_the_pixels_of_the_host_batch():
+  """data.normalise='device': uint8 batches whose pixels * scale + offset are the host path's
+  float32 batch, exactly; mixup or erasing (normalised values) refuse it."""
+  host = data_config(num_train=64)
+  device = data_config(num_train=64, normalise='device')
+  a = pipeline.train_dataset(host, global_batch_size=8, seed=3)[2]
+  b = pipeline.train_dataset(device, global_batch_size=8, seed=3)[2]
+  assert a['image'].dtype == np.float32 and b['image'].dtype == np.uint8
+  scale, offset = pipeline.normalisation(device)
+  np.testing.assert_array_equal(b['image'].astype(np.float32) * scale + offset, a['image'])
+  np.testing.assert_array_equal(a['label'], b['label'])
+  with pytest.raises(ValueError, match="normalise='host'"):
+    pipeline.train_dataset(data_config(normalise='device', mixup=0.2), global_batch_size=8,
+                           seed=0)

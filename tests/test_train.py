@@ -14,6 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from liere_jax import checkpoint, data, train_lib
+from liere_jax.data import pipeline
 from tests.helpers import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,6 +99,22 @@ def tiny_config_and_batch(batch_size):
   batch = {'image': rng.normal(size=(batch_size, 48, 48, 3)).astype(np.float32),
            'label': np.eye(4, dtype=np.float32)[rng.integers(0, 4, batch_size)]}
   return cfg, batch
+
+
+def test_uint8_batches_normalised_on_the_device_give_the_host_step():
+  cfg, batch = tiny_config_and_batch(8)
+  pixels = np.random.default_rng(1).integers(0, 256, batch['image'].shape, dtype=np.uint8)
+  results = []
+  for normalise in ('host', 'device'):
+    cfg.data.normalise = normalise
+    trainer = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1], 1))
+    scale, offset = pipeline.normalisation(cfg.data)
+    images = pixels if normalise == 'device' else pixels.astype(np.float32) * scale + offset
+    state, metrics = trainer.train_step(trainer.init_state(0),
+                                        trainer.global_batch(dict(batch, image=images)))
+    results.append((jax.device_get(state['params']), float(metrics['loss'])))
+  assert abs(results[0][1] - results[1][1]) < 1e-6
+  assert_trees(results[0][0], results[1][0], exact=False, atol=1e-6)
 
 
 def test_eight_devices_equal_one_device_step():
