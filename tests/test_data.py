@@ -1,5 +1,6 @@
 """Tests of liere_jax.data: the arrows task, its TFDS builder and the Grain pipelines (offline)."""
 import io
+import json
 
 import jax
 import numpy as np
@@ -7,7 +8,7 @@ from PIL import Image
 import pytest
 import tensorflow_datasets as tfds
 
-from liere_jax import config_lib, evaluation, train_lib
+from liere_jax import checkpoint, config_lib, evaluation, train_lib
 from liere_jax.data import arrows
 from liere_jax.data import augment
 from liere_jax.data import pipeline
@@ -594,3 +595,14 @@ def test_device_normalisation_sends_the_pixels_of_the_host_batch():
   with pytest.raises(ValueError, match="normalise='host'"):
     pipeline.train_dataset(data_config(normalise='device', mixup=0.2), global_batch_size=8,
                            seed=0)
+
+
+def test_old_run_configs_read_back_with_the_data_fields_added_since(tmp_path):
+  """eval.py on a workdir written before crop, eval_views, workers, normalise, ... existed."""
+  old = json.loads(checkpoint.config_to_json(config_lib.load('configs/arrows.py')))
+  for key in pipeline.DATA_ADDED:
+    del old['data'][key]
+  (tmp_path / checkpoint.CONFIG_FILE).write_text(json.dumps(old))
+  data = checkpoint.read_config(str(tmp_path)).data
+  assert {k: data[k] for k in pipeline.DATA_ADDED} == pipeline.DATA_ADDED
+  assert pipeline.dataset_info(data)['input_shape'] == (108, 108, 3)
