@@ -12,13 +12,11 @@ import math
 from typing import Dict, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from PIL import Image
 
 from liere_jax import data
-from liere_jax import train_lib
 
 
 def shuffle_patches(images: np.ndarray, patch, seed: int = 0) -> np.ndarray:
@@ -66,21 +64,6 @@ class Accuracy:
     return out
 
 
-_PROBABILITIES = {}  # id(trainer) -> (trainer, its jitted step): one compile per trainer.
-
-
-def _probabilities(trainer):
-  """The jitted (params, batch, ctx, positions) -> softmax probabilities float32 [b, classes]."""
-  if id(trainer) not in _PROBABILITIES:
-    def step(params, batch, ctx, positions):
-      logits = trainer.model(params)(batch['image'], ctx=ctx, positions=positions)
-      return jax.nn.softmax(logits.astype(jnp.float32))
-    _PROBABILITIES[id(trainer)] = trainer, train_lib.MeshJit(
-        trainer.mesh, step, static_argnums=(3,),
-        in_shardings=(trainer.state_sharding['params'], trainer.batch_sharding, None))
-  return _PROBABILITIES[id(trainer)][1]
-
-
 def _by_video(video: np.ndarray, label: np.ndarray, probs: np.ndarray) -> Accuracy:
   """Accuracy of views: video, label [n] and probs [n, classes] of the n (unpadded) views."""
   ok = probs.argmax(-1) == label
@@ -113,7 +96,7 @@ def evaluate(trainer, config, params, *, input_size=None, positions: Optional[st
       grid = tuple(s // p for s, p in zip(batch['image'].shape[1:-1], config.model.patch))
       ctx = trainer.pe_context(params, grid, positions)
     if 'video' in batch:  # Several views per video: keep the probabilities to average them.
-      probs = _probabilities(trainer)(params, batch, ctx, positions)
+      probs = trainer.predict_step(params, batch, ctx, positions)
       probs, mask, video, label = gather(probs, batch['mask'], batch['video'], batch['label'])
       views.append((video[mask], label[mask], probs[mask]))
     else:

@@ -162,9 +162,11 @@ class Trainer:
         self.state_sharding['params'], self.batch_sharding))
     self._pe_context = MeshJit(self.mesh, self._pe_context_fn, static_argnums=(1, 2),
                                out_shardings=self.replicated)
+    eval_shardings = (self.state_sharding['params'], self.batch_sharding, None)
     self.eval_step = MeshJit(self.mesh, self._eval_step, static_argnums=(3,),
-                             in_shardings=(self.state_sharding['params'], self.batch_sharding,
-                                           None))
+                             in_shardings=eval_shardings)
+    self.predict_step = MeshJit(self.mesh, self._predict, static_argnums=(3,),
+                                in_shardings=eval_shardings)
 
   def init_state(self, seed: int):
     """Fresh parameters and optimizer state, created directly in their shardings."""
@@ -232,6 +234,11 @@ class Trainer:
     logits = self.model(params)(batch['image'], ctx=ctx, positions=positions)
     correct = (jnp.argmax(logits, -1) == batch['label']) & batch['mask']
     return correct, batch['mask']
+
+  def _predict(self, params, batch, ctx, positions=None):
+    """Softmax probabilities float32 [b, classes] (video views are averaged from these)."""
+    logits = self.model(params)(batch['image'], ctx=ctx, positions=positions)
+    return jax.nn.softmax(logits.astype(jnp.float32))
 
   def pe_context(self, params, grid, positions=None):
     """Rotations (or biases) for a grid, computed once and reused by every eval batch; one

@@ -85,7 +85,8 @@ class _Builder:
     self._inputs = self._find_inputs(pathlib.Path(os.path.expanduser(download_dir)))
 
   def _find_inputs(self, download_dir: pathlib.Path):
-    raise NotImplementedError
+    """The checked input files; every builder below defines it."""
+    raise NotImplementedError(f'{type(self).__name__} must define _find_inputs.')
 
 
 def _missing(path: pathlib.Path, what: str) -> FileNotFoundError:

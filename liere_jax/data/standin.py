@@ -84,7 +84,8 @@ class _StandIn(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       yield i, self._example(i, rng)
 
   def _example(self, index: int, rng: np.random.Generator) -> dict:
-    raise NotImplementedError
+    """One example's features; every stand-in builder below defines it."""
+    raise NotImplementedError(f'{type(self).__name__} must define _example.')
 
 
 def cifar100_features() -> tfds.features.FeaturesDict:
