@@ -40,3 +40,13 @@ def test_readme_carries_the_table():
 def test_differences_name_a_reason_and_a_flag():
   for d in recipes.DIFFERENCES:
     assert d.why and d.flag and set(d.datasets) <= set(recipes.DATASETS), d
+
+
+def test_recipe_2_is_a_config_argument():
+  """Paper App. B.4: 30 more epochs at 256 px, lr 1e-5, no warmup, from the 224 run."""
+  config = config_lib.load(str(ROOT / 'configs' / 'imagenet.py') + ':finetune=runs/in1k:best')
+  base = recipes.OFFICIAL['imagenet']
+  assert config.model_init == 'runs/in1k:best' and config.lr == 1e-5
+  assert config.warmup_steps == 0 and config.total_steps == base['total_steps'] * 30 // 200
+  assert tuple(config.model.input_size) == (256, 256) and config.data.image_size == 256
+  assert spec.resolve(config.model).train_grid == (16, 16)
