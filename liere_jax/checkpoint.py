@@ -1,25 +1,44 @@
 """Checkpoints with Orbax: atomic, asynchronous, latest N plus the best by eval accuracy.
 
 Layout of a workdir:
-  config.json                      the full config of the run (a resumed run must match it)
+  config.json                      the config of the run (a resumed run has its parameter tree)
   checkpoints/<step>/state         params, opt_state, step   (StandardSave)
   checkpoints/<step>/meta          {"step", "data_position", "seed", ...} (JSON)
   best/<step>/...                  the same items for the best eval accuracy so far
+  checkpoints/<step>.damaged-<time>  a checkpoint that could not be read, set aside (also best/)
 Orbax writes each step to a temporary directory and renames it when complete, so a run killed
 at any moment leaves only whole checkpoints. The RNG is a pure function of (seed, step) and the
 data position is the step (batches are `train_ds[step]`), so (state, meta) is all of a run.
+
+A checkpoint that cannot be read (a bad copy, a full disk) is named in one logged line, moved
+aside and the next older one is read instead; with none left, `CheckpointError` (one line)
+says what to do.
 """
 import json
 import os
+import re
+import sys
+import time
 from typing import Optional
 
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
+from absl import logging
 
 from liere_jax import spec as spec_lib
 
 CONFIG_FILE = 'config.json'
+DAMAGED = '.damaged-'  # checkpoints/4 -> checkpoints/4.damaged-20250101-120000
+# Status codes of read errors that say nothing about the files themselves (not damage).
+_TRANSIENT = ('UNAVAILABLE', 'DEADLINE_EXCEEDED', 'RESOURCE_EXHAUSTED', 'PERMISSION_DENIED',
+              'CANCELLED', 'ABORTED')
+_READ_ERRORS = (ValueError, KeyError, EOFError, FileNotFoundError, NotADirectoryError,
+                IsADirectoryError)
+
+
+class CheckpointError(ValueError):
+  """A run directory or checkpoint that cannot be used; the message is one line with the fix."""
 
 
 def config_to_json(config: ml_collections.ConfigDict) -> str:
@@ -30,14 +49,19 @@ def read_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    config = _tuples(json.load(f))
+  try:
+    with open(path) as f:
+      config = _tuples(json.load(f))
+  except ValueError as e:
+    raise CheckpointError(
+        f'{path} cannot be read (invalid JSON: {e}). Move it away to resume with the --config '
+        'of the same model (a new one is written), or use a new --workdir.') from None
   if 'pe' in config.get('model', {}):  # Fields added since the run was written.
     config['model'] = {**spec_lib.MODEL_ADDED, **config['model']}
     config['model']['pe'] = {**spec_lib.PE_ADDED, **config['model']['pe']}
   if 'data' in config:
-    from liere_jax.data import pipeline  # Late: reading a config needs no TFDS otherwise.
-    config['data'] = {**pipeline.DATA_ADDED, **config['data']}
+    from liere_jax.data.spec import DATA_ADDED
+    config['data'] = {**DATA_ADDED, **config['data']}
   return ml_collections.ConfigDict(config)
 
 
@@ -59,22 +83,56 @@ def has_checkpoint(workdir: str) -> bool:
   return os.path.isdir(path) and any(d.isdigit() for d in os.listdir(path))
 
 
+def _tree_fields(model, stored: bool = False) -> dict:
+  """{'model.width': 32, ...}: the fields that define the parameter tree (ModelSpec.tree_fields).
+
+  A `stored` run may carry options its encoding ignored then and refuses now; those are reset.
+  """
+  try:
+    fields = spec_lib.resolve(model).tree_fields()
+  except ValueError:
+    if not stored:
+      raise
+    from liere_jax.encodings import registry
+    m = model.to_dict() if hasattr(model, 'to_dict') else dict(model)
+    facts, pe = registry.facts(m['pe']['name']), dict(m['pe'])
+    pe.update({k: v for k, v in spec_lib.PE_OPTION_DEFAULTS.items() if k not in facts.options})
+    if not facts.reads_positions:
+      pe.update(positions=None, jitter=0.0)
+    fields = spec_lib.resolve({**m, 'pe': pe}).tree_fields()
+  return _leaves(fields, 'model')
+
+
 def check_same_model(workdir: str, config: ml_collections.ConfigDict):
-  """Raises if `workdir` holds a checkpoint of a different model (before anything is written).
+  """Raises if `workdir` holds a checkpoint of a model with another parameter tree (before
+  anything is written). How the tree is computed (remat, scan_layers, dtype, ...) may change.
 
   A workdir without a checkpoint (a run that failed before its first save) takes any config.
   """
-  old = read_config(workdir)
-  if old is None or not has_checkpoint(workdir):
+  stored = read_config(workdir)
+  if stored is None or not has_checkpoint(workdir):
     return
-  new = _leaves(_tuples(json.loads(config_to_json(config)))['model'], 'model')
-  old = _leaves(_tuples(old.to_dict())['model'], 'model')
-  diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-  if diff:
-    raise ValueError(
-        f'--workdir {workdir} holds a run of a different model ({diff[0]}: '
-        f'{old.get(diff[0])!r} there, {new.get(diff[0])!r} now). Use a new --workdir, or the '
-        f'config of that run (--config.{diff[0]}={old.get(diff[0])!r}) to resume it.')
+  new = _tree_fields(config.model)
+  try:
+    old = _tree_fields(stored.model, stored=True)
+  except ValueError as e:
+    raise CheckpointError(f'--workdir {workdir} holds a run whose model section no longer '
+                          f'resolves ({e}); use a new --workdir.') from None
+  raw = _leaves(_tuples(stored.model.to_dict()), 'model')
+  # Fields a config sets (model.width) before the ones derived from them (model.head_dim).
+  diff = sorted((k for k in set(old) | set(new) if old.get(k) != new.get(k)),
+                key=lambda k: (spec_lib.json_ready(raw.get(k)) != old.get(k), k))
+  if not diff:
+    return
+  key, value = diff[0], old.get(diff[0])
+  also = f'; also {", ".join(diff[1:4])}' + (' ...' if len(diff) > 4 else '') if diff[1:] else ''
+  flag = f'"{tuple(value)}"' if isinstance(value, list) else value
+  resume = (f'--config.{key}={flag}' if spec_lib.json_ready(raw.get(key)) == value
+            else f"that run's config ({CONFIG_FILE} there)")
+  raise CheckpointError(
+      f'--workdir {workdir} holds a run of a different model ({key}: {value!r} there, '
+      f'{new.get(key)!r} now{also}): another parameter tree. Use a new --workdir, or {resume} '
+      'to resume it.')
 
 
 def write_config(workdir: str, config: ml_collections.ConfigDict):
@@ -89,30 +147,52 @@ def write_config(workdir: str, config: ml_collections.ConfigDict):
 def manager(workdir: str, name: str = 'checkpoints', keep: int = 2,
             best: bool = False) -> ocp.CheckpointManager:
   """`checkpoints/` keeps the latest `keep` steps; `best/` keeps the best one by accuracy."""
+  directory = os.path.abspath(os.path.join(workdir, name))
   options = ocp.CheckpointManagerOptions(
       max_to_keep=1 if best else keep, create=True, enable_async_checkpointing=True,
       best_fn=(lambda m: m['accuracy']) if best else None, best_mode='max')
-  return ocp.CheckpointManager(
-      os.path.abspath(os.path.join(workdir, name)), options=options,
-      item_handlers={'state': ocp.StandardCheckpointHandler(),
-                     'meta': ocp.JsonCheckpointHandler()})
+
+  def make():
+    return ocp.CheckpointManager(
+        directory, options=options,
+        item_handlers={'state': ocp.StandardCheckpointHandler(),
+                       'meta': ocp.JsonCheckpointHandler()})
+  try:
+    return make()
+  except ValueError:  # The best manager reads every step's metrics when it starts.
+    if not _set_aside_unreadable_metrics(directory):
+      raise
+    return make()
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state, meta: dict, metrics=None):
+  """Writes `step` (asynchronously). A step the best manager (`metrics`) holds already is kept:
+  a run that resumed from before it computes the same step again."""
+  if metrics is not None and step in mngr.all_steps():
+    return
   mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                           meta=ocp.args.JsonSave(meta)), metrics=metrics)
 
 
 def restore(mngr: ocp.CheckpointManager, abstract_state, step: Optional[int] = None):
-  """(state, meta) at `step` (default: latest), placed like `abstract_state` (shardings)."""
-  step = mngr.latest_step() if step is None else step
-  out = mngr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-  return out.state, out.meta
+  """(state, meta) at `step` (default: the latest readable one), placed like `abstract_state`
+  (shardings). Damaged checkpoints are set aside; none readable raises CheckpointError."""
+  steps = sorted(mngr.all_steps(), reverse=True) if step is None else [step]
+  if not steps:
+    raise CheckpointError(f'{mngr.directory} holds no checkpoint to resume from.')
+
+  def read(s):
+    out = mngr.restore(s, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+    return out.state, out.meta
+  fix = ('Run the same command again to start over from step 0, or use a new --workdir.'
+         if step is None else 'Restore another step.')
+  return _first_readable(mngr, steps, read, fix)[1]
 
 
 def load_params(workdir: str, step: Optional[int] = None, best: bool = False):
-  """(config, params, step) from a run's latest / given / best checkpoint.
+  """(config, params, step) from a run's latest / given / best checkpoint; a damaged latest or
+  best one is set aside and the next readable one is used.
 
   Works for training checkpoints and params-only (imported) ones alike.
   """
@@ -120,20 +200,41 @@ def load_params(workdir: str, step: Optional[int] = None, best: bool = False):
   if config is None:
     raise FileNotFoundError(f'{workdir} has no {CONFIG_FILE}: not a liere_jax workdir.')
   mngr = manager(workdir, 'best' if best else 'checkpoints', best=best)
-  steps = mngr.all_steps()
-  if not steps:
-    raise FileNotFoundError(f'{workdir} has no checkpoint yet; train first (train.py).')
-  if step is None:
-    step = mngr.best_step() if best else mngr.latest_step()
-  if step not in steps:
-    raise ValueError(f'--step {step} is not in {workdir}; available: {sorted(steps)}.')
-  # Restore onto this process's first device whatever topology wrote the checkpoint.
+  try:
+    steps = mngr.all_steps()
+    if step is not None and step not in steps:
+      raise ValueError(f'--step {step} is not in {workdir}; available: {sorted(steps)}.')
+    if step is not None:
+      order, fix = [step], f'Pick another --step ({sorted(set(steps) - {step})}).'
+    elif best:
+      first = mngr.best_step()
+      order = [first] + sorted((s for s in steps if s != first), reverse=True)
+      fix = 'Use the latest checkpoint instead (leave out --best).'
+    else:
+      order = sorted(steps, reverse=True)
+      fix = f'Train again with --workdir {workdir} to write a new one.'
+    if not steps and any(DAMAGED in d for d in os.listdir(mngr.directory)):
+      raise CheckpointError(f'No readable checkpoint left in {mngr.directory} (damaged ones are '
+                            f'set aside as <step>{DAMAGED}<time>). {fix}')
+    if not steps:
+      raise FileNotFoundError(f'{workdir} has no checkpoint yet; train first (liere_jax.train).')
+
+    def read(s):
+      item = mngr.restore(s, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(_target(mngr, s))))
+      return item.state
+    step, state = _first_readable(mngr, order, read, fix)
+  finally:
+    mngr.close()
+  return config, _int_keys(state['params']), step
+
+
+def _target(mngr: ocp.CheckpointManager, step: int):
+  """The stored state's shapes and dtypes, on this process's first device (whatever topology
+  wrote the checkpoint)."""
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                        mngr.item_metadata(step)['state'])
-  item = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
-  mngr.close()
-  return config, _int_keys(item.state['params']), step
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                      mngr.item_metadata(step)['state'])
 
 
 def _int_keys(tree):
@@ -152,3 +253,132 @@ def save_params(workdir: str, config: ml_collections.ConfigDict, params, step: i
   save(mngr, step, {'params': params}, {'step': step, 'data_position': step, 'imported': True})
   mngr.wait_until_finished()
   mngr.close()
+
+
+# Damaged checkpoints.
+
+
+def _first_readable(mngr: ocp.CheckpointManager, steps, read, fix: str):
+  """(step, read(step)) of the first of `steps` that reads. A step that cannot be read as
+  written is set aside with one logged line; none left raises CheckpointError ending in `fix`."""
+  _quiet_stale_reads()
+  directory = str(mngr.directory)
+  for i, step in enumerate(steps):
+    try:
+      return step, read(step)
+    except _READ_ERRORS as error:
+      if _transient(error):
+        raise
+      problem = _damage(mngr, step)
+      if problem is None:  # It reads as written: the reader's target does not fit.
+        raise CheckpointError(
+            f'{directory}/{step} does not fit the model and optimizer of this config '
+            f'({_first_line(error)}). Use the config it was written with, or a new --workdir.'
+        ) from None
+    moved = _set_aside(directory, step)
+    mngr.reload()
+    then = f'using step {steps[i + 1]}' if i + 1 < len(steps) else 'no other step to use'
+    logging.warning('Checkpoint step %d cannot be read: %s. %s; %s.', step, problem, moved, then)
+  raise CheckpointError(f'No readable checkpoint left in {directory} (damaged ones are set '
+                        f'aside as <step>{DAMAGED}<time>). {fix}')
+
+
+def _damage(mngr: ocp.CheckpointManager, step: int) -> Optional[str]:
+  """'<file>: <reason>' when `step` cannot be read with its own shapes, else None."""
+  directory = os.path.join(str(mngr.directory), str(step))
+  try:
+    items = {'state': ocp.args.StandardRestore(_target(mngr, step))}
+    if os.path.isdir(os.path.join(directory, 'meta')):
+      items['meta'] = ocp.args.JsonRestore()
+    mngr.restore(step, args=ocp.args.Composite(**items))
+  except _READ_ERRORS as error:
+    if _transient(error):
+      raise
+    return _describe(directory, error)
+  return None
+
+
+def _transient(error: Exception) -> bool:
+  return isinstance(error, ValueError) and str(error).startswith(_TRANSIENT)
+
+
+def _first_line(error: Exception, limit: int = 300) -> str:
+  """`error` in one line, without TensorStore's spec and Orbax's advice on partial restores."""
+  text = str(error).split(' [tensorstore_spec', 1)[0]
+  text = re.split(r'\s*(?:If this mismatch is intentional|Truncating/padding is disabled)', text)[0]
+  return ' '.join(line.strip() for line in text.splitlines() if line.strip())[:limit] or (
+      type(error).__name__)
+
+
+def _describe(directory: str, error: Exception) -> str:
+  """'<file>: <reason>' for a read error of the checkpoint in `directory`."""
+  text = _first_line(error, limit=2000)
+  # TensorStore: 'CODE: Error opening ...: Error reading ... local file "FILE": reason'.
+  parts = re.split(r': (?=(?:[^"]*"[^"]*")*[^"]*$)', text)  # At ': ' outside quotes.
+  at = [i for i, part in enumerate(parts) if 'file "' in part]
+  if at:
+    path = re.findall(r'file "([^"]+)"', parts[at[-1]])[-1]
+    reason = ': '.join(parts[at[-1] + 1:]) or parts[at[-1]]
+    code = f' ({parts[0]})' if re.fullmatch(r'[A-Z_]+', parts[0]) else ''
+    return f'{path}: {reason[:300]}{code}'
+  for root, _, names in sorted(os.walk(directory)):
+    for name in sorted(names):
+      path = os.path.join(root, name)
+      if os.path.basename(root) == 'd' or name.endswith(('.ocdbt', '.txt')):
+        continue  # Array data and OCDBT manifests are binary.
+      try:
+        with open(path) as f:
+          json.load(f)
+      except ValueError as e:
+        return f'{path}: invalid JSON ({e})'
+  if not os.path.isdir(os.path.join(directory, 'state')):
+    return f'{os.path.join(directory, "state")}: missing'
+  return f'{directory}: {type(error).__name__}: {text}'
+
+
+def _set_aside(directory: str, step: int) -> str:
+  """Renames `directory`/`step` to `step`.damaged-<time> (process 0); says what happened."""
+  src = os.path.join(directory, str(step))
+  dst = f'{src}{DAMAGED}{time.strftime("%Y%m%d-%H%M%S")}'
+  n = 1
+  while os.path.exists(dst):
+    dst, n = f'{src}{DAMAGED}{time.strftime("%Y%m%d-%H%M%S")}-{n}', n + 1
+  if jax.process_index() != 0:
+    return 'Process 0 sets it aside'
+  try:
+    os.rename(src, dst)
+  except OSError as e:
+    return f'Could not move it aside ({e.strerror}); it stays at {src}'
+  return f'Moved it to {dst}'
+
+
+def _set_aside_unreadable_metrics(directory: str) -> bool:
+  """Sets aside the steps of `directory` whose metrics file is not JSON; True if any."""
+  found = False
+  for name in sorted(os.listdir(directory), key=lambda d: -int(d) if d.isdigit() else 0):
+    path = os.path.join(directory, name, 'metrics', 'metrics')
+    if not name.isdigit() or not os.path.isfile(path):
+      continue
+    try:
+      with open(path) as f:
+        json.load(f)
+    except ValueError as e:
+      moved = _set_aside(directory, int(name))
+      logging.warning('Checkpoint step %s cannot be read: %s: invalid JSON (%s). %s.', name,
+                      path, e, moved)
+      found = True
+  return found
+
+
+def _drop_closed_loop_reports(unraisable):
+  """Reads still in flight when an Orbax read fails report into its closed event loop."""
+  if not (isinstance(unraisable.exc_value, RuntimeError)
+          and str(unraisable.exc_value) == 'Event loop is closed'):
+    _drop_closed_loop_reports.next_hook(unraisable)
+
+
+def _quiet_stale_reads():
+  """Installs _drop_closed_loop_reports in front of sys.unraisablehook (once)."""
+  if sys.unraisablehook is not _drop_closed_loop_reports:
+    _drop_closed_loop_reports.next_hook = sys.unraisablehook
+    sys.unraisablehook = _drop_closed_loop_reports

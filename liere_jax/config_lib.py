@@ -1,4 +1,5 @@
-"""Shared pieces of the configs in configs/: argument parsing and the model section."""
+"""Shared pieces of the configs in liere_jax/configs/: argument parsing and the model, data and
+run sections (the ConfigDict every program takes; liere_jax.run_spec resolves and checks it)."""
 import importlib.util
 import math
 import re
@@ -116,7 +117,7 @@ def data_config(*, name, **overrides):
   d.workers = 0
   d.threads = 2
   d.prefetch = 2
-  d.normalise = 'host'  # 'device': uint8 train batches, normalised by the trainer (pipeline.py).
+  d.normalise = 'host'  # 'device': uint8 train batches, normalised by the trainer (data/spec.py).
   d.update(overrides)
   return d
 
@@ -162,35 +163,3 @@ def parse_flags(argv):
         print(problems[0], file=sys.stderr)
         sys.exit(2)
     raise
-
-
-def validate(config: ml_collections.ConfigDict, num_devices: int):
-  """Checks a whole training config before anything is compiled or written; returns the
-  resolved model (liere_jax.spec.ModelSpec). Raises a ValueError naming the value and the fix."""
-  from liere_jax import spec as spec_lib
-  model = spec_lib.resolve(config.model)
-
-  def need(ok, key, what):
-    if not ok:
-      raise ValueError(f'--config.{key}={config[key]!r} {what}.')
-
-  for key in ('total_steps', 'checkpoint_every', 'log_every', 'keep'):
-    need(config[key] > 0, key, 'must be positive')
-  for key in ('warmup_steps', 'eval_every', 'weight_decay', 'grad_clip'):
-    need(config[key] >= 0, key, 'must be >= 0 (0 = off)')
-  need(math.isfinite(config.lr) and config.lr > 0, 'lr', 'must be a positive finite number')
-  for key in ('b1', 'b2'):
-    need(0 <= config[key] < 1, key, 'must be in [0, 1)')
-  need(config.eps > 0, 'eps', 'must be positive')
-  need(config.sharding in ('data', 'fsdp'), 'sharding', "is unknown; use 'data' or 'fsdp'")
-  need(config.model_parallel >= 1 and num_devices % config.model_parallel == 0,
-       'model_parallel', f'must divide the {num_devices} devices')
-  data_devices = num_devices // config.model_parallel
-  for key in ('batch_size', 'eval_batch_size'):
-    need(isinstance(config[key], int) and config[key] > 0 and config[key] % data_devices == 0,
-         key, f"must be a positive multiple of the mesh's {data_devices} data devices")
-  for size in config.resolutions:
-    need(isinstance(size, int) and size > 0 and all(size % p == 0 for p in model.patch[-2:]),
-         'resolutions', f'must be input sizes divisible by the patch {model.patch[-2:]}, e.g. '
-         f'({2 * model.input_size[-1]},)')
-  return model

@@ -9,7 +9,7 @@ classified by the mean of its views' softmax probabilities.
 """
 import dataclasses
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import jax
 import numpy as np
@@ -64,7 +64,7 @@ class Accuracy:
     return out
 
 
-def _by_video(video: np.ndarray, label: np.ndarray, probs: np.ndarray) -> Accuracy:
+def by_video(video: np.ndarray, label: np.ndarray, probs: np.ndarray) -> Accuracy:
   """Accuracy of views: video, label [n] and probs [n, classes] of the n (unpadded) views."""
   ok = probs.argmax(-1) == label
   num = int(video.max()) + 1
@@ -77,35 +77,57 @@ def _by_video(video: np.ndarray, label: np.ndarray, probs: np.ndarray) -> Accura
   return Accuracy(float(ok.mean()), fraction, per_view=float(ok.mean()), per_video=per_video)
 
 
-def evaluate(trainer, config, params, *, input_size=None, positions: Optional[str] = None,
-             shuffle: bool = False) -> Accuracy:
-  """Top-1 over the whole eval split (every view, with data.eval_views); nothing is dropped.
+def evaluate(trainer, params, *, input_size: Optional[int] = None,
+             positions: Optional[str] = None, shuffle: bool = False) -> Accuracy:
+  """Top-1 of `trainer`'s run over the whole eval split (every view, with data.eval_views);
+  nothing is dropped. input_size: another input size; positions: another position mode;
+  shuffle: patches permuted (shuffle_patches).
 
   The encoding's context (rotations) is computed once for the resolution and reused.
   """
+  run = trainer.run
   ctx, correct, views = None, [], []
-  batches = data.eval_batches(config.data, global_batch_size=config.eval_batch_size,
+  batches = data.eval_batches(run.data, global_batch_size=run.evaluation.batch_size,
                               process_index=jax.process_index(),
                               process_count=jax.process_count(), input_size=input_size)
   gather = lambda *xs: [np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in xs]
   for local in batches:
     if shuffle:
-      local = dict(local, image=shuffle_patches(local['image'], config.model.patch))
+      local = dict(local, image=shuffle_patches(local['image'], run.model.patch))
     batch = trainer.global_batch(local)
     if ctx is None:
-      grid = tuple(s // p for s, p in zip(batch['image'].shape[1:-1], config.model.patch))
+      grid = tuple(s // p for s, p in zip(batch['image'].shape[1:-1], run.model.patch))
       ctx = trainer.pe_context(params, grid, positions)
     if 'video' in batch:  # Several views per video: keep the probabilities to average them.
-      probs = trainer.predict_step(params, batch, ctx, positions)
+      probs = trainer.predict_step(params, batch, ctx)
       probs, mask, video, label = gather(probs, batch['mask'], batch['video'], batch['label'])
       views.append((video[mask], label[mask], probs[mask]))
     else:
-      ok, mask = gather(*trainer.eval_step(params, batch, ctx, positions))
+      ok, mask = gather(*trainer.eval_step(params, batch, ctx))
       correct.append(ok[mask])
   if views:
-    return _by_video(*map(np.concatenate, zip(*views)))
+    return by_video(*map(np.concatenate, zip(*views)))
   correct = np.concatenate(correct)
   return Accuracy(float(correct.mean()), correct)
+
+
+def evaluate_run(trainer, params) -> Tuple[Accuracy, dict]:
+  """Every evaluation of the run's EvalSpec: (accuracy, results) where results holds top-1
+  with its bootstrap CI, the patch-shuffled top-1 (Table 5) and the top-1 at each of
+  `resolutions` in each of `positions_modes` (Fig. 7; 'rescaled' only for encodings that read
+  positions: for the others it would repeat the first mode)."""
+  spec = trainer.run.evaluation
+  accuracy = evaluate(trainer, params)
+  shuffled = evaluate(trainer, params, shuffle=True).top1
+  resolutions = {str(size): {mode: evaluate(trainer, params, input_size=size,
+                                            positions=mode).top1
+                             for mode in spec.positions_modes}
+                 for size in spec.resolutions}
+  return accuracy, dict(
+      n_examples=int(len(accuracy.correct)), **accuracy.metrics('top1'),
+      top1_ci95=bootstrap_ci(accuracy.correct), shuffled_top1=shuffled,
+      shuffle_drop=accuracy.top1 - shuffled, positions_default=trainer.spec.pe.positions,
+      positions_modes=list(spec.positions_modes), resolutions=resolutions)
 
 
 def _heat(x: np.ndarray) -> np.ndarray:
@@ -114,11 +136,11 @@ def _heat(x: np.ndarray) -> np.ndarray:
   return (255 * rgb).astype(np.uint8)
 
 
-def attention_png(trainer, config, params, path: str, num_examples: int = 4):
+def attention_png(trainer, params, path: str, num_examples: int = 4):
   """Saves the CLS token's attention per layer (averaged over heads) for a few eval inputs:
   one row per example, the input first and then layers 1..L. Mean-pooled models (no CLS)
   show the attention each patch receives, averaged over queries. Video: averaged over time."""
-  one_view = dict(config.data.to_dict(), eval_views=(1, 1))  # One row per video.
+  one_view = dataclasses.replace(trainer.run.data, eval_views=(1, 1))  # One row per video.
   batch = next(iter(data.eval_batches(one_view, global_batch_size=num_examples)))
   images = batch['image'][:num_examples]
   _, attention = jax.jit(lambda p, x: trainer.model(p)(x, return_attention=True))(

@@ -1,24 +1,28 @@
 """Matrix exponential of stacks of skew-symmetric matrices, the core of LieRE.
 
-`expm(a, method)` is the one entry point; every rotation in the library goes through it.
+`expm(a, method)` is the entry point (liere_jax.rotations calls it for the exponentials it needs):
   scipy:       `jax.vmap(jax.scipy.linalg.expm)`, the reference. Under vmap its norm-dependent
                Pade order and squarings become selects, so every matrix pays for all of them,
                and its backward pass keeps every intermediate.
   scipy_remat: the same under `jax.checkpoint`, per chunk of 16 MiB of matrices inside
                `lax.map`: recomputed in the backward pass, which then holds one chunk's
-               intermediates (the whole stack under one checkpoint still needed all of them at
-               once: 23 GB for 28,224 64x64 matrices).
+               intermediates rather than the whole stack's.
   fast:        b = 2 in closed form (a rotation by the angle a[0, 1]); otherwise scaling and
                squaring with ONE scale per chunk of matrices (a scalar, so the squarings are real
                branches, not selects) from a spectral-radius bound, a degree-12 Taylor
                polynomial in 5 matmuls (Paterson-Stockmeyer), a final Newton-Schulz step, chunks
                under `jax.checkpoint` inside `lax.map` so the backward pass holds one chunk's
                intermediates at a time. On CPU the chunks are small (64 KiB of matrices, e.g. 4
-               of 64x64: the working set stays in cache and the scale fits each chunk;
-               forward+backward of 2,304 64x64 took 0.71 s against 1.02 s with 4 MiB chunks);
+               of 64x64, so the working set stays in cache and the scale fits each chunk);
                elsewhere 16 MiB (accelerators want large batches).
 All matmuls run in float32 at HIGHEST precision: a bf16 pass breaks orthogonality.
+
+`fast_expm(a, taylor)` is `fast` with another Taylor scheme (a `Taylor`; liere_jax.bench times
+one), and `chunks` / `squarings` say how `fast` splits a stack and scales each chunk.
 """
+
+import functools
+from typing import Callable, Dict, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -32,24 +36,52 @@ _CHUNK_BYTES_CPU = 2**16  # On CPU: small enough that a chunk's intermediates st
 _TAYLOR = [1.0 / float(np.prod(np.arange(1, k + 1))) for k in range(13)]  # 1/k!, k <= 12.
 
 
+class Taylor(NamedTuple):
+  """A polynomial for `fast`'s scaling and squaring.
+
+  powers: a [c, b, b] -> {k: a^k}, k = 1 included; the highest power bounds the spectral
+    radius (rho(a) <= ||a^k||_1^(1/k)).
+  polynomial: the scaled powers {k: x^k} -> the Taylor polynomial of exp at x.
+  theta: the largest scaled spectral radius the polynomial is used at.
+  products: matrix products per matrix in powers and polynomial together.
+  """
+  powers: Callable[[jax.Array], Dict[int, jax.Array]]
+  polynomial: Callable[[Dict[int, jax.Array]], jax.Array]
+  theta: float
+  products: int
+
+
 def expm(a: jax.Array, method: str = 'fast') -> jax.Array:
   """exp(a) for a: [..., b, b] skew-symmetric; returns float32 [..., b, b] rotations."""
   if method not in METHODS:
     raise ValueError(f"expm method={method!r} is unknown; use one of {METHODS} "
                      "(e.g. --config.model.pe.expm=fast).")
+  if method == 'fast':
+    return fast_expm(a)
+  flat, shape = _stack(a)
+  fn = jax.vmap(jax.scipy.linalg.expm)
+  with jax.default_matmul_precision('highest'):
+    out = (_map_chunks(jax.checkpoint(fn), flat, _CHUNK_BYTES) if method == 'scipy_remat'
+           else fn(flat))
+  return out.reshape(shape)
+
+
+def fast_expm(a: jax.Array, taylor: Optional[Taylor] = None) -> jax.Array:
+  """expm(a, 'fast') with the Taylor scheme `taylor` (default: TAYLOR12, the library's)."""
+  flat, shape = _stack(a)
+  if shape[-1] == 2:
+    return _rotation_2x2(flat).reshape(shape)
+  chunk_expm = jax.checkpoint(functools.partial(_chunk_expm, taylor or TAYLOR12))
+  return _map_chunks(chunk_expm, flat, _fast_budget()).reshape(shape)
+
+
+def _stack(a):
+  """a [..., b, b] as float32 [m, b, b], and a's shape."""
   a = jnp.asarray(a, jnp.float32)
-  *batch, b, b2 = a.shape
+  b, b2 = a.shape[-2:]
   if b != b2:
     raise ValueError(f'expm needs square matrices, got shape {a.shape}.')
-  flat = a.reshape(-1, b, b)
-  if method == 'fast':
-    out = _rotation_2x2(flat) if b == 2 else _fast(flat)
-  else:
-    fn = jax.vmap(jax.scipy.linalg.expm)
-    with jax.default_matmul_precision('highest'):
-      out = (_map_chunks(jax.checkpoint(fn), flat, _CHUNK_BYTES) if method == 'scipy_remat'
-             else fn(flat))
-  return out.reshape(*batch, b, b)
+  return a.reshape(-1, b, b), a.shape
 
 
 def _rotation_2x2(a):
@@ -59,12 +91,13 @@ def _rotation_2x2(a):
   return jnp.stack([jnp.stack([c, s], -1), jnp.stack([-s, c], -1)], -2)
 
 
-def _fast(a):
-  return _map_chunks(_chunk_expm, a, _fast_budget())
-
-
 def _fast_budget():
   return _CHUNK_BYTES_CPU if jax.default_backend() == 'cpu' else _CHUNK_BYTES
+
+
+def chunks(a: jax.Array) -> jax.Array:
+  """a [m, b, b] as `fast` splits it: [n_chunks, chunk, b, b], the last chunk zero-padded."""
+  return _chunked(a, _fast_budget())
 
 
 def _chunked(a, budget):
@@ -78,43 +111,29 @@ def _chunked(a, budget):
 
 def _map_chunks(fn, a, budget):
   """fn over chunks of about `budget` bytes of a [m, b, b], one after another (lax.map)."""
-  chunks = _chunked(a, budget)
-  if chunks.shape[0] == 1:
+  if not a.shape[0]:  # Nothing to exponentiate (e.g. every position at the origin).
+    return a
+  parts = _chunked(a, budget)
+  if parts.shape[0] == 1:
     return fn(a)
-  out = jax.lax.map(fn, chunks)
+  out = jax.lax.map(fn, parts)
   return out.reshape(-1, *a.shape[1:])[:a.shape[0]]
 
 
-def fast_flops(a) -> int:
-  """Forward FLOPs of expm(a, 'fast') (XLA's cost analysis counts a lax.map body once):
-  per matrix 7 fixed products (degree 12: a^2, a^4, x^3, 2 Paterson-Stockmeyer; degree 18:
-  a^2, a^3, a^6, 2 more; both: 2 Newton-Schulz) plus its chunk's squarings, 2 b^3 FLOPs each,
-  padding of the last chunk included (it is computed)."""
-  a = jnp.asarray(a, jnp.float32)
-  b = a.shape[-1]
-  if b == 2 or a.size == 0:
-    return 0
-  chunks = _chunked(a.reshape(-1, b, b), _fast_budget())
-  if _DEGREE == 18:
-    bound = lambda x: _squarings(_a6(x), 6, _THETA[18])
-  else:
-    bound = lambda x: _squarings(_mm(_mm(x, x), _mm(x, x)), 4, _THETA[12])
-  s = jax.jit(lambda c: jax.lax.map(bound, c))(chunks)
-  return int((7 + np.asarray(s, np.int64)).sum()) * chunks.shape[1] * 2 * b**3
+def squarings(chunk: jax.Array, taylor: Optional[Taylor] = None) -> jax.Array:
+  """The squarings `fast` (with `taylor`, default TAYLOR12) applies to a chunk [c, b, b]."""
+  taylor = taylor or TAYLOR12
+  return _squarings(taylor.powers(chunk), taylor.theta)
 
 
-def _a6(x):
-  x3 = _mm(_mm(x, x), x)
-  return _mm(x3, x3)
-
-
-def _squarings(a4, root=4, theta=1.0):
-  """Squarings for a chunk, from a^root (a^4 or a^6) of its unscaled matrices (a scalar): the
-  scaled spectral radius ends at most theta."""
-  # A skew-symmetric matrix is normal: the degree-12 Taylor remainder at x is at most
-  # rho(x)^13 / 13! in the 2-norm, and rho(a) <= ||a^4||_1^(1/4) <= ||a||_1 (0.7 squarings
-  # fewer than the 1-norm on LieRE's generators, for free: a^2 and a^4 are needed anyway).
-  norm = jax.lax.stop_gradient(jnp.max(jnp.sum(jnp.abs(a4), axis=-2))) ** (1 / root) / theta
+def _squarings(powers, theta):
+  """Squarings for a chunk, from the highest power a^k of its unscaled matrices (a scalar):
+  the scaled spectral radius ends at most theta."""
+  # A skew-symmetric matrix is normal: the Taylor remainder at x is bounded through rho(x) in
+  # the 2-norm, and rho(a) <= ||a^k||_1^(1/k) <= ||a||_1 (tighter than the 1-norm, and free:
+  # the powers are needed anyway).
+  k = max(powers)
+  norm = jax.lax.stop_gradient(jnp.max(jnp.sum(jnp.abs(powers[k]), axis=-2))) ** (1 / k) / theta
   return jnp.clip(jnp.ceil(jnp.log2(jnp.maximum(norm, 1e-30))), 0,
                   _MAX_SQUARINGS).astype(jnp.int32)
 
@@ -124,9 +143,9 @@ def _mm(x, y):
   """Batched x @ y at HIGHEST precision, with a VJP that avoids XLA CPU's slow form.
 
   The VJP needs x^T g; XLA folds the transpose into the dot as a contraction over the lhs's
-  row axis, which on CPU runs 2-7x slower than x @ y for small batched matrices (8x8: 10 ms vs
-  1.4 ms for 18k matrices). Materialising x^T first (the barrier keeps XLA from folding it
-  back) restores the fast form. Other backends keep XLA's own choice.
+  row axis, which on CPU runs several times slower than x @ y for small batched matrices.
+  Materialising x^T first (the barrier keeps XLA from folding it back) restores the fast form.
+  Other backends keep XLA's own choice.
   """
   return jnp.matmul(x, y, precision=_HI)
 
@@ -145,35 +164,15 @@ def _mm_bwd(res, g):
 
 
 _mm.defvjp(_mm_fwd, _mm_bwd)
-matmul = _mm  # For liere_jax.rotations' lattice powers.
+matmul = _mm  # For liere_jax.rotations' lattice powers and other Taylor schemes.
 
 
-# Taylor degree of `fast` (read at trace time; `bench rotations` sets 18 to compare) and the
-# largest scaled spectral radius it is used at. Degree 12 in 5
-# products (Paterson-Stockmeyer: a^2, a^4, a^3 and 2 more); degree 18 in 5 products (Bader,
-# Blanes, Casas 2019, coefficients solved here for that scheme's structure) at up to 3.0 saves
-# ~1.6 squarings but is dropped: its float32 cancellation leaves 2-7e-6 before any squaring
-# (degree 12: 6e-8), which the squarings then double (README / bench: 1e-5 fails at 4x range).
-_DEGREE = 12
-_THETA = {12: 1.0, 18: 3.0}
-# T18 = B2 + (B3 + A9) A9, A9 = B1 B5 + B4; each B a combination of (I, A, A^2, A^3[, A^6]).
-_B18 = dict(
-    b1=(-0.03972234290870274, 0.4592669618428011, 0.03674135694742408, 0.0040823729941582305),
-    b5=(1.2556627441679866, -0.3537439410937628, -0.08089101398254882, 0.014931171112628186,
-        3.0613769468148936e-06),
-    b4=(0.19404316037174738, 1.0172625235272112, 0.2471577146175959, 0.061934010098643244,
-        -3.193066231659192e-05),
-    b3=(-22.38749070489626, -1.2669451770537645, 0.03976319816519053, 0.02519350036276881,
-        -2.1923838013825762e-05),
-    b2=(4.206715553371252, 36.718065296131634, 2.9080863878591137, 0.19848404329836158,
-        0.00017616841326770723))
-
-
-def _chunk_expm(a):
-  return _chunk_expm_18(a) if _DEGREE == 18 else _chunk_expm_12(a)
-
-
-def _finish(r, s):
+def _chunk_expm(taylor, a):
+  """Scaling and squaring with one scale for the whole chunk; a: [c, b, b]."""
+  powers = taylor.powers(a)
+  s = _squarings(powers, taylor.theta)
+  scale = jnp.exp2(-s.astype(jnp.float32))
+  r = taylor.polynomial({k: p * scale**k for k, p in powers.items()})
   for i in range(_MAX_SQUARINGS):  # s is a scalar: each cond runs one branch.
     r = jax.lax.cond(i < s, lambda y: _mm(y, y), lambda y: y, r)
   # One Newton-Schulz step to the nearest orthogonal matrix: squaring doubles the rounding
@@ -181,35 +180,23 @@ def _finish(r, s):
   return 1.5 * r - 0.5 * _mm(r, _mm(jnp.swapaxes(r, -1, -2), r))
 
 
-@jax.checkpoint
-def _chunk_expm_12(a):
-  """Scaling and squaring with one scale for the whole chunk; a: [c, b, b]."""
+def _powers12(a):
   a2 = _mm(a, a)
-  a4 = _mm(a2, a2)
-  s = _squarings(a4, 4, _THETA[12])
-  scale = jnp.exp2(-s.astype(jnp.float32))  # rho(x) <= 1: Taylor-12 error < 1/13! ~ 2e-10.
-  x, x2, x4 = a * scale, a2 * scale**2, a4 * scale**4
-  eye = jnp.eye(a.shape[-1], dtype=a.dtype)
-  x3 = _mm(x2, x)
+  return {1: a, 2: a2, 4: _mm(a2, a2)}
+
+
+def _taylor12(x):
+  """Degree 12 by Paterson-Stockmeyer from x, x^2, x^4 (one more product: x^3)."""
+  x1, x2, x4 = x[1], x[2], x[4]
+  eye = jnp.eye(x1.shape[-1], dtype=x1.dtype)
+  x3 = _mm(x2, x1)
   c = _TAYLOR
-  block = lambda j: c[j] * eye + c[j + 1] * x + c[j + 2] * x2 + c[j + 3] * x3
+  block = lambda j: c[j] * eye + c[j + 1] * x1 + c[j + 2] * x2 + c[j + 3] * x3
   r = block(8) + c[12] * x4
   r = block(4) + _mm(x4, r)
-  r = block(0) + _mm(x4, r)
-  return _finish(r, s)
+  return block(0) + _mm(x4, r)
 
 
-@jax.checkpoint
-def _chunk_expm_18(a):
-  """As _chunk_expm_12 with the degree-18 scheme; the bound from a^6 (rho <= ||a^6||^(1/6))."""
-  a2 = _mm(a, a)
-  a3 = _mm(a2, a)
-  a6 = _mm(a3, a3)
-  s = _squarings(a6, 6, _THETA[18])
-  scale = jnp.exp2(-s.astype(jnp.float32))
-  x, x2, x3, x6 = a * scale, a2 * scale**2, a3 * scale**3, a6 * scale**6
-  eye = jnp.eye(a.shape[-1], dtype=a.dtype)
-  comb = lambda c: (c[0] * eye + c[1] * x + c[2] * x2 + c[3] * x3
-                    + (c[4] * x6 if len(c) > 4 else 0.))
-  a9 = _mm(comb(_B18['b1']), comb(_B18['b5'])) + comb(_B18['b4'])
-  return _finish(comb(_B18['b2']) + _mm(comb(_B18['b3']) + a9, a9), s)
+# Degree 12 up to a scaled spectral radius of 1: remainder < 1/13! ~ 2e-10. Products: a^2, a^4,
+# x^3 and 2 in the polynomial.
+TAYLOR12 = Taylor(powers=_powers12, polynomial=_taylor12, theta=1.0, products=5)

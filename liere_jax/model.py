@@ -20,7 +20,7 @@ model.dtype (bfloat16 is the compute dtype).
 Parameter tree (stable names; the PyTorch port maps them one to one):
   patch_embed/kernel [*patch, C, D], patch_embed/bias [D]
   cls_token [1, 1, D]                          (pool='cls' only)
-  pe/...                                       (see encodings.py)
+  pe/...                                       (see liere_jax/encodings/__init__.py)
   blocks/<i>/norm1/{scale, bias} [D]
   blocks/<i>/attn/qkv/{kernel [D, 3D], bias [3D]}   output laid out (q|k|v, head, head_dim);
                                                     no bias with qkv_bias=False (official LieRE)
@@ -30,7 +30,6 @@ Parameter tree (stable names; the PyTorch port maps them one to one):
   norm/{scale, bias} [D]
   head/{kernel [D, classes], bias [classes]}
 """
-import functools
 import math
 from typing import Optional, Sequence, Union
 
@@ -81,15 +80,16 @@ class Attention(nnx.Module):
     self.proj = nnx.Linear(width, width, dtype=dtype, rngs=rngs,
                            **linear_inits(init, width, _XAVIER, ('heads', 'embed')))
 
-  def __call__(self, x, pe, ctx, layer, return_weights=False):
-    """Self-attention [B, T, D] -> ([B, T, D], weights [B, H, T, T] or None).
+  def __call__(self, x, pe: encodings.LayerContext, return_weights=False):
+    """Self-attention [B, T, D] -> ([B, T, D], weights [B, H, T, T] or None); `pe` is this
+    layer's position-encoding context (encodings.Encoding.layer).
 
     Without weights it is `jax.nn.dot_product_attention` (fused kernels on accelerators);
     with them an explicit softmax (attention maps). Logits and softmax in float32 either way.
     """
     b, t, width = x.shape
     if pe.projects:  # A linear map of q and k folded into the projection, once per step.
-      kernel, bias = pe.project(ctx, layer, self.qkv.kernel[...],
+      kernel, bias = pe.project(self.qkv.kernel[...],
                                 self.qkv.bias[...] if self.qkv.bias is not None else None)
       dtype = self.qkv.dtype or x.dtype
       qkv = jnp.dot(x.astype(dtype), kernel.astype(dtype))
@@ -97,7 +97,7 @@ class Attention(nnx.Module):
     else:
       qkv = self.qkv(x)
     q, k, v = jnp.moveaxis(qkv.reshape(b, t, 3, self.heads, -1), 2, 0)
-    q, k, bias = pe.attend(ctx, layer, q, k)
+    q, k, bias = pe.attend(q, k)
     if not return_weights:
       bias = None if bias is None else bias[None].astype(q.dtype)
       out = jax.nn.dot_product_attention(q, k, v, bias=bias)
@@ -128,8 +128,8 @@ class Mlp(nnx.Module):
 class Block(nnx.Module):
 
   def __init__(self, width, heads, mlp_dim, *, qkv_bias, dropout, dropout_sites, init, dtype,
-               rngs):
-    norm = dict(epsilon=LN_EPS, dtype=dtype, rngs=rngs)
+               rngs, layer_norm_eps=LN_EPS):
+    norm = dict(epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
     self.norm1 = nnx.LayerNorm(width, **norm)
     self.attn = Attention(width, heads, qkv_bias=qkv_bias, init=init, dtype=dtype, rngs=rngs)
     self.norm2 = nnx.LayerNorm(width, **norm)
@@ -143,17 +143,17 @@ class Block(nnx.Module):
   def _drop(self, site, y):
     return self.dropout(y) if site in self.sites else y
 
-  def __call__(self, x, pe, ctx, layer, return_weights=False):
-    y, weights = self.attn(self.norm1(x), pe, ctx, layer, return_weights)
+  def __call__(self, x, pe: encodings.LayerContext, return_weights=False):
+    y, weights = self.attn(self.norm1(x), pe, return_weights)
     x = x + self._drop('attn', y)
     x = x + self._drop('mlp', self.mlp(self.norm2(x), rngs=self.dropout.rngs))
     return x, weights
 
 
-@functools.partial(nnx.remat, static_argnums=(4,))
-def _remat_block(block, x, pe, ctx, layer):
+@nnx.remat
+def _remat_block(block, x, pe):
   """A block whose activations the backward pass recomputes (model.remat='block')."""
-  return block(x, pe, ctx, layer)
+  return block(x, pe)
 
 
 class PositionJitter(nnx.Module):
@@ -193,7 +193,8 @@ class ViT(nnx.Module):
     self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
     self.blocks = nnx.List([
         Block(width, spec.heads, spec.mlp_dim, qkv_bias=spec.qkv_bias, dropout=spec.dropout,
-              dropout_sites=spec.dropout_sites, init=spec.init, dtype=dtype, rngs=rngs)
+              dropout_sites=spec.dropout_sites, init=spec.init, dtype=dtype, rngs=rngs,
+              layer_norm_eps=spec.layer_norm_eps)
         for _ in range(spec.depth)])
     self.norm = nnx.LayerNorm(width, epsilon=spec.layer_norm_eps, dtype=dtype, rngs=rngs)
     self.head = nnx.Linear(width, spec.num_classes, dtype=dtype, rngs=rngs,
@@ -216,8 +217,8 @@ class ViT(nnx.Module):
     return tuple(s // p for s, p in zip(spatial, self.patch))
 
   def pe_context(self, grid: Sequence[int], positions: Optional[str] = None, offsets=None):
-    """The encoding's per-forward-pass state for a patch grid (e.g. LieRE rotations);
-    `offsets` [prod(grid), n] move the patches, in patch units (PositionJitter)."""
+    """The encoding's per-forward-pass context for a patch grid (e.g. LieRE rotations), every
+    layer's; `offsets` [prod(grid), n] move the patches, in patch units (PositionJitter)."""
     mode, base = positions or self.spec.pe.positions, self.spec.pe.positions
     pos = positions_lib.grid_positions(grid, self.train_grid, mode, base)
     if offsets is not None:
@@ -227,15 +228,15 @@ class ViT(nnx.Module):
   def _scan_blocks(self, x, ctx):
     """The blocks under one jax.lax.scan (model.scan_layers): the per-layer parameters keep
     their names (blocks/<i>/...) and are stacked for the scan, so checkpoints and the PyTorch
-    port are unchanged; the body is traced once, whatever the depth. The layer index reaching
-    the encoding is a traced int (it indexes the per-layer rotations)."""
+    port are unchanged; the body is traced once, whatever the depth, and takes its layer's
+    encoding context by the traced layer index."""
     graphdef = nnx.graphdef(self.blocks[0])
     stacked = jax.tree.map(lambda *v: jnp.stack(v), *[nnx.state(b) for b in self.blocks])
 
     def body(x, inputs):
       state, layer = inputs
       block = nnx.merge(graphdef, state)
-      x, _ = block(x, self.pe, ctx, layer)
+      x, _ = block(x, self.pe.layer(ctx, layer))
       return x, nnx.state(block, nnx.RngState)  # Dropout RNG counts move on, as in the loop.
 
     if self.spec.remat == 'block':
@@ -263,10 +264,11 @@ class ViT(nnx.Module):
       x = self._scan_blocks(x, ctx)
     else:
       for layer, block in enumerate(self.blocks):
+        pe = self.pe.layer(ctx, layer)
         if self.spec.remat == 'block' and not return_attention:
-          x, weights = _remat_block(block, x, self.pe, ctx, layer)
+          x, weights = _remat_block(block, x, pe)
         else:
-          x, weights = block(x, self.pe, ctx, layer, return_attention)
+          x, weights = block(x, pe, return_attention)
         attention.append(weights)
     x = self.norm(x)
     x = x[:, 0] if self.pool == 'cls' else x.mean(axis=1)

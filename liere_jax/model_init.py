@@ -7,9 +7,10 @@ Sources (`--config.model_init=...`):
   DIR                 a train.py workdir: its latest checkpoint
   DIR:best            its best checkpoint by eval accuracy (DIR/best/)
   DIR:STEP            its checkpoint of step STEP (DIR/checkpoints/ keeps the latest `keep`)
-  FILE.safetensors    an export of ours (`python -m liere_jax.export torch`), FILE.json beside it
+  FILE.safetensors    an export of ours (`python -m liere_jax.convert to_torch`), FILE.json
+                      beside it
   FILE.ckpt, FILE.pt  an official StanfordMIMI/LieRE checkpoint: a Lightning checkpoint (its
-                      'state_dict') or a plain state_dict, mapped like `export import-official`.
+                      'state_dict') or a plain state_dict, mapped like `convert from_official`.
                       Reading it needs torch (imported only for this source). Its grid comes
                       from its pos_embedding and its classes from its head; every other field is
                       this config's (the official model is CLS-pooled).
@@ -33,7 +34,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from liere_jax import export
+from liere_jax import convert
 from liere_jax.spec import resolve
 
 HEAD_MODES = ('load', 'reinit')
@@ -43,10 +44,7 @@ OFFICIAL_SUFFIXES = ('.ckpt', '.pt')
 # Resolved model fields that shape the parameters: the first that differs is the fix we name.
 SHAPING = ('patch', 'channels', 'width', 'depth', 'heads', 'mlp_dim', 'pool', 'qkv_bias')
 
-Params = Dict[Tuple[str, ...], Optional[np.ndarray]]  # Flat, export._flatten's keys.
-# export's tree helpers, nested dict <-> {path tuple of str: leaf}.
-# pylint: disable-next=protected-access
-_flatten, _unflatten_like = export._flatten, export._unflatten_like
+Params = Dict[Tuple[str, ...], Optional[np.ndarray]]  # Flat, convert.flatten's keys.
 
 
 def parse(source: str) -> Tuple[str, Optional[int], bool]:
@@ -66,22 +64,22 @@ def read_source(source: str, model: ml_collections.ConfigDict):
   if path.endswith('.safetensors'):
     from safetensors.numpy import load_file
     json_path = os.path.splitext(path)[0] + '.json'
-    src = export.config_from_json(export.read_json(json_path, "the export's model JSON"),
-                                  json_path).model
-    params = export.from_torch_layout(load_file(path), src)
+    src = convert.config_from_json(convert.read_json(json_path, "the export's model JSON"),
+                                   json_path).model
+    params = convert.from_torch_layout(load_file(path), src)
   elif path.endswith(OFFICIAL_SUFFIXES):
     try:
-      state = export.load_official_state_dict(path)
+      state = convert.load_official_state_dict(path)
     except ImportError:
       raise ImportError(f'reading the official checkpoint {path} needs torch (pip install '
                         'torch); the other sources do not.') from None
     src = _official_model(state, model)
     try:
-      export.official_spec(src)
+      convert.official_spec(src)
     except ValueError as e:
       raise ValueError(f'this model cannot take an official LieRE checkpoint ({e})') from None
     try:
-      params = export.from_official_layout(state, src)
+      params = convert.from_official_layout(state, src)
     except ValueError as e:  # This run's model section describes the official model.
       raise ValueError(f"{e} Set --config.model's width, depth, heads, mlp_dim and patch to "
                        "the official model's (its grid and classes are read from the file).") \
@@ -101,7 +99,7 @@ def read_source(source: str, model: ml_collections.ConfigDict):
              if best else '') + '.')
     src, params, _ = checkpoint.load_params(path, step, best=best)
     src = src.model
-  return src, {k: np.asarray(v) for k, v in _flatten(params).items()}
+  return src, {k: np.asarray(v) for k, v in convert.flatten(params).items()}
 
 
 def _official_model(state, model):
@@ -117,7 +115,7 @@ def _official_model(state, model):
     if ms.n_dims != 2 or side * side != tokens:
       raise ValueError(f'its pos_embedding has {tokens} patch tokens, which fits no square '
                        f'grid of patch={ms.patch}; import it with its config first (python -m '
-                       'liere_jax.export import-official ... --out-workdir DIR) and start from '
+                       'liere_jax.convert from_official ... --out_workdir DIR) and start from '
                        'DIR.')
     src.input_size = tuple(side * p for p in ms.patch)
   return src
@@ -152,7 +150,7 @@ def load(config: ml_collections.ConfigDict, source: Optional[str] = None) -> Par
           f'{flag}: the checkpoint was trained with model.{field}={_setting(there, field)!r}, '
           f'this run has {_setting(here, field)!r}; set --config.model.{field}='
           f'{_setting(there, field)} (the parameters of one encoding mean nothing to another).')
-  dst = _flatten(export.abstract_params(config.model))
+  dst = convert.flatten(convert.abstract_params(config.model))
   shapes = {k: tuple(v.shape) for k, v in src.items()}
   reinit = config.model_init_head == 'reinit'
   resize = here.pe.name == 'abs' and there.train_grid != here.train_grid
@@ -207,11 +205,11 @@ def init_state(trainer, seed: int, params: Params):
   """The train state of a new run: `params` (load()) placed like the trainer's, a fresh
   optimizer state and step 0; None entries (a new head) take the init of `seed`."""
   fresh = trainer.init_state(seed)['params']
-  shardings = _flatten(trainer.state_sharding['params'])
+  shardings = convert.flatten(trainer.state_sharding['params'])
   flat = {k: v if params[k] is None else jax.make_array_from_callback(
       v.shape, shardings[k], lambda index, x=params[k]: x[index])
-          for k, v in _flatten(fresh).items()}
-  tree = _unflatten_like(fresh, flat)
+          for k, v in convert.flatten(fresh).items()}
+  tree = convert.unflatten_like(fresh, flat)
   return jax.jit(lambda p: {'params': p, 'opt_state': trainer.tx.init(p),
                             'step': jnp.zeros((), jnp.int32)},
                  out_shardings=trainer.state_sharding)(tree)

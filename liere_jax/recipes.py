@@ -1,10 +1,10 @@
 """The official recipe behind the paper's Table 1, in our config's terms, and every place where
-configs/{cifar100,imagenet,ucf101}.py still differ from it.
+liere_jax/configs/{cifar100,imagenet,ucf101}.py still differ from it.
 
 One place: tests/test_recipes.py resolves each paper config and compares it with OFFICIAL field
 by field (a difference must be listed in DIFFERENCES, with its reason and the flag that removes
-it), and the README's "Table 1, as a command" section is `python -m liere_jax.recipes` (a test
-checks that the README carries that text unchanged).
+it), and the "Table 1, as a command" section of docs/configs.md is `python -m liere_jax.recipes`
+(a test checks that it carries that text unchanged).
 
 Sources: O = github.com/StanfordMIMI/LieRE at b27b41b (paths relative to that repo); P = the ICML
 paper, appendix B. Where the released scripts disagree with the paper (UCF101 batch and block
@@ -16,7 +16,7 @@ from typing import Dict, NamedTuple, Tuple
 
 DATASETS = ('cifar100', 'imagenet', 'ucf101')
 # Table 1 columns -> pe names; the paper's RoPE-Mixed and VisionLlama are LieRE-b2 and fixed
-# axial frequencies on [0, 1] positions (liere_jax/encodings.py), not naver-ai's / rope-vit's.
+# axial frequencies on [0, 1] positions (liere_jax.encodings), not naver-ai's / rope-vit's.
 COLUMNS = {'Absolute': 'abs', 'VisionLlama': 'paper_visionllama',
            'RoPE-Mixed': 'paper_rope_mixed', 'LieRE8': 'liere8', 'LieRE64': 'liere64'}
 PAPER_TABLE1 = {  # Top-1 %, ViT-B (P, Table 1).
@@ -51,7 +51,8 @@ OFFICIAL: Dict[str, Dict[str, object]] = {
         'model.patch': (4, 4), 'model.input_size': (32, 32), 'model.num_classes': 100,
         'data.name': 'cifar100', 'data.augment': 'official_randaug', 'data.crop': 'pad',
         'data.eval_split': 'test'},
-    'imagenet': {  # O lightning_imagenet.sh, lightning_conf/imagenet_224.yaml, data_image.py:193-216.
+    # O lightning_imagenet.sh, lightning_conf/imagenet_224.yaml, data_image.py:193-216.
+    'imagenet': {
         **_COMMON, 'batch_size': 512, 'total_steps': _epochs(1_281_167, 512),
         'model.patch': (16, 16), 'model.input_size': (224, 224), 'model.num_classes': 1000,
         'data.name': 'imagenet2012', 'data.augment': 'official_randaug', 'data.crop': 'rrc',
@@ -112,7 +113,7 @@ DIFFERENCES = (
 
 
 def table() -> str:
-  """The README section: one command per (dataset, column), then every difference."""
+  """The docs section: one command per (dataset, column), then every difference."""
   lines = ['| dataset | column | command | paper top-1 |', '|---|---|---|---|']
   for dataset in DATASETS:
     for column, pe in COLUMNS.items():

@@ -10,13 +10,14 @@ exponential (R(m q) = R(q)^m, `lattice_plan`), and on a mesh each device compute
 """
 
 import dataclasses
+from typing import Callable, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from liere_jax.expm import expm, fast_flops, matmul
+from liere_jax.expm import expm, matmul
 
 
 def num_free(block: int) -> int:
@@ -32,7 +33,7 @@ def skew(params: jax.Array, block: int) -> jax.Array:
 
 
 def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
-                    method: str = 'fast', lattice: bool = True) -> jax.Array:
+                    method: Union[str, Callable] = 'fast', lattice: bool = True) -> jax.Array:
   """R(p) per layer, head and token.
 
   Positions known at trace time (numpy, a concrete array, or a constant under jit) that lie on
@@ -47,14 +48,17 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
   Args:
     generators: [L, H, n, n_blocks, b(b-1)/2] raw parameters (L, H may be 1 when shared).
     positions: [T, n] token positions.
+    method: the exponential, one of liere_jax.expm.METHODS, or a function [..., b, b] ->
+      [..., b, b] (e.g. expm.fast_expm with another Taylor scheme).
+    lattice: take the lattice path where the positions allow it.
   Returns:
     [L, H, T, n_blocks, b, b] float32 rotations.
   """
+  exp = method if callable(method) else lambda a: expm(a, method)
   plan = lattice_plan(positions) if lattice and block > 2 else None
   if plan is None:
-    return split_over_data(lambda a: expm(a, method),
-                           liere_generators(generators, positions, block))
-  return _lattice_rotations(generators, plan, block, method)
+    return split_over_data(exp, liere_generators(generators, positions, block))
+  return _lattice_rotations(generators, plan, block, exp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +137,9 @@ def lattice_plan(positions, tol: float = 1e-5, max_multiple: int = 2**16):
   # By level, then by the level of the right operand (one source array per batched product).
   powers = sorted((x for x in need if x[1] > 1),
                   key=lambda x: (level_of(x[1]), level_of(x[1] - high(x[1])), x))
-  if n_dirs + 1 >= len(pos) and not powers and not np.any(transpose) and np.all(nonzero):
-    return None  # Every token its own primitive point: nothing to gain.
+  if not n_dirs or (n_dirs + 1 >= len(pos) and not powers and not np.any(transpose)
+                    and np.all(nonzero)):
+    return None  # Every token at the origin, or its own primitive point: nothing to gain.
   slot = {(d, 1): 1 + d for d in range(n_dirs)}
   levels, cur, nxt = [], None, 1 + n_dirs
   for d, m in powers:
@@ -158,13 +163,13 @@ def _data_devices():
   return 1 if mesh.empty or 'data' not in mesh.axis_names else mesh.shape['data']
 
 
-def _lattice_rotations(generators, plan: LatticePlan, block: int, method: str):
+def _lattice_rotations(generators, plan: LatticePlan, block: int, exp):
   """The lattice path of liere_rotations. On a mesh both stages split over 'data': each device
   computes 1/n of the exponentials at the primitive points (matrix by matrix, as the general
   path), then 1/n of the (layer, head) tables of powers."""
   g = liere_generators(generators, plan.primitives, block)  # [L, H, P, k, b, b]
   l, h, n_prim, k = g.shape[:4]
-  rot = split_over_data(lambda a: expm(a, method), g).reshape(l * h, n_prim, k, block, block)
+  rot = split_over_data(exp, g).reshape(l * h, n_prim, k, block, block)
   # Slot ranges of the parts of the table: I, the primitives, then one part per level.
   bounds = np.cumsum([0, 1, n_prim] + [len(lhs) for lhs, _ in plan.levels])
 
@@ -193,8 +198,8 @@ def _lattice_rotations(generators, plan: LatticePlan, block: int, method: str):
 
 
 def take_static(x: jax.Array, idx: np.ndarray) -> jax.Array:
-  """x[:, idx] for static numpy indices, whose backward is gathers, not XLA's scatter-add (on
-  CPU a serial loop: it cost the lattice path most of its backward gain)."""
+  """x[:, idx] for static numpy indices, whose backward is gathers, not XLA's scatter-add (a
+  serial loop on CPU)."""
   idx = np.asarray(idx, np.int64)
   n = x.shape[1]
   # inv[c, s]: the c-th index position reading slot s, or len(idx) (a zero row) if none.
@@ -216,21 +221,6 @@ def take_static(x: jax.Array, idx: np.ndarray) -> jax.Array:
 
   take.defvjp(lambda x: (take(x), None), bwd)
   return take(x)
-
-
-def liere_flops(generators, positions, block: int, n_devices: int = 1, lattice: bool = True):
-  """Counted forward FLOPs of liere_rotations(..., 'fast'): the exponentials (expm.fast_flops)
-  plus, on the lattice path, 2 b^3 per power product. Returns (per device, all devices): the
-  largest device's share when split over n_devices as split_over_data splits them."""
-  gens = np.asarray(generators, np.float32)
-  plan = lattice_plan(positions) if lattice and block > 2 else None
-  a = np.asarray(liere_generators(gens, plan.primitives if plan else positions, block))
-  groups, k = a.shape[0] * a.shape[1], a.shape[3]
-  a = a.reshape(-1, block, block)
-  share = -(-a.shape[0] // n_devices)
-  parts = [fast_flops(a[i:i + share]) for i in range(0, a.shape[0], share)]
-  per_group = 2 * block**3 * k * (plan.n_products if plan else 0)
-  return max(parts) + -(-groups // n_devices) * per_group, sum(parts) + groups * per_group
 
 
 def liere_generators(generators: jax.Array, positions: jax.Array, block: int) -> jax.Array:
@@ -277,8 +267,7 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
       through.
   Returns:
     x rotated (x' = R x per block), in x's dtype. The product runs in x's dtype (float32 at
-    highest precision; bf16 models multiply bf16-rounded rotations, accumulating in float32:
-    relative error 2.3e-3 against the float32 product of the same bf16 input, LieRE8).
+    highest precision; bf16 models multiply bf16-rounded rotations, accumulating in float32).
   """
   k, b = rot.shape[-3], rot.shape[-1]
   h = x.shape[2]

@@ -12,9 +12,10 @@ PyTorch port reads.
 """
 import dataclasses
 import math
-import re
 from typing import Optional, Tuple
 
+from liere_jax import encodings, expm
+from liere_jax.encodings import registry
 from liere_jax.positions import MODES as POSITION_MODES
 
 # name -> (width, depth, heads[, mlp_dim]); without mlp_dim the MLP is 4 x width. paper_tiny is
@@ -30,18 +31,6 @@ DROPOUT_SITES = ('embed', 'attn', 'mlp_hidden', 'mlp')
 # model.init -> the init std of the CLS token and the absolute embedding (model.py): 'jax' the
 # DeiT 0.02, 'official' torch.randn (official models/vit.py:174,177).
 INIT_EMBED_STD = {'jax': 0.02, 'official': 1.0}
-# The position mode each encoding's initialisation was designed for (IMPLEMENTATION_NOTES 2):
-# LieRE's U[0, 2 pi) generators on [0, 1] positions, RoPE's frequencies on patch indices.
-# ComRoPE's (i + 0.5) / n per axis is made inside the encoding from these positions
-# (encodings.comrope_position_map); STRING builds on RoPE-Mixed's integer positions; the
-# paper's VisionLlama ran on the official code's [0, 1] positions.
-DEFAULT_POSITIONS = {'liere': 'normalized', 'comrope_ap': 'normalized',
-                     'comrope_ld': 'normalized',
-                     'paper_visionllama': 'normalized'}  # Every other encoding: 'integer'.
-BLOCK_FAMILIES = ('liere', 'comrope_ap', 'comrope_ld', 'string_circulant')  # name = family<b>.
-# Names that are another family at a fixed block size: the paper's RoPE-Mixed column ran the
-# official code's LieRE with 2x2 blocks (Table 10's b = 2 row equals it).
-PE_ALIASES = {'paper_rope_mixed': ('liere', 2)}
 MODEL_FIELDS = ('variant', 'width', 'depth', 'heads', 'mlp_dim', 'patch', 'input_size',
                 'channels', 'num_classes', 'pool', 'dropout', 'dropout_sites', 'qkv_bias', 'init',
                 'dtype', 'remat', 'scan_layers', 'pe')
@@ -51,25 +40,14 @@ MODEL_ADDED = {'remat': 'none', 'scan_layers': False, 'dropout_sites': ('embed',
                'init': 'jax'}
 PE_ADDED = {'jitter': 0.0}
 REMAT = ('none', 'block')
-# Encodings that read token positions (the rest ignore them): where jitter means something.
-POSITIONLESS = ('none', 'abs', 'sincos')
-
-
-def liere_block(name: str) -> Optional[int]:
-  """The block size of a `liere<b>` name, else None."""
-  m = re.fullmatch(r'liere(\d+)', name)
-  return int(m.group(1)) if m else None
-
-
-def parse_pe_name(name: str) -> Tuple[str, Optional[int]]:
-  """(family, block) of a model.pe.name: 'liere8' -> ('liere', 8), 'comrope_ap4' ->
-  ('comrope_ap', 4), 'string_circulant16' -> ('string_circulant', 16), 'paper_rope_mixed' ->
-  ('liere', 2) (PE_ALIASES); other names ('rope_mixed', 'string_cayley', ...) are their own
-  family with block None."""
-  if name in PE_ALIASES:
-    return PE_ALIASES[name]
-  m = re.fullmatch(r'(%s)(\d+)' % '|'.join(BLOCK_FAMILIES), name)
-  return (m.group(1), int(m.group(2))) if m else (name, None)
+# The model.pe options that only some encodings read (registry.Facts.options), at the values
+# liere_jax.config_lib.model_config writes; any other value is refused for the others.
+PE_OPTION_DEFAULTS = {'share': 'none', 'init_scale': 2 * math.pi, 'expm': 'fast'}
+# ModelSpec fields that leave the parameter tree (names and shapes) as it is: a resumed run may
+# change them (ModelSpec.tree_fields). The variant is in width, depth, heads and mlp_dim.
+NOT_TREE_FIELDS = ('variant', 'dtype', 'remat', 'scan_layers', 'dropout', 'dropout_sites',
+                   'init', 'layer_norm_eps')
+NOT_TREE_PE_FIELDS = ('positions', 'init_scale', 'expm', 'jitter')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +55,9 @@ class PESpec:
   """The position encoding, resolved."""
   name: str  # 'none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere<b>',
   #             'comrope_ap<b>', 'comrope_ld<b>', 'string_cayley', 'string_circulant<b>',
-  #             'paper_rope_mixed', 'paper_visionllama' (encodings.NAMES).
+  #             'paper_rope_mixed', 'paper_visionllama' (encodings.registry.NAMES).
   family: str  # name without its block size: 'liere' for every liere<b> and for
-  #               paper_rope_mixed (PE_ALIASES), 'comrope_ap', ...
+  #               paper_rope_mixed (registry.ALIASES), 'comrope_ap', ...
   block: Optional[int]  # The block size b of a <b> name; None for the others.
   positions: str  # Position mode at the training grid (one of POSITION_MODES).
   share: str  # LieRE generators shared over 'none', 'layers', 'heads' or 'all'.
@@ -128,6 +106,13 @@ class ModelSpec:
   def to_json(self) -> dict:
     return json_ready(dataclasses.asdict(self))
 
+  def tree_fields(self) -> dict:
+    """The fields that define the parameter tree, JSON-ready: two models with equal
+    tree_fields() have the same parameter names and shapes (and read the same checkpoints)."""
+    obj = {k: v for k, v in self.to_json().items() if k not in NOT_TREE_FIELDS}
+    obj['pe'] = {k: v for k, v in obj['pe'].items() if k not in NOT_TREE_PE_FIELDS}
+    return obj
+
   @classmethod
   def from_json(cls, obj: dict) -> 'ModelSpec':
     obj = {**MODEL_ADDED, **obj}
@@ -164,7 +149,6 @@ def resolve(model) -> ModelSpec:
   and the fix. A ModelSpec is returned as it is."""
   if isinstance(model, ModelSpec):
     return model
-  from liere_jax import encodings, expm  # Late: keeps this module light for tools.
   m = {**MODEL_ADDED, **(model.to_dict() if hasattr(model, 'to_dict') else dict(model))}
   _check_fields(m, MODEL_FIELDS, 'model')
   missing = [k for k in MODEL_FIELDS if k not in m]
@@ -218,12 +202,39 @@ def resolve(model) -> ModelSpec:
   if m['init'] not in INIT_EMBED_STD:
     raise ValueError(f"model.init={m['init']!r} is unknown; use one of {tuple(INIT_EMBED_STD)}.")
 
-  name = pe['name']
-  family, block = parse_pe_name(name)
   head_dim = width // heads
-  encodings.validate(family, block=block, head_dim=head_dim, width=width, n_dims=len(patch),
+  pe_spec = _resolve_pe(pe, width=width, depth=depth, heads=heads, n_dims=len(patch))
+  return ModelSpec(
+      variant=variant, width=width, depth=depth, heads=heads, head_dim=head_dim,
+      mlp_dim=mlp_dim, patch=patch, input_size=size,
+      train_grid=tuple(s // p for s, p in zip(size, patch)), channels=int(m['channels']),
+      num_classes=int(m['num_classes']), pool=m['pool'], num_prefix=int(m['pool'] == 'cls'),
+      dropout=float(m['dropout']),
+      dropout_sites=tuple(site for site in DROPOUT_SITES if site in sites),
+      qkv_bias=bool(m['qkv_bias']), init=m['init'], dtype=m['dtype'],
+      remat=m['remat'], scan_layers=bool(m['scan_layers']), layer_norm_eps=LN_EPS,
+      pe=pe_spec)
+
+
+def _resolve_pe(pe: dict, *, width: int, depth: int, heads: int, n_dims: int) -> PESpec:
+  """The model.pe section -> PESpec; options the encoding does not read must be unset."""
+  name = pe['name']
+  family, block = registry.parse(name)
+  encodings.validate(family, block=block, head_dim=width // heads, width=width, n_dims=n_dims,
                      name=name)
-  positions = pe['positions'] or DEFAULT_POSITIONS.get(family, 'integer')
+  facts = registry.FAMILIES[family]
+  for key, default in PE_OPTION_DEFAULTS.items():
+    value = pe[key]
+    if key not in facts.options and (value != default if isinstance(default, str) else
+                                     not math.isclose(float(value), default, rel_tol=1e-9)):
+      users = [f + '<b>' * registry.FAMILIES[f].blocks for f in registry.FAMILIES
+               if key in registry.FAMILIES[f].options]
+      raise ValueError(f'model.pe.{key}={value!r} does not apply to pe={name} (only to '
+                       f"{', '.join(users)}); leave it at {default!r}.")
+  if pe['positions'] is not None and not facts.reads_positions:
+    raise ValueError(f"model.pe.positions={pe['positions']!r} does not apply to pe={name} (it "
+                     'reads no positions); leave it at None.')
+  positions = pe['positions'] or facts.positions
   if positions not in POSITION_MODES:
     raise ValueError(f'model.pe.positions={positions!r} is unknown; use one of '
                      f'{POSITION_MODES} or None for the encoding default.')
@@ -236,21 +247,12 @@ def resolve(model) -> ModelSpec:
   if not init_scale > 0:
     raise ValueError(f'model.pe.init_scale={init_scale} must be positive (LieRE: 2 pi).')
   jitter = float(pe['jitter'])
-  if not (math.isfinite(jitter) and jitter >= 0) or (jitter and family in POSITIONLESS):
+  if not (math.isfinite(jitter) and jitter >= 0) or (jitter and not facts.reads_positions):
     raise ValueError(f'model.pe.jitter={jitter} must be >= 0 (0 = off; ComRoPE trains with 1)'
                      + (f', and pe={name!r} reads no positions: set it to 0.'
-                        if family in POSITIONLESS else '.'))
-  share = pe['share'] if family == 'liere' else 'none'
-  return ModelSpec(
-      variant=variant, width=width, depth=depth, heads=heads, head_dim=head_dim,
-      mlp_dim=mlp_dim, patch=patch, input_size=size,
-      train_grid=tuple(s // p for s, p in zip(size, patch)), channels=int(m['channels']),
-      num_classes=int(m['num_classes']), pool=m['pool'], num_prefix=int(m['pool'] == 'cls'),
-      dropout=float(m['dropout']),
-      dropout_sites=tuple(site for site in DROPOUT_SITES if site in sites),
-      qkv_bias=bool(m['qkv_bias']), init=m['init'], dtype=m['dtype'],
-      remat=m['remat'], scan_layers=bool(m['scan_layers']), layer_norm_eps=LN_EPS,
-      pe=PESpec(name=name, family=family, block=block, positions=positions, share=share,
+                        if not facts.reads_positions else '.'))
+  share = pe['share']
+  return PESpec(name=name, family=family, block=block, positions=positions, share=share,
                 layers=1 if share in ('layers', 'all') else depth,
                 heads=1 if share in ('heads', 'all') else heads,
-                init_scale=init_scale, expm=pe['expm'], jitter=jitter))
+                init_scale=init_scale, expm=pe['expm'], jitter=jitter)

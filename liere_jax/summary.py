@@ -47,7 +47,7 @@ def summarize(model_cfg) -> dict:
 
   ctx = jax.eval_shape(lambda s: nnx.merge(graphdef, s).pe_context(model.train_grid), state)
   flops = _flops(forward, state, x)
-  flops_cached = _flops(forward, state, x, ctx) if ctx is not None else flops
+  flops_cached = _flops(forward, state, x, ctx) if jax.tree.leaves(ctx) else flops
   return dict(
       pe=model_cfg.pe.name,
       **param_counts(model_cfg),

@@ -12,11 +12,11 @@ Layout: inputs are channels-first, the PyTorch convention: [B, C, T] (1D), [B, C
 model's position mode (see `grid_positions`), the absolute embedding is resized exactly as
 jax.image.resize does (Keys cubic a=-0.5 in 2D, linear otherwise, antialiased when shrinking).
 
-The math is the JAX model's (liere_jax/model.py, encodings.py, rotations.py): pre-norm blocks,
-LayerNorm eps 1e-5, exact GELU, attention logits q.k / sqrt(d) in float32 plus an optional ALiBi
-bias, float32 softmax; the final LayerNorm runs on every token before CLS or mean pooling.
-Rotary encodings rotate q and k per head in blocks of b contiguous dims (x' = R x); dims past
-the last whole block stay as they are; CLS (position 0) gets the identity.
+The math is the JAX model's (liere_jax/model.py, encodings/, rotations.py): pre-norm blocks,
+LayerNorm eps layer_norm_eps (1e-5), exact GELU, attention logits q.k / sqrt(d) in float32 plus
+an optional ALiBi bias, float32 softmax; the final LayerNorm runs on every token before CLS or
+mean pooling. Rotary encodings rotate q and k per head in blocks of b contiguous dims
+(x' = R x); dims past the last whole block stay as they are; CLS (position 0) gets the identity.
 LieRE: R(p) = expm(sum_a p_a A_a), A_a block-diagonal skew-symmetric from the strict upper
 triangles (np.triu_indices(b, 1) order); torch.linalg.matrix_exp in float32 plus one
 Newton-Schulz step for b > 2, the closed form [[cos t, sin t], [-sin t, cos t]] (t = A[0, 1])
@@ -43,9 +43,6 @@ from torch import nn
 import torch.nn.functional as F
 
 POSITION_MODES = ('normalized', 'integer', 'rescaled')
-PE_NAMES = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere<b>',
-            'comrope_ap<b>', 'comrope_ld<b>', 'string_cayley', 'string_circulant<b>',
-            'paper_rope_mixed', 'paper_visionllama')
 
 
 class WeightsMismatchError(ValueError):
@@ -53,7 +50,7 @@ class WeightsMismatchError(ValueError):
 
 
 # ----------------------------------------------------------------------------------------------
-# Positions, tables and resizing (numpy; exactly liere_jax/positions.py and encodings.py).
+# Positions, tables and resizing (numpy; exactly liere_jax/positions.py and encodings/).
 
 
 def grid_positions(grid, train_grid, mode, base='normalized'):
@@ -466,29 +463,37 @@ def circulant_rotate(x, phase, block):
   return torch.cat([out, x[..., k * b:]], dim=-1) if k * b < x.shape[-1] else out
 
 
+# family -> its module here, from the resolved `pe` section and the model's dims (width, depth,
+# heads, head_dim, n, train_grid, num_prefix): the mirror of the JAX encodings' registry
+# (liere_jax/encodings/registry.py FAMILIES).
+BUILDERS = {
+    'none': lambda pe, d: NoPE(),
+    'abs': lambda pe, d: Absolute(d['width'], d['train_grid'], d['num_prefix']),
+    'sincos': lambda pe, d: SinCos(d['width']),
+    'rope_axial': lambda pe, d: RopeAxial(d['head_dim'], d['n']),
+    'paper_visionllama': lambda pe, d: PaperVisionLlama(d['head_dim'], d['n']),
+    'rope_mixed': lambda pe, d: RopeMixed(d['depth'], d['heads'], d['head_dim'], d['n']),
+    'alibi': lambda pe, d: ALiBi(d['heads']),
+    'liere': lambda pe, d: LieRE(pe['block'], pe['layers'], pe['heads'], d['head_dim'], d['n'],
+                                 pe['init_scale']),
+    'comrope_ap': lambda pe, d: ComRoPEAP(pe['block'], d['depth'], d['heads'], d['head_dim'],
+                                          d['n'], d['train_grid'], pe['positions']),
+    'comrope_ld': lambda pe, d: ComRoPELD(pe['block'], d['depth'], d['heads'], d['head_dim'],
+                                          d['n'], d['train_grid'], pe['positions']),
+    'string_cayley': lambda pe, d: StringCayley(d['depth'], d['heads'], d['head_dim'], d['n']),
+    'string_circulant': lambda pe, d: StringCirculant(pe['block'], d['depth'], d['heads'],
+                                                      d['head_dim'], d['n']),
+}
+
+
 def build_encoding(pe, *, width, depth, heads, train_grid, num_prefix):
   """The encoding of a resolved `pe` section (family, block, layers, heads, init_scale)."""
-  head_dim, n = width // heads, len(train_grid)
-  builders = {
-      'none': lambda: NoPE(),
-      'abs': lambda: Absolute(width, train_grid, num_prefix),
-      'sincos': lambda: SinCos(width),
-      'rope_axial': lambda: RopeAxial(head_dim, n),
-      'paper_visionllama': lambda: PaperVisionLlama(head_dim, n),
-      'rope_mixed': lambda: RopeMixed(depth, heads, head_dim, n),
-      'alibi': lambda: ALiBi(heads),
-      'liere': lambda: LieRE(pe['block'], pe['layers'], pe['heads'], head_dim, n,
-                             pe['init_scale']),
-      'comrope_ap': lambda: ComRoPEAP(pe['block'], depth, heads, head_dim, n, train_grid,
-                                      pe['positions']),
-      'comrope_ld': lambda: ComRoPELD(pe['block'], depth, heads, head_dim, n, train_grid,
-                                      pe['positions']),
-      'string_cayley': lambda: StringCayley(depth, heads, head_dim, n),
-      'string_circulant': lambda: StringCirculant(pe['block'], depth, heads, head_dim, n),
-  }
-  if pe['family'] not in builders:
-    raise ValueError(f"pe.name={pe['name']!r} is unknown to this port; use one of {PE_NAMES}.")
-  return builders[pe['family']]()
+  if pe['family'] not in BUILDERS:
+    raise ValueError(f"pe.name={pe['name']!r} is unknown to this port; it knows the families "
+                     f'{tuple(BUILDERS)} (names: family<b> for the blocked ones).')
+  dims = dict(width=width, depth=depth, heads=heads, head_dim=width // heads,
+              n=len(train_grid), train_grid=train_grid, num_prefix=num_prefix)
+  return BUILDERS[pe['family']](pe, dims)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -562,7 +567,7 @@ def spec_fields(config):
   missing = [k for k in SPEC_FIELDS if k not in config]
   if missing or 'positions' not in config['pe'] or 'family' not in config['pe']:
     raise ValueError(f'The config lacks {missing or ["pe.family / pe.positions"]}: it is not '
-                     'the JSON written by `python -m liere_jax.export torch` (a resolved model). '
+                     'the JSON written by `python -m liere_jax.convert to_torch` (a resolved model). '
                      'Export the run to get it.')
   return {k: config[k] for k in SPEC_FIELDS}
 
@@ -607,7 +612,7 @@ class ViT(nn.Module):
 
   @classmethod
   def from_config(cls, config):
-    """From the JSON written by `python -m liere_jax.export torch` (a dict or a path)."""
+    """From the JSON written by `python -m liere_jax.convert to_torch` (a dict or a path)."""
     if isinstance(config, (str, os.PathLike)):
       with open(config) as f:
         config = json.load(f)
@@ -689,7 +694,7 @@ def config_path_for(path):
 
 
 def load_liere_safetensors(path, config=None, device='cpu'):
-  """A ViT with the weights of `path` (from `python -m liere_jax.export torch`).
+  """A ViT with the weights of `path` (from `python -m liere_jax.convert to_torch`).
 
   config: the exported JSON (dict or path); default: FILE.json beside FILE.safetensors, else
   the copy of the model fields in the file's metadata.

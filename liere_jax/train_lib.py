@@ -9,16 +9,14 @@ import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from liere_jax import run_spec
+from liere_jax.data import spec as data_spec
 from liere_jax.model import ViT
-from liere_jax.spec import resolve
-
-SHARDINGS = ('data', 'fsdp')
 
 
 def init_distributed(coordinator=None, num_processes=None, process_id=None):
@@ -43,8 +41,8 @@ def param_specs(mesh, mode: str, logical, shapes):
   """Logical axes (the parameters' sharding metadata, model.sharded) -> PartitionSpecs:
   'heads' and 'mlp' go over 'model', 'embed' over 'data' with `mode='fsdp'`; an axis that the
   mesh axis does not divide stays whole."""
-  if mode not in SHARDINGS:
-    raise ValueError(f'sharding={mode!r} is unknown; use one of {SHARDINGS}.')
+  if mode not in run_spec.SHARDINGS:
+    raise ValueError(f'sharding={mode!r} is unknown; use one of {run_spec.SHARDINGS}.')
   rules = {'heads': 'model', 'mlp': 'model', 'embed': 'data' if mode == 'fsdp' else None}
 
   def spec(axes, x):
@@ -92,13 +90,13 @@ def unstack_blocks(tree):
   return jax.tree.map(lambda x: unstack(x) if _has_blocks(x) else x, tree, is_leaf=_has_blocks)
 
 
-def make_optimizer(config: ml_collections.ConfigDict):
-  """Adam(W) with linear warmup and cosine decay; optional global-norm clipping."""
-  schedule = optax.warmup_cosine_decay_schedule(
-      0.0, config.lr, config.warmup_steps, max(config.total_steps, config.warmup_steps + 1))
-  adam = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
-                     weight_decay=config.weight_decay)
-  tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), adam) if config.grad_clip else adam
+def make_optimizer(optimizer):
+  """(tx, schedule) of a run_spec.OptimizerSpec (or a RunSpec or config): Adam(W) with linear
+  warmup and cosine decay, optional global-norm clipping."""
+  opt = run_spec.resolve_optimizer(optimizer)
+  schedule = optax.warmup_cosine_decay_schedule(0.0, opt.lr, opt.warmup_steps, opt.decay_steps)
+  adam = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay)
+  tx = optax.chain(optax.clip_by_global_norm(opt.grad_clip), adam) if opt.grad_clip else adam
   return tx, schedule
 
 
@@ -120,13 +118,14 @@ class MeshJit:
 
 @dataclasses.dataclass
 class Trainer:
-  """Holds the static parts (graphdefs, optimizer, shardings) and the jitted steps."""
-  config: ml_collections.ConfigDict
+  """Holds the static parts (graphdefs, optimizer, shardings) and the jitted steps of a run
+  (a run_spec.RunSpec; a config is resolved for the mesh's devices)."""
+  run: run_spec.RunSpec
   mesh: jax.sharding.Mesh
 
   def __post_init__(self):
-    cfg = self.config
-    self.spec = resolve(cfg.model)
+    self.run = run_spec.resolve(self.run, self.mesh.devices.size)
+    self.spec = self.run.model
     model = nnx.eval_shape(lambda: ViT(self.spec, rngs=nnx.Rngs(0)))
     model.train()
     self.train_def, params, rest = nnx.split(model, nnx.Param, ...)
@@ -137,17 +136,15 @@ class Trainer:
     # step) every step. It is kept as shapes and made anew inside each trace: NNX variables
     # created outside a trace cannot be updated inside one (dropout > 0 would fail).
     self.rng_shapes = nnx.to_pure_dict(rest)
-    self.tx, self.schedule = make_optimizer(cfg)
+    self.tx, self.schedule = make_optimizer(self.run.optimizer)
     # data.normalise='device': train batches are uint8 pixels, normalised in the step (4x less
     # to copy between host processes and to the device, no host time).
-    self.pixels = None
-    if cfg.data.get('normalise', 'host') == 'device':
-      from liere_jax.data import pipeline  # Late: the trainer needs no TFDS otherwise.
-      self.pixels = pipeline.normalisation(cfg.data)
+    self.pixels = (data_spec.normalisation(self.run.data) if self.run.data.normalise == 'device'
+                   else None)
     params = nnx.to_pure_dict(params)
     shapes = {'params': params, 'opt_state': jax.eval_shape(self.tx.init, params),
               'step': jax.ShapeDtypeStruct((), jnp.int32)}
-    specs = state_specs(param_specs(self.mesh, cfg.sharding, logical, params), shapes)
+    specs = state_specs(param_specs(self.mesh, self.run.loop.sharding, logical, params), shapes)
     self.state_sharding = jax.tree.map(lambda p: NamedSharding(self.mesh, p), specs,
                                        is_leaf=lambda x: isinstance(x, P))
     self.abstract_state = jax.tree.map(
@@ -162,11 +159,10 @@ class Trainer:
         self.state_sharding['params'], self.batch_sharding))
     self._pe_context = MeshJit(self.mesh, self._pe_context_fn, static_argnums=(1, 2),
                                out_shardings=self.replicated)
+    # The eval steps take the encoding's context (pe_context), computed once per grid.
     eval_shardings = (self.state_sharding['params'], self.batch_sharding, None)
-    self.eval_step = MeshJit(self.mesh, self._eval_step, static_argnums=(3,),
-                             in_shardings=eval_shardings)
-    self.predict_step = MeshJit(self.mesh, self._predict, static_argnums=(3,),
-                                in_shardings=eval_shardings)
+    self.eval_step = MeshJit(self.mesh, self._eval_step, in_shardings=eval_shardings)
+    self.predict_step = MeshJit(self.mesh, self._predict, in_shardings=eval_shardings)
 
   def init_state(self, seed: int):
     """Fresh parameters and optimizer state, created directly in their shardings."""
@@ -188,7 +184,7 @@ class Trainer:
     return model
 
   def _train_step(self, state, batch):
-    rng = jax.random.fold_in(jax.random.key(self.config.seed), state['step'])
+    rng = jax.random.fold_in(jax.random.key(self.run.loop.seed), state['step'])
 
     def loss_fn(params):
       logits = self.model(params, train=True, rng=rng)(self.images(batch))
@@ -225,19 +221,19 @@ class Trainer:
       return x
     if self.pixels is None:
       raise ValueError("The batch has uint8 pixels but data.normalise='host'; the pipeline and "
-                       'the trainer must be built from the same config.')
+                       'the trainer must be built from the same run.')
     scale, offset = self.pixels
     return x.astype(jnp.float32) * scale + offset
 
-  def _eval_step(self, params, batch, ctx, positions=None):
+  def _eval_step(self, params, batch, ctx):
     """Per-example correctness [b] (masked examples count as incorrect) and the mask."""
-    logits = self.model(params)(batch['image'], ctx=ctx, positions=positions)
+    logits = self.model(params)(batch['image'], ctx=ctx)
     correct = (jnp.argmax(logits, -1) == batch['label']) & batch['mask']
     return correct, batch['mask']
 
-  def _predict(self, params, batch, ctx, positions=None):
+  def _predict(self, params, batch, ctx):
     """Softmax probabilities float32 [b, classes] (video views are averaged from these)."""
-    logits = self.model(params)(batch['image'], ctx=ctx, positions=positions)
+    logits = self.model(params)(batch['image'], ctx=ctx)
     return jax.nn.softmax(logits.astype(jnp.float32))
 
   def pe_context(self, params, grid, positions=None):

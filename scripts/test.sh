@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds a fresh virtual environment from the repo's requirement files and runs the test suite
-# (slow experiments excluded; run them with `-m slow`). Extra arguments go to pytest.
+# Builds a fresh virtual environment from the repo's requirement files and runs the test suite,
+# listing its slowest tests. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 rm -rf .venv-test
 "$PY" -m venv .venv-test
 .venv-test/bin/pip install -q -r requirements-test.txt
-.venv-test/bin/python -m pytest -q -m "not slow" "$@"
+.venv-test/bin/python -m pytest -q --durations=15 "$@"

@@ -1,8 +1,24 @@
-"""Small configs and utilities shared by the tests."""
-from flax import nnx
+"""Small configs and utilities shared by the tests: tiny models, the tiny arrows run and its
+command line, and running the programs as a user does (`python -m liere_jax.<program>`)."""
+import os
+import shutil
+import subprocess
+import sys
 
+from flax import nnx
+import numpy as np
+
+import liere_jax.configs
 from liere_jax import config_lib
 from liere_jax.model import ViT
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARROWS = liere_jax.configs.path('arrows')
+# The tiny arrows run (grid 4: 48 px, 16 patches; one block of width 32) as train/eval flags.
+TINY_RUN = ('--config.model.width=32', '--config.model.depth=1', '--config.model.heads=2',
+            '--config.model.mlp_dim=64', '--config.batch_size=16', '--config.eval_batch_size=16',
+            '--config.data.num_eval=40', '--config.log_every=1', '--config.warmup_steps=2',
+            '--config.resolutions=(60,)')
 
 
 def load_config(path: str, arg: str = ''):
@@ -22,3 +38,54 @@ def tiny_model(seed=0, **kw):
   model = ViT(tiny_model_config(**kw), rngs=nnx.Rngs(seed))
   model.eval()
   return model
+
+
+def tiny_config_and_batch(batch_size):
+  """The arrows config (grid 4) with the one-block model of TINY_RUN, and a random batch for it.
+
+  The same config gives the same programs, which JAX's compilation cache (conftest.py) then
+  compiles once for every test that builds a Trainer from it.
+  """
+  cfg = load_config(ARROWS, 'grid=4')
+  cfg.model.update(width=32, depth=1, heads=2, mlp_dim=64)
+  rng = np.random.default_rng(0)
+  batch = {'image': rng.normal(size=(batch_size, 48, 48, 3)).astype(np.float32),
+           'label': np.eye(4, dtype=np.float32)[rng.integers(0, 4, batch_size)]}
+  return cfg, batch
+
+
+def xla_flags(devices: int) -> str:
+  """This session's XLA_FLAGS (conftest.py) with `devices` fake CPU devices."""
+  flags = [f for f in os.environ.get('XLA_FLAGS', '').split()
+           if not f.startswith('--xla_force_host_platform_device_count')]
+  return ' '.join([f'--xla_force_host_platform_device_count={devices}', *flags])
+
+
+def python(args, devices=1, cwd=ROOT, env=None, wait=True, timeout=600):
+  """`python ARGS` with `devices` fake CPU devices (and the session's other XLA flags) and
+  this checkout on PYTHONPATH, output and errors together: (returncode, output), or the running
+  Popen with wait=False."""
+  env = dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
+             **(env or {}))
+  proc = subprocess.Popen([sys.executable, *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  if not wait:
+    return proc
+  out, _ = proc.communicate(timeout=timeout)
+  return proc.returncode, out
+
+
+def run_tiny(program, workdir, *args, devices=1, wait=True, env=None):
+  """`python -m liere_jax.<program>` (train or eval) on the tiny arrows run (TINY_RUN), from
+  another directory than the checkout (as an installed library)."""
+  cmd = ['-m', f'liere_jax.{program}', '--config', ARROWS + ':grid=4', '--workdir', str(workdir),
+         *TINY_RUN, *args]
+  if program == 'train':
+    cmd.append('--noprogress')
+  return python(cmd, devices=devices, cwd=os.path.dirname(str(workdir)), env=env, wait=wait)
+
+
+def copy_run(workdir, to):
+  """A copy of a run's workdir (config, checkpoints, metrics) to change or resume."""
+  shutil.copytree(str(workdir), str(to))
+  return to

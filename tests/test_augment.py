@@ -1,7 +1,7 @@
-"""Tests of liere_jax/data/augment.py: every op against its definition (numpy written here, or
-the PIL call the official code makes), the op tables, timm policies, RandomResizedCrop and
-random erasing. Official facts are from O = StanfordMIMI/LieRE dataset/randomaug.py and
-dataset/rand_augment.py."""
+"""Tests of liere_jax/data/augment.py and randaugment.py: every op against its definition (numpy
+written here, or the PIL call the official code makes), the op tables, timm policies,
+RandomResizedCrop and random erasing. Official facts are from O = StanfordMIMI/LieRE
+dataset/randomaug.py and dataset/rand_augment.py."""
 import collections
 import math
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from liere_jax.data import augment
+from liere_jax.data import randaugment
 
 
 class Draws:
@@ -134,7 +135,7 @@ def official_expected(name, magnitude, sign):
 @pytest.mark.parametrize('name', list(OFFICIAL))
 @pytest.mark.parametrize('magnitude', [5, 14])
 def test_official_ops_match_their_definition(name, magnitude):
-  op, low, high = augment.OFFICIAL_RANDAUG_OPS[name]
+  op, low, high = randaugment.OFFICIAL_RANDAUG_OPS[name]
   v = magnitude / 30 * (high - low) + low
   for u, sign in ((0.3, 1), (0.7, -1)):  # randomaug.py: random.random() > 0.5 negates.
     if name == 'cutout_abs' and u == 0.7:
@@ -147,7 +148,7 @@ def test_official_ops_match_their_definition(name, magnitude):
 
 def test_official_translate_blanks_a_cifar_image_and_cutout_is_19_px():
   x = np.random.default_rng(0).integers(1, 256, (32, 32, 3), dtype=np.uint8)
-  ops = {k: op for k, (op, _, _) in augment.OFFICIAL_RANDAUG_OPS.items()}
+  ops = {k: op for k, (op, _, _) in randaugment.OFFICIAL_RANDAUG_OPS.items()}
   for u in (0.3, 0.7):
     assert not ops['translate_x_abs'](x, 14 / 30 * 100, Draws(u)).any()
     assert not ops['translate_y_abs'](x, 14 / 30 * 100, Draws(u)).any()
@@ -158,15 +159,15 @@ def test_official_translate_blanks_a_cifar_image_and_cutout_is_19_px():
 
 
 def test_official_op_table_and_magnitude_rule(monkeypatch):
-  assert list(augment.OFFICIAL_RANDAUG_OPS) == list(OFFICIAL) and len(OFFICIAL) == 16
-  assert {k: (lo, hi) for k, (_, lo, hi) in augment.OFFICIAL_RANDAUG_OPS.items()} == OFFICIAL
+  assert list(randaugment.OFFICIAL_RANDAUG_OPS) == list(OFFICIAL) and len(OFFICIAL) == 16
+  assert {k: (lo, hi) for k, (_, lo, hi) in randaugment.OFFICIAL_RANDAUG_OPS.items()} == OFFICIAL
   seen = []
-  monkeypatch.setattr(augment, 'OFFICIAL_RANDAUG_OPS', {
+  monkeypatch.setattr(randaugment, 'OFFICIAL_RANDAUG_OPS', {
       k: (lambda x, v, rng, k=k: seen.append((k, v)) or x, lo, hi)
       for k, (lo, hi) in OFFICIAL.items()})
   draws = 4000
   for seed in range(draws // 2):
-    augment.official_randaugment(CLIP, np.random.default_rng(seed), num_ops=2, magnitude=14)
+    randaugment.official_randaugment(CLIP, np.random.default_rng(seed), num_ops=2, magnitude=14)
   values = collections.defaultdict(set)
   for k, v in seen:
     values[k].add(round(v, 4))
@@ -178,7 +179,7 @@ def test_official_op_table_and_magnitude_rule(monkeypatch):
   pairs = [seen[i][0] == seen[i + 1][0] for i in range(0, draws, 2)]
   assert abs(np.mean(pairs) - 1 / 16) < 0.02  # random.choices: with replacement.
   with pytest.raises(ValueError, match='magnitude=31'):
-    augment.official_randaugment(CLIP, np.random.default_rng(0), magnitude=31)
+    randaugment.official_randaugment(CLIP, np.random.default_rng(0), magnitude=31)
 
 
 # The torchvision-flavoured RandAugment (the project's own).
@@ -245,8 +246,64 @@ def test_torchvision_style_table(monkeypatch):
   assert {round(m, 6) for _, m in seen} == {round(14 / 30, 6), round(-14 / 30, 6)}
 
 
-@pytest.mark.parametrize('fn', [augment.randaugment, augment.official_randaugment,
-                                augment.timm_randaugment])
+@pytest.mark.parametrize('name', list(augment.RANDAUG_OPS))
+def test_torchvision_style_ops_treat_equal_frames_alike(name):
+  frame = CLIP[0]
+  clip = np.stack([frame] * 3)
+  for m in (-0.5, 1.0):
+    out = augment.RANDAUG_OPS[name](clip, m)
+    assert out.shape == clip.shape and out.dtype == np.uint8
+    assert (out == out[:1]).all()
+    np.testing.assert_array_equal(augment.RANDAUG_OPS[name](frame, m), out[0])
+    assert np.array_equal(out, clip) == (name == 'identity'), name
+
+
+def _record_ops(monkeypatch, module, table):
+  """Wraps every op of module.<table> to log (name, input, output) and call through."""
+  calls = []
+
+  def wrap(name, fn):
+    def op(x, *args):
+      out = fn(x, *args)
+      calls.append((name, x, out))
+      return out
+    return op
+
+  ops = {k: wrap(k, v) if callable(v) else (wrap(k, v[0]),) + tuple(v[1:])
+         for k, v in getattr(module, table).items()}
+  monkeypatch.setattr(module, table, ops)
+  return calls
+
+
+@pytest.mark.parametrize('fn,module,table', [
+    (augment.randaugment, augment, 'RANDAUG_OPS'),
+    (randaugment.official_randaugment, randaugment, 'OFFICIAL_RANDAUG_OPS'),
+    (randaugment.timm_randaugment, randaugment, 'TIMM_OPS'),
+])
+def test_randaugments_apply_the_drawn_ops_in_turn(monkeypatch, fn, module, table):
+  """The output is the drawn ops applied one after the other to the input (an identity or a
+  dropped op fails), and it changes the clip for most draws."""
+  calls = _record_ops(monkeypatch, module, table)
+  seeds, changed = 40, 0
+  for seed in range(seeds):
+    calls.clear()
+    out = fn(CLIP, np.random.default_rng(seed))
+    if fn is randaugment.timm_randaugment:  # The ops of the plan that the same draws give.
+      plan = randaugment.sample_timm_ops(np.random.default_rng(seed), 'rand-m7-n4-mstd0.5-inc1')
+      assert [c[0] for c in calls] == [name for name, _, _ in plan]
+    else:
+      assert len(calls) == 2  # num_ops.
+    inputs = [CLIP] + [c[2] for c in calls]
+    for (name, x, _), expected in zip(calls, inputs):
+      assert x is expected, name
+    assert out is inputs[-1]
+    changed += not np.array_equal(out, CLIP)
+  # Ours draws identity twice 1 time in 196; timm skips all 4 ops 1 time in 16.
+  assert changed >= 0.8 * seeds
+
+
+@pytest.mark.parametrize('fn', [augment.randaugment, randaugment.official_randaugment,
+                                randaugment.timm_randaugment])
 def test_randaugments_treat_every_frame_alike(fn):
   for seed in range(12):
     clip = fn(CLIP, np.random.default_rng(seed))
@@ -275,23 +332,23 @@ TIMM_AT_7 = {  # name: (arg with the sign kept, arg with it flipped) at level 7.
 
 
 def test_timm_op_sets_and_level_to_arg():
-  assert augment.TIMM_INCREASING == (
+  assert randaugment.TIMM_INCREASING == (
       'auto_contrast', 'equalize', 'invert', 'rotate', 'posterize_increasing',
       'solarize_increasing', 'solarize_add', 'color_increasing', 'contrast_increasing',
       'brightness_increasing', 'sharpness_increasing', 'shear_x', 'shear_y', 'translate_x_rel',
       'translate_y_rel')
-  assert augment.TIMM_STANDARD == (
+  assert randaugment.TIMM_STANDARD == (
       'auto_contrast', 'equalize', 'invert', 'rotate', 'posterize', 'solarize', 'solarize_add',
       'color', 'contrast', 'brightness', 'sharpness', 'shear_x', 'shear_y', 'translate_x_rel',
       'translate_y_rel')
-  assert set(augment.TIMM_OPS) == set(TIMM_AT_7)
+  assert set(randaugment.TIMM_OPS) == set(TIMM_AT_7)
   for name, expected in TIMM_AT_7.items():
-    level_to_arg = augment.TIMM_OPS[name][1]
+    level_to_arg = randaugment.TIMM_OPS[name][1]
     got = tuple(None if level_to_arg is None else level_to_arg(7, Draws(u)) for u in (0.3, 0.7))
     assert got == pytest.approx(expected) if got[0] is not None else got == expected, name
   # Edges of the level range: posterize_increasing 4 -> 0 bits, solarize 256 -> 0.
-  assert augment.TIMM_OPS['posterize_increasing'][1](10, Draws(0.3)) == 0
-  assert augment.TIMM_OPS['solarize_increasing'][1](0, Draws(0.3)) == 256
+  assert randaugment.TIMM_OPS['posterize_increasing'][1](10, Draws(0.3)) == 0
+  assert randaugment.TIMM_OPS['solarize_increasing'][1](0, Draws(0.3)) == 256
 
 
 def bicubic(fn):
@@ -330,7 +387,7 @@ def timm_expected(name, arg):
 @pytest.mark.parametrize('name', list(TIMM_AT_7))
 @pytest.mark.parametrize('level', [4.2, 7])
 def test_timm_ops_match_their_definition(name, level):
-  op, level_to_arg = augment.TIMM_OPS[name]
+  op, level_to_arg = randaugment.TIMM_OPS[name]
   for u in (0.3, 0.7):
     arg = None if level_to_arg is None else level_to_arg(level, Draws(u))
     out = op(CLIP, arg)
@@ -347,7 +404,7 @@ def test_timm_ops_match_their_definition(name, level):
     ('rand', (10, 2, 0.0, False, 0.5)),
 ])
 def test_timm_policy_parsing(policy, expected):
-  assert tuple(augment.parse_timm_policy(policy)) == expected
+  assert tuple(randaugment.parse_timm_policy(policy)) == expected
 
 
 @pytest.mark.parametrize('policy,bad', [
@@ -357,7 +414,7 @@ def test_timm_policy_parsing(policy, expected):
 ])
 def test_timm_policy_errors_name_the_bad_token(policy, bad):
   with pytest.raises(ValueError, match=bad):
-    augment.parse_timm_policy(policy)
+    randaugment.parse_timm_policy(policy)
 
 
 @pytest.mark.parametrize('policy,n,p,std', [
@@ -365,13 +422,14 @@ def test_timm_policy_errors_name_the_bad_token(policy, bad):
 ])
 def test_timm_applied_ops_and_magnitudes_follow_the_policy(policy, n, p, std):
   draws = 4000
-  plans = [augment.sample_timm_ops(np.random.default_rng(s), policy) for s in range(draws)]
+  plans = [randaugment.sample_timm_ops(np.random.default_rng(s), policy) for s in range(draws)]
   counts = np.array([len(plan) for plan in plans])
   assert abs(counts.mean() - n * p) < 4 * math.sqrt(n * p * (1 - p) / draws)
   assert counts.max() == n and counts.min() == 0
   names = collections.Counter(name for plan in plans for name, _, _ in plan)
-  pol = augment.parse_timm_policy(policy)
-  assert set(names) == set(augment.TIMM_INCREASING if pol.increasing else augment.TIMM_STANDARD)
+  pol = randaugment.parse_timm_policy(policy)
+  assert set(names) == set(randaugment.TIMM_INCREASING if pol.increasing
+                          else randaugment.TIMM_STANDARD)
   magnitudes = np.array([m for plan in plans for _, m, _ in plan])
   assert abs(magnitudes.mean() - pol.magnitude) < 0.03
   assert abs(magnitudes.std() - std) < 0.03

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from liere_jax import bench
@@ -35,6 +36,65 @@ def test_expm_bench_unknown_names_fail_clearly():
     bench.bench_expm(['nope'], ['fast'])
   with pytest.raises(ValueError, match='Unknown impl'):
     bench.bench_expm(['tiny'], ['pade'])
+
+
+def test_fast_flops_counts_squarings_from_the_spectral_radius():
+  b = 8
+  # A rotation generator by angle 5 in the (0, 1) plane: rho = 5 (its 1-norm is also 5), and
+  # ||a^4||_1^(1/4) = 5 exactly -> ceil(log2 5) = 3 squarings, 7 + 3 products of 2 b^3 FLOPs.
+  a = np.zeros((3, b, b), np.float32)
+  a[:, 0, 1], a[:, 1, 0] = 5.0, -5.0
+  assert bench.fast_flops(a) == 3 * 10 * 2 * b**3
+  # Degree 18 scales to a spectral radius of 3: ceil(log2(5 / 3)) = 1 squaring.
+  assert bench.fast_flops(a, bench.TAYLOR18) == 3 * 8 * 2 * b**3
+  # The all-ones skew matrix (upper +1, lower -1): ||a||_1 = 7, rho 5.03, bound 5.32.
+  u = np.triu(np.ones((b, b), np.float32), 1)
+  a = np.stack([u - u.T] * 2)
+  rho = np.abs(np.linalg.eigvals(a[0].astype(np.float64))).max()
+  bound = np.abs(np.linalg.matrix_power(a[0].astype(np.float64), 4)).sum(0).max() ** 0.25
+  assert rho <= bound < 7
+  assert bench.fast_flops(a) == 2 * (7 + int(np.ceil(np.log2(bound)))) * 2 * b**3
+  assert bench.fast_flops(np.zeros((4, 2, 2), np.float32)) == 0  # closed form
+
+
+def _lattice_case(block, layers, heads, grid):
+  from liere_jax import rotations
+  from liere_jax.positions import grid_positions, with_prefix
+  rng = np.random.default_rng(0)
+  gens = rng.uniform(0, 2 * np.pi, (layers, heads, 2, 64 // block, rotations.num_free(block)))
+  pos = np.asarray(with_prefix(grid_positions(grid, (9, 9), 'normalized'), 1))
+  return gens.astype(np.float32), pos
+
+
+def test_liere_flops_counts_exponentials_and_powers():
+  from liere_jax import rotations
+  gens, pos = _lattice_case(8, 2, 3, grid=(6, 6))
+  plan = rotations.lattice_plan(pos)
+  a = np.asarray(rotations.liere_generators(gens, plan.primitives, 8)).reshape(-1, 8, 8)
+  per_device, total = bench.liere_flops(gens, pos, 8)
+  assert per_device == total == bench.fast_flops(a) + plan.n_products * 2 * 3 * 8 * 2 * 8**3
+  assert total < bench.liere_flops(gens, pos, 8, lattice=False)[1]
+  per_device, one_device = bench.liere_flops(gens, pos, 8, n_devices=3)
+  assert per_device < total and one_device == total
+  assert bench.liere_flops(gens, pos, 8, taylor=bench.TAYLOR18)[1] < total
+
+
+def test_taylor18_matches_float64_and_the_library_keeps_degree_12():
+  """The degree-18 scheme of bench rotations: near float64 at 4x the training range, but not
+  within the library's 1e-5 (its float32 cancellation, doubled by each squaring); expm(a,
+  'fast') is still fast_expm's default scheme."""
+  import jax.numpy as jnp
+  import scipy.linalg
+  from liere_jax import expm, rotations
+  gens, pos = _lattice_case(8, 1, 1, grid=(9, 9))
+  a = np.asarray(rotations.liere_generators(gens, pos * 4, 8)).reshape(-1, 8, 8)  # 4x range
+  ref = np.stack([scipy.linalg.expm(x) for x in a.astype(np.float64)])
+  r18 = np.asarray(expm.fast_expm(jnp.asarray(a), bench.TAYLOR18), np.float64)
+  r12 = np.asarray(expm.expm(jnp.asarray(a), 'fast'), np.float64)
+  assert np.abs(r12 - ref).max() <= 1e-5
+  assert 1e-7 < np.abs(r18 - r12).max() and np.abs(r18 - ref).max() <= 1e-3
+  assert np.abs(np.einsum('mji,mjk->mik', r18, r18) - np.eye(8)).max() <= 1e-5
+  np.testing.assert_array_equal(np.asarray(expm.fast_expm(jnp.asarray(a))), r12)
 
 
 def test_with_args_appends_and_replaces():
@@ -71,13 +131,22 @@ def test_rotations_bench_cli_json():
   assert 'x f+b' in out  # the table came first
 
 
+def test_cli_names_its_actions():
+  proc = subprocess.run([sys.executable, '-m', 'liere_jax.bench', 'expmm'], cwd=REPO,
+                        env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 1
+  assert 'python -m liere_jax.bench takes one action, one of expm, rotations, step, data' in (
+      proc.stderr)
+
+
 def test_step_bench_cli_json(fake_official):
   # Head dim 64, as the official attention requires; the fake official code is timed too.
   out = _run('step', '--config', 'configs/arrows.py:grid=3', '--vs', 'pe=abs',
              '--config.model.depth=1', '--config.model.width=128', '--config.model.heads=2',
              '--config.model.mlp_dim=64', '--config.model.pool=cls', '--config.batch_size=8',
-             '--steps', '2', '--warmup', '1', '--official', str(fake_official), '--official_threads', '1',
-             '--json')
+             '--steps', '2', '--warmup', '1', '--official', str(fake_official),
+             '--official_threads', '1', '--json')
   res = json.loads(out.strip().splitlines()[-1])
   for key in ('config', 'baseline', 'train_s', 'baseline_train_s', 'train_ratio', 'eval_s',
               'baseline_eval_s', 'eval_ratio', 'compile_s'):

@@ -17,7 +17,7 @@ import pytest
 import scipy.linalg
 from flax import nnx
 
-from liere_jax import encodings, export
+from liere_jax import convert, encodings
 from liere_jax import spec as spec_lib
 from liere_jax.model import ViT
 from liere_jax.positions import grid_positions, with_prefix
@@ -56,13 +56,14 @@ def _attend(graphdef, state, pos, q, k, layer):
 
 def _through_attention(enc, ctx, layer, q, k):
   """What attention does to q and k [B, T, H, d]: the projection hook (as if q and k were
-  the projection's outputs), then the attend hook."""
-  if enc.projects:
+  the projection's outputs), then the attend hook, with the layer's own context."""
+  pe = enc.layer(ctx, layer)
+  if pe.projects:
     qkv = jnp.concatenate([q, k, jnp.zeros_like(q)], axis=-2)  # (q|k|v, head) columns.
-    qkv, _ = enc.project(ctx, layer, qkv.reshape(qkv.shape[:-2] + (-1,)), None)
+    qkv, _ = pe.project(qkv.reshape(qkv.shape[:-2] + (-1,)), None)
     q, k, _ = jnp.split(qkv.reshape(q.shape[:-2] + (3,) + q.shape[-2:]), 3, axis=-3)
     q, k = q[..., 0, :, :], k[..., 0, :, :]
-  q, k, _ = enc.attend(ctx, layer, q, k)
+  q, k, _ = pe.attend(q, k)
   return q, k
 
 
@@ -168,7 +169,7 @@ def test_string_cayley_is_rope_mixed_times_p():
   np.testing.assert_allclose(np.asarray(enc.orthogonal())[0, 1], p, atol=2e-6)
   np.testing.assert_allclose(p.T @ p, np.eye(16), atol=1e-12)
   x = np.random.default_rng(3).integers(0, 6, (4, 2)).astype(np.float32)
-  rope = encodings.RopeMixed.context(enc, jnp.asarray(x), 0)
+  rope = enc.rotations(jnp.asarray(x))  # RoPE-Mixed's [L, H, T, d/2, 2, 2]
   r = _dense(enc, spec, x)[1]
   for t in range(4):  # RoPE-Mixed's 2x2 blocks (interleaved pairs), then P.
     np.testing.assert_allclose(r[t], _blockdiag(np.asarray(rope)[0, 1, t], 16) @ p, atol=3e-6)
@@ -220,7 +221,8 @@ def test_comrope_positions_are_patch_centres_and_cls_is_identity():
     x = np.asarray(e.token_positions(with_prefix(grid_positions((6, 6), (6, 6), mode), 1), 1))
     np.testing.assert_allclose(x[1:7, 1], (np.arange(6) + 0.5) / 6, atol=1e-7)
     np.testing.assert_array_equal(x[0], [0., 0.])
-  ctx = np.asarray(enc.context(with_prefix(grid_positions((6, 6), (6, 6), 'normalized'), 1), 1))
+  ctx = enc.context(with_prefix(grid_positions((6, 6), (6, 6), 'normalized'), 1), 1)
+  ctx = np.asarray(ctx.rot)
   np.testing.assert_allclose(ctx[:, :, 0], np.broadcast_to(np.eye(4), ctx[:, :, 0].shape),
                              atol=1e-6)
 
@@ -300,7 +302,8 @@ def test_names_families_blocks_and_default_positions():
   got = {pe: (s.pe.family, s.pe.block, s.pe.positions, s.pe.share)
          for pe in ('comrope_ap8', 'comrope_ld4', 'string_cayley', 'string_circulant16',
                     'liere8')
-         for s in [spec_lib.resolve(tiny_model_config(pe=pe, share='layers'))]}
+         for s in [spec_lib.resolve(tiny_model_config(
+             pe=pe, share='layers' if pe.startswith('liere') else 'none'))]}
   assert got == {'comrope_ap8': ('comrope_ap', 8, 'normalized', 'none'),
                  'comrope_ld4': ('comrope_ld', 4, 'normalized', 'none'),
                  'string_cayley': ('string_cayley', None, 'integer', 'none'),
@@ -327,15 +330,15 @@ def test_bad_names_say_why(pe, match):
 def test_torch_export_round_trip_and_official_refusal(pe):
   jm, cfg = _random_model(pe, 2)
   params = nnx.to_pure_dict(nnx.state(jm, nnx.Param))
-  state = export.torch_layout(params, cfg)
+  state = convert.torch_layout(params, cfg)
   assert {k for k in state if k.startswith('pe.')} == {
       'comrope_ap4': {'pe.skew_params'}, 'comrope_ld4': {'pe.skew_params', 'pe.axis_scales'},
       'string_cayley': {'pe.freqs', 'pe.cayley'}, 'string_circulant8': {'pe.circulant'}}[pe]
-  back = export.from_torch_layout(state, cfg)
+  back = convert.from_torch_layout(state, cfg)
   jax.tree.map(np.testing.assert_array_equal, back, params)
   with pytest.raises(ValueError, match=rf'official LieRE layout: pe={pe}: the official LieRE '
-                                       'code has no ComRoPE / STRING'):
-    export.official_spec(cfg)
+                                       'code has no'):
+    convert.official_spec(cfg)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -361,8 +364,8 @@ def _random_model(pe, n_dims, seed=0):
       x = std.get(name, 1.) * rng.normal(size=shape) + (name == 'scale')
     return jnp.asarray(x, jnp.float32)
 
-  flat = {k: draw(k, v) for k, v in export._flatten(nnx.to_pure_dict(params)).items()}
-  nnx.replace_by_pure_dict(params, export._unflatten_like(nnx.to_pure_dict(params), flat))
+  flat = {k: draw(k, v) for k, v in convert.flatten(nnx.to_pure_dict(params)).items()}
+  nnx.replace_by_pure_dict(params, convert.unflatten_like(nnx.to_pure_dict(params), flat))
   rest = jax.tree.map(lambda s: jax.random.key(seed) if jax.dtypes.issubdtype(
       s.dtype, jax.dtypes.prng_key) else jnp.zeros(s.shape, s.dtype), rest)
   model = nnx.merge(graphdef, params, rest)
@@ -381,8 +384,8 @@ def test_port_parity(pe, n_dims):
   torch = pytest.importorskip('torch')
   from liere_jax import torch_vit
   jm, cfg = _random_model(pe, n_dims)
-  tm = torch_vit.ViT.from_config(export.model_fields(cfg))
-  tm.load_liere_state_dict(export.torch_layout(nnx.to_pure_dict(nnx.state(jm, nnx.Param)), cfg))
+  tm = torch_vit.ViT.from_config(convert.model_fields(cfg))
+  tm.load_liere_state_dict(convert.torch_layout(nnx.to_pure_dict(nnx.state(jm, nnx.Param)), cfg))
   tm.eval()
   for size in SIZES[n_dims]:
     x = np.random.default_rng(size).normal(size=(2,) + (size,) * n_dims + (3,)).astype(
@@ -434,7 +437,7 @@ def test_jitter_perturbs_training_only(pe):
 
 def test_jitter_in_a_train_step_is_a_function_of_seed_and_step():
   from liere_jax import train_lib
-  from tests.test_train import tiny_config_and_batch
+  from tests.helpers import tiny_config_and_batch
   cfg, batch = tiny_config_and_batch(8)
   norms = {}
   for jitter in (0.0, 1.0, 1.0):
@@ -475,7 +478,7 @@ def test_string_cayley_folds_into_a_rope_mixed_model_with_the_same_logits():
   params['head']['kernel'] = jax.random.normal(key, params['head']['kernel'].shape)
   model = _with_params(ViT(cfg, rngs=nnx.Rngs(0)), params)
   config = ml_collections.ConfigDict({'model': cfg.to_dict()})
-  folded_params, folded = export.fold_string_cayley(params, config)
+  folded_params, folded = convert.fold_string_cayley(params, config)
   assert folded.model.pe.name == 'rope_mixed' and set(folded_params['pe']) == {'freqs'}
   plain = _with_params(ViT(folded.model, rngs=nnx.Rngs(1)), folded_params)
   x = jax.random.normal(jax.random.key(4), (2, 16, 16, 3))
@@ -484,7 +487,7 @@ def test_string_cayley_folds_into_a_rope_mixed_model_with_the_same_logits():
   zero = dict(params, pe=dict(params['pe'], cayley=jnp.zeros_like(params['pe']['cayley'])))
   assert not np.allclose(plain(x), _with_params(model, zero)(x), atol=1e-3)
   with pytest.raises(ValueError, match="folds string_cayley runs; this run has pe='liere8'"):
-    export.fold_string_cayley(params, ml_collections.ConfigDict(
+    convert.fold_string_cayley(params, ml_collections.ConfigDict(
         {'model': tiny_model_config('liere8').to_dict()}))
 
 

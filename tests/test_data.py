@@ -1,6 +1,9 @@
 """Tests of liere_jax.data: the arrows task, its TFDS builder and the Grain pipelines (offline)."""
 import io
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -12,7 +15,11 @@ from liere_jax import checkpoint, config_lib, evaluation, train_lib
 from liere_jax.data import arrows
 from liere_jax.data import augment
 from liere_jax.data import pipeline
+from liere_jax.data import randaugment
+from liere_jax.data import sources
+from liere_jax.data import spec as data_spec
 from liere_jax.data import tfds_builders
+from liere_jax.data import transform
 from tests import datasets
 from tests.helpers import tiny_model_config
 
@@ -142,18 +149,19 @@ def test_pipeline_reads_prepared_arrows_like_on_the_fly(arrows_dir):
 
 def test_train_batches_are_a_function_of_seed_and_step():
   cfg = data_config()
-  a = pipeline.train_dataset(cfg, global_batch_size=8, seed=1)
-  b = pipeline.train_dataset(cfg, global_batch_size=8, seed=1)
-  c = pipeline.train_dataset(cfg, global_batch_size=8, seed=2)
-  assert a[7]['image'].shape == (8, 108, 108, 3) and a[7]['label'].shape == (8, 4)
-  assert a[7]['image'].dtype == a[7]['label'].dtype == np.float32
-  np.testing.assert_array_equal(a[7]['image'], b[7]['image'])
-  np.testing.assert_array_equal(a[7]['label'], b[7]['label'])
-  assert not np.array_equal(a[7]['image'], c[7]['image'])
-  assert not np.array_equal(a[7]['image'], a[8]['image'])
-  assert a[7]['image'].min() == -1 and a[7]['image'].max() == 1  # (x/255 - 0.5) / 0.5.
-  resumed = next(pipeline.to_iterator(a, start=7))
-  np.testing.assert_array_equal(resumed['image'], a[7]['image'])
+  ds = pipeline.train_dataset(cfg, global_batch_size=8, seed=1)
+  a, a8 = ds[7], ds[8]  # Each ds[k] computes the batch: once each.
+  b = pipeline.train_dataset(cfg, global_batch_size=8, seed=1)[7]
+  c = pipeline.train_dataset(cfg, global_batch_size=8, seed=2)[7]
+  assert a['image'].shape == (8, 108, 108, 3) and a['label'].shape == (8, 4)
+  assert a['image'].dtype == a['label'].dtype == np.float32
+  np.testing.assert_array_equal(a['image'], b['image'])
+  np.testing.assert_array_equal(a['label'], b['label'])
+  assert not np.array_equal(a['image'], c['image'])
+  assert not np.array_equal(a['image'], a8['image'])
+  assert a['image'].min() == -1 and a['image'].max() == 1  # (x/255 - 0.5) / 0.5.
+  resumed = next(pipeline.to_iterator(ds, start=7))
+  np.testing.assert_array_equal(resumed['image'], a['image'])
 
 
 def test_process_shards_are_disjoint_and_make_the_global_batch():
@@ -162,8 +170,9 @@ def test_process_shards_are_disjoint_and_make_the_global_batch():
   shards = [pipeline.train_dataset(cfg, global_batch_size=12, seed=0, process_index=p,
                                    process_count=3) for p in range(3)]
   for step in (0, 2, 3, 5):
-    flat = [image_bytes(s[step], i) for s in shards for i in range(4)]
-    assert sorted(flat) == sorted(image_bytes(one[step], i) for i in range(12))
+    flat = [image_bytes(batch, i) for batch in [s[step] for s in shards] for i in range(4)]
+    batch = one[step]
+    assert sorted(flat) == sorted(image_bytes(batch, i) for i in range(12))
     if step != 2:  # Step 2 spans the end of epoch 0 (positions 24..35), so it may repeat one.
       assert len(set(flat)) == 12  # Disjoint.
   with pytest.raises(ValueError, match='multiple of process_count=3'):
@@ -176,7 +185,7 @@ def test_fraction_trains_on_the_first_examples_and_repeats():
   first = {((arrows.make_example(0, i)['image'] / 255 - .5) / .5).astype(np.float32).tobytes()
            for i in range(20)}
   ds = pipeline.train_dataset(cfg, global_batch_size=10, seed=0)
-  seen = [image_bytes(ds[s], i) for s in range(4) for i in range(10)]
+  seen = [image_bytes(batch, i) for batch in [ds[s] for s in range(4)] for i in range(10)]
   assert set(seen) == first  # Two epochs of exactly the first 20.
   assert seen[:20] != seen[20:]  # Reshuffled each epoch.
   for bad in (0.0, 1.5):
@@ -266,18 +275,6 @@ def test_imagenet_on_mock_data():
     assert b['image'].shape == (4, 24, 24, 3) and b['mask'].all()
 
 
-@pytest.mark.parametrize('op', sorted(augment.RANDAUG_OPS))
-def test_randaugment_ops_keep_shape_and_treat_frames_alike(op):
-  rng = np.random.default_rng(0)
-  frame = rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)
-  clip = np.stack([frame] * 3)
-  for m in (-0.5, 1.0):
-    out = augment.RANDAUG_OPS[op](clip, m)
-    assert out.shape == clip.shape and out.dtype == np.uint8
-    assert (out == out[:1]).all()
-    np.testing.assert_array_equal(augment.RANDAUG_OPS[op](frame, m), out[0])
-
-
 def test_crop_flip_is_a_window_of_the_padded_image():
   x = np.random.default_rng(0).integers(1, 256, (16, 16, 3), dtype=np.uint8)
   padded = np.pad(x, ((2, 2), (2, 2), (0, 0)))  # 16 / 8 = 2.
@@ -316,7 +313,8 @@ def test_ucf101_clips(ucf_dir):
   b = batches[0]
   assert b['image'].shape == (4, 8, 8, 8, 3)
   assert sorted(b['label'][:3]) == [50, 51, 52]
-  mean, std = np.array(pipeline.DATASETS['ucf101'].mean), np.array(pipeline.DATASETS['ucf101'].std)
+  info = data_spec.DATASETS['ucf101']
+  mean, std = np.array(info.mean), np.array(info.std)
   pixels = ((b['image'] * std + mean) * 255)[..., 0].mean(axis=(-1, -2))  # [4, frames]
   for clip, label in zip(pixels, b['label'][:3]):
     # 32 frames: the centred clip is frames 1, 5, ..., 29; 10 frames: 0, 4, 8, then the last.
@@ -338,19 +336,21 @@ def imagenet_dir(tmp_path_factory):
   return datasets.prepare(datasets.Imagenet2012, str(tmp_path_factory.mktemp('in')))
 
 
-def _record(monkeypatch, names):
-  """Wraps augment.<name> for each name to log (name, input shape, dtype) and call through."""
+def _record(monkeypatch, ops):
+  """Wraps module.<name> for each (module, name) to log (name, input shape, dtype) and call
+  through."""
   calls = []
-  for name in names:
-    def wrapped(x, *args, _name=name, _fn=getattr(augment, name), **kw):
+  for module, name in ops:
+    def wrapped(x, *args, _name=name, _fn=getattr(module, name), **kw):
       calls.append((_name, x.shape, x.dtype) if isinstance(x, np.ndarray) else (_name, args))
       return _fn(x, *args, **kw)
-    monkeypatch.setattr(augment, name, wrapped)
+    monkeypatch.setattr(module, name, wrapped)
   return calls
 
 
-_OPS = ('official_randaugment', 'timm_randaugment', 'randaugment', 'crop_flip', 'rrc_box',
-        'resized_crop', 'hflip', 'random_erasing')
+_OPS = ((randaugment, 'official_randaugment'), (randaugment, 'timm_randaugment'),
+        (augment, 'randaugment'), (augment, 'crop_flip'), (augment, 'rrc_box'),
+        (augment, 'resized_crop'), (augment, 'hflip'), (augment, 'random_erasing'))
 
 
 def test_official_orders(monkeypatch, imagenet_dir, ucf_native_dir):
@@ -391,16 +391,16 @@ def test_official_orders(monkeypatch, imagenet_dir, ucf_native_dir):
 def test_rrc_crops_native_images_anew_each_time_and_every_frame_alike(ucf_native_dir):
   rng = np.random.default_rng(0)
   image = rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)
-  spec = pipeline._spec(data_config(name='imagenet2012', image_size=24, augment='light',
-                                    crop='rrc'))
-  outs = [pipeline._augment(spec, image, np.random.default_rng(i)) for i in range(6)]
+  spec = data_spec.resolve_data(data_config(name='imagenet2012', image_size=24, augment='light',
+                                            crop='rrc'))
+  outs = [transform.train_augment(spec, image, np.random.default_rng(i)) for i in range(6)]
   assert all(o.shape == (24, 24, 3) and o.dtype == np.uint8 for o in outs)
   assert len({o.tobytes() for o in outs}) == 6
   clip = np.stack([image] * 5)
-  spec = pipeline._spec(data_config(name='ucf101', image_size=24, augment='videomae',
-                                    crop='rrc'))
+  spec = data_spec.resolve_data(data_config(name='ucf101', image_size=24, augment='videomae',
+                                            crop='rrc'))
   for seed in range(4):
-    out = pipeline._augment(spec, clip, np.random.default_rng(seed))
+    out = transform.train_augment(spec, clip, np.random.default_rng(seed))
     assert out.shape == (5, 24, 24, 3) and (out == out[:1]).all()
   # Through the pipeline: native 24 x 32 frames -> [frames, S, S, 3], a pure function of step.
   cfg = data_config(name='ucf101/ucf101_1', image_size=16, augment='light', crop='rrc',
@@ -416,11 +416,11 @@ def test_videomae_training_clips_follow_the_official_sampler():
   # end - 1; a video of n <= 32 frames: floor(linspace(0, n, n // 4)) then n, clipped to n - 1.
   starts = set()
   for seed in range(200):
-    idx = pipeline._train_clip(40, 8, 4, np.random.default_rng(seed), videomae=True)
+    idx = transform.train_clip(40, 8, 4, np.random.default_rng(seed), videomae=True)
     np.testing.assert_array_equal(idx - idx[0], [0, 4, 9, 13, 18, 22, 27, 31])
     starts.add(int(idx[0]))
   assert starts == set(range(8))
-  short = pipeline._train_clip(29, 8, 4, np.random.default_rng(0), videomae=True)
+  short = transform.train_clip(29, 8, 4, np.random.default_rng(0), videomae=True)
   np.testing.assert_array_equal(short, [0, 4, 9, 14, 19, 24, 28, 28])
 
 
@@ -440,7 +440,7 @@ def test_eval_center_crop_is_torchvisions(imagenet_dir):
   rng = np.random.default_rng(0)
   for h in range(30, 52):  # Odd and even differences both ways, e.g. 47 - 40 = 7: offset 4.
     image = rng.integers(1, 256, (h, 81 - h, 3), dtype=np.uint8)
-    np.testing.assert_array_equal(pipeline._center_crop(image, 40),
+    np.testing.assert_array_equal(transform.center_crop(image, 40),
                                   _torchvision_center_crop(image, 40))
   cfg = data_config(name='imagenet2012', image_size=40, eval_crop='center',
                     eval_split='validation', data_dir=imagenet_dir)
@@ -448,8 +448,8 @@ def test_eval_center_crop_is_torchvisions(imagenet_dir):
   expected = [_torchvision_center_crop(source[i]['image'], 40) for i in range(len(source))]
   assert any(min(source[i]['image'].shape[:2]) < 40 for i in range(len(source)))  # Some pad.
   batches = list(pipeline.eval_batches(cfg, global_batch_size=len(source)))
-  mean, std = np.array(pipeline.DATASETS['imagenet2012'].mean), np.array(
-      pipeline.DATASETS['imagenet2012'].std)
+  info = data_spec.DATASETS['imagenet2012']
+  mean, std = np.array(info.mean), np.array(info.std)
   pixels = np.round((batches[0]['image'] * std + mean) * 255).astype(np.uint8)
   np.testing.assert_array_equal(pixels, expected)
 
@@ -481,11 +481,13 @@ def test_eval_views_are_the_official_ones(ucf_native_dir, process_count):
   # 10-frame video: 5 points, starts 0, 0, 0, 0, 1); 24 x 32 frames -> 16 x 21: crops at 0, 2, 5.
   cfg = data_config(name='ucf101/ucf101_1', image_size=16, num_frames=4, frame_stride=2,
                     eval_views=(5, 3), data_dir=ucf_native_dir)
-  raw = pipeline._video_source(pipeline._spec(cfg), 'test')
+  source = sources.video_source(data_spec.resolve_data(cfg), 'test')
+  raw = [source[v] for v in range(len(source))]
   expected = [(v, _official_view(raw[v]['frames'], 16, 4, 2, t, s).tobytes(), raw[v]['label'])
               for v in range(len(raw)) for t in range(5) for s in range(3)]
   assert len(expected) == 45 and len({e[1] for e in expected}) > 30
-  mean, std = np.array(pipeline.DATASETS['ucf101'].mean), np.array(pipeline.DATASETS['ucf101'].std)
+  info = data_spec.DATASETS['ucf101']
+  mean, std = np.array(info.mean), np.array(info.std)
   seen = []
   per_process = _eval_on_processes(cfg, 8, process_count)
   for b in sum(per_process, []):
@@ -506,12 +508,12 @@ def test_per_view_and_per_video_accuracy_on_hand_made_scores():
   probs = np.array([[.3, .7], [.6, .4], [.4, .6], [.9, .1], [.45, .55], [.2, .8]])
   # Video 0 (label 1): views right F T T, mean (.483, .517) -> right. Video 1 (label 0): views
   # F T F, mean (.467, .533) -> wrong.
-  acc = evaluation._by_video(video, label, probs)
+  acc = evaluation.by_video(video, label, probs)
   assert acc.top1 == acc.per_view == 0.5 and acc.per_video == 0.5
   np.testing.assert_allclose(acc.correct, [2 / 3, 1 / 3])
   assert acc.metrics('top1') == dict(top1=0.5, top1_per_view=0.5, top1_per_video=0.5)
   probs[3] = [.1, .9]  # Video 1: F F F, mean still wrong; video 0 unchanged.
-  acc = evaluation._by_video(video, label, probs)
+  acc = evaluation.by_video(video, label, probs)
   assert (acc.per_view, acc.per_video) == (2 / 6, 0.5)
   assert evaluation.Accuracy(0.7, np.ones(3)).metrics('x') == dict(x=0.7)
 
@@ -529,7 +531,7 @@ def test_evaluate_with_views_scores_every_view_and_every_video(ucf_native_dir):
   params['head']['bias'][:] = -100  # ... that predict one of the labels 50-52, by view.
   params['head']['bias'][50:53] = 0
   params = jax.device_put(params, trainer.state_sharding['params'])
-  acc = evaluation.evaluate(trainer, config, params)
+  acc = evaluation.evaluate(trainer, params)
   # Independently: every view's prediction from the model, then the means by hand.
   video, label, probs = [], [], []
   forward = jax.jit(lambda params, x: jax.nn.softmax(trainer.model(params)(x)))
@@ -576,9 +578,38 @@ def test_recipe_config_errors_name_the_bad_value():
           "eval_crop='resize_center'")]
   for overrides, match in bad:
     with pytest.raises(ValueError, match=match):
-      pipeline._spec(data_config(**{'name': 'imagenet2012', 'image_size': 16, **overrides}))
+      data_spec.resolve_data(data_config(**{'name': 'imagenet2012', 'image_size': 16,
+                                            **overrides}))
   with pytest.raises(ValueError, match='arrows'):
-    pipeline._spec(data_config(random_erasing=0.25))
+    data_spec.resolve_data(data_config(random_erasing=0.25))
+
+
+def test_a_data_spec_is_accepted_wherever_the_data_section_is():
+  cfg = data_config(num_train=24, num_eval=6, workers=1, threads=3, prefetch=4)
+  spec = data_spec.resolve_data(cfg)
+  assert data_spec.resolve_data(spec) is spec  # Resolved once, passed on unchanged.
+  assert (spec.size, spec.train_split, spec.eval_split) == (108, 'train', 'test')
+  assert (spec.workers, spec.threads, spec.prefetch, spec.num_train) == (1, 3, 4, 24)
+  assert pipeline.dataset_info(spec) == pipeline.dataset_info(cfg)
+  for x, y in zip(data_spec.normalisation(spec), data_spec.normalisation(cfg)):
+    np.testing.assert_array_equal(x, y)
+  a = pipeline.train_dataset(spec, global_batch_size=4, seed=1)[3]
+  b = pipeline.train_dataset(cfg, global_batch_size=4, seed=1)[3]
+  for key in ('image', 'label'):
+    np.testing.assert_array_equal(a[key], b[key])
+  for x, y in zip(pipeline.eval_batches(spec, global_batch_size=4),
+                  pipeline.eval_batches(cfg, global_batch_size=4), strict=True):
+    np.testing.assert_array_equal(x['image'], y['image'])
+  with pytest.raises(ValueError, match='threads=0'):
+    data_spec.resolve_data(data_config(threads=0))
+
+
+def test_the_data_spec_imports_without_tfds_or_grain():
+  code = ('import sys; from liere_jax.data import spec; '
+          "print(sorted({'grain', 'tensorflow_datasets', 'jax'} & set(sys.modules)))")
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert out.stdout.strip() == '[]', out.stdout
 
 
 def test_device_normalisation_sends_the_pixels_of_the_host_batch():
@@ -589,7 +620,7 @@ def test_device_normalisation_sends_the_pixels_of_the_host_batch():
   a = pipeline.train_dataset(host, global_batch_size=8, seed=3)[2]
   b = pipeline.train_dataset(device, global_batch_size=8, seed=3)[2]
   assert a['image'].dtype == np.float32 and b['image'].dtype == np.uint8
-  scale, offset = pipeline.normalisation(device)
+  scale, offset = data_spec.normalisation(device)
   np.testing.assert_array_equal(b['image'].astype(np.float32) * scale + offset, a['image'])
   np.testing.assert_array_equal(a['label'], b['label'])
   with pytest.raises(ValueError, match="normalise='host'"):
@@ -600,9 +631,9 @@ def test_device_normalisation_sends_the_pixels_of_the_host_batch():
 def test_old_run_configs_read_back_with_the_data_fields_added_since(tmp_path):
   """eval.py on a workdir written before crop, eval_views, workers, normalise, ... existed."""
   old = json.loads(checkpoint.config_to_json(config_lib.load('configs/arrows.py')))
-  for key in pipeline.DATA_ADDED:
+  for key in data_spec.DATA_ADDED:
     del old['data'][key]
   (tmp_path / checkpoint.CONFIG_FILE).write_text(json.dumps(old))
   data = checkpoint.read_config(str(tmp_path)).data
-  assert {k: data[k] for k in pipeline.DATA_ADDED} == pipeline.DATA_ADDED
+  assert {k: data[k] for k in data_spec.DATA_ADDED} == data_spec.DATA_ADDED
   assert pipeline.dataset_info(data)['input_shape'] == (108, 108, 3)

@@ -1,10 +1,15 @@
 """Position encodings and the ViT: invariances, equivalences, counts, shapes and errors."""
+import dataclasses
+import math
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from liere_jax import encodings, spec as spec_lib
 from liere_jax.model import ViT
 from liere_jax.positions import grid_positions, with_prefix
 from liere_jax.summary import param_counts
@@ -13,12 +18,13 @@ from tests.helpers import load_config, tiny_model, tiny_model_config
 ALL = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere2', 'liere8',
        'liere16', 'liere6')
 RELATIVE = ('rope_axial', 'rope_mixed', 'alibi', 'liere2', 'liere8', 'liere6')
+EVERY = tuple(name.replace('<b>', '4') for name in encodings.NAMES)  # Every registered name.
 
 
 def _logits(model, pos, q, k, layer=0):
   """Attention logits [H, T, T] of fixed q, k [1, T, H, d] at positions pos [T, n]."""
   ctx = model.pe.context(jnp.asarray(pos), 0)
-  q, k, bias = model.pe.attend(ctx, layer, q, k)
+  q, k, bias = model.pe.layer(ctx, layer).attend(q, k)
   out = jnp.einsum('bqhd,bkhd->hqk', q, k)
   return out if bias is None else out + bias
 
@@ -71,13 +77,36 @@ def test_table10_pe_parameter_counts_vit_b(block, count):
   assert 85.1e6 < counts['params_total'] < 85.9e6  # "relative to the model size of 85.2M"
 
 
+def _rotations(model, grid=(4, 4)):
+  """The rotation each layer and head applies to each token, [L, H, T, d, d], through the
+  per-layer contexts attention sees (the basis vectors rotated as queries)."""
+  ctx = model.pe_context(grid)
+  d, heads = model.spec.head_dim, model.spec.heads
+  tokens = model.num_prefix + math.prod(grid)
+  basis = jnp.broadcast_to(jnp.eye(d)[:, None, None, :], (d, tokens, heads, d))
+  return jnp.stack([jnp.moveaxis(model.pe.layer(ctx, i).attend(basis, basis)[0], 0, -1)
+                    for i in range(model.spec.depth)]).transpose(0, 2, 1, 3, 4)
+
+
 @pytest.mark.parametrize('share,shape', [('none', (2, 2)), ('layers', (1, 2)),
                                          ('heads', (2, 1)), ('all', (1, 1))])
 def test_sharing_modes(share, shape):
+  """Each mode shares the rotations it names and no others: the shared model is the unshared
+  one with its generator stacks broadcast over the shared axes (same logits), and its layers /
+  heads turn alike exactly where the mode says."""
   model = tiny_model(pe='liere8', share=share)
   assert model.pe.generators.shape == shape + (2, 2, 28)
-  y = model(jnp.ones((1, 16, 16, 3)))
-  assert y.shape == (1, 5)
+  model.head.kernel[...] = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
+  full = tiny_model(pe='liere8', share='none')
+  nnx.update(full, nnx.state(model, nnx.Not(nnx.PathContains('pe'))))
+  full.pe.generators[...] = jnp.broadcast_to(model.pe.generators[...], (2, 2, 2, 2, 28))
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+  np.testing.assert_allclose(model(x), full(x), atol=1e-5)
+  rot = np.asarray(_rotations(model))  # [L, H, T, d, d]
+  same_layers, same_heads = share in ('layers', 'all'), share in ('heads', 'all')
+  assert np.allclose(rot[0], rot[1], atol=1e-6) == same_layers, share
+  assert np.allclose(rot[:, 0], rot[:, 1], atol=1e-6) == same_heads, share
+  assert not np.allclose(rot[..., 1:, :, :], np.eye(16), atol=1e-3)  # Patches do turn.
 
 
 @pytest.mark.parametrize('pe', ALL)
@@ -112,7 +141,7 @@ def test_shuffling_tokens_changes_relative_encodings_only(pe):
 def test_cls_token_is_not_rotated(pe):
   model = tiny_model(pe=pe)
   ctx = model.pe_context((4, 4))
-  rot = np.asarray(ctx)[..., 0, :, :, :]  # [..., blocks, b, b] of the CLS token
+  rot = np.asarray(ctx.rot)[..., 0, :, :, :]  # [..., blocks, b, b] of the CLS token
   np.testing.assert_array_equal(rot, np.broadcast_to(np.eye(rot.shape[-1]), rot.shape))
 
 
@@ -153,7 +182,7 @@ def test_bf16_compute_keeps_float32_parameters_and_rotations():
   cfg.dtype = 'bfloat16'
   model = ViT(cfg, rngs=nnx.Rngs(0))
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  assert model.pe_context((4, 4)).dtype == jnp.float32
+  assert model.pe_context((4, 4)).rot.dtype == jnp.float32
   assert bool(jnp.all(jnp.isfinite(model(jnp.ones((1, 16, 16, 3))))))
 
 
@@ -191,3 +220,103 @@ def test_input_dimensionality_mismatch_raises_before_compiling():
     cfg = tiny_model_config()
     cfg.input_size = (8, 16, 16)
     ViT(cfg, rngs=nnx.Rngs(0))
+
+
+def _documented_tree(spec):
+  """{path: shape} of the parameter tree as model.py and encodings/__init__.py document it."""
+  n, depth, heads, d, width = spec.n_dims, spec.depth, spec.heads, spec.head_dim, spec.width
+  b, mlp = spec.pe.block, spec.mlp_dim
+  tree = {'patch_embed/kernel': spec.patch + (spec.channels, width), 'patch_embed/bias': (width,),
+          'norm/scale': (width,), 'norm/bias': (width,),
+          'head/kernel': (width, spec.num_classes), 'head/bias': (spec.num_classes,)}
+  if spec.num_prefix:
+    tree['cls_token'] = (1, 1, width)
+  for i in range(depth):
+    for key, shape in {'norm1/scale': (width,), 'norm1/bias': (width,),
+                       'attn/qkv/kernel': (width, 3 * width), 'attn/qkv/bias': (3 * width,),
+                       'attn/proj/kernel': (width, width), 'attn/proj/bias': (width,),
+                       'norm2/scale': (width,), 'norm2/bias': (width,),
+                       'mlp/fc1/kernel': (width, mlp), 'mlp/fc1/bias': (mlp,),
+                       'mlp/fc2/kernel': (mlp, width), 'mlp/fc2/bias': (width,)}.items():
+      tree[f'blocks/{i}/{key}'] = shape
+  freqs = {'freqs': (n, depth, heads * d // 2)}
+  skew = {'skew_params': (depth, heads, d // (b or 1), b, b)}
+  pe = {'abs': {'embedding': (1, spec.num_prefix + math.prod(spec.train_grid), width)},
+        'rope_mixed': freqs,
+        'liere': {'generators': (spec.pe.layers, spec.pe.heads, n, d // (b or 1),
+                                 (b or 0) * ((b or 0) - 1) // 2)},
+        'comrope_ap': skew,
+        'comrope_ld': {**skew, 'axis_scales': (depth, n, d // (b or 1))},
+        'string_cayley': {**freqs, 'cayley': (depth, heads, d * (d - 1) // 2)},
+        'string_circulant': {'circulant': (depth, heads, n, d // (b or 1), b)},
+        }.get(spec.pe.family, {})
+  tree.update({f'pe/{k}': v for k, v in pe.items()})
+  return tree
+
+
+@pytest.mark.parametrize('pe', EVERY)
+def test_parameter_tree_is_the_documented_one_and_scan_matches_the_loop(pe):
+  """Every encoding: the parameter names and shapes checkpoints and the port rely on, and the
+  same logits whether the blocks run in a loop, under lax.scan or rematerialised (each way
+  hands each block its own layer's context)."""
+  cfg = tiny_model_config(pe=pe)
+  model = tiny_model(pe=pe)
+  state = nnx.state(model, nnx.Param)
+  tree = {'/'.join(map(str, k)): tuple(v.shape) for k, v in nnx.to_flat_state(state)}
+  assert tree == _documented_tree(model.spec)
+  model.head.kernel[...] = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
+  if pe == 'string_cayley':  # S = 0 at init: make P matter.
+    model.pe.cayley[...] = 0.3 * jax.random.normal(jax.random.key(2), model.pe.cayley.shape)
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+  ref = model(x)
+  for key, value in (('scan_layers', True), ('remat', 'block')):
+    cfg[key] = value
+    other = ViT(cfg, rngs=nnx.Rngs(1))
+    other.eval()
+    nnx.update(other, nnx.state(model))
+    np.testing.assert_allclose(other(x), ref, atol=1e-5, err_msg=f'{pe} {key}')
+    cfg[key] = False if key == 'scan_layers' else 'none'
+  if encodings.facts(pe).reads_positions:  # The positions reach attention.
+    offsets = jax.random.uniform(jax.random.key(3), (16, 2), minval=-0.5, maxval=0.5)
+    moved = model(x, ctx=model.pe_context((4, 4), offsets=offsets))
+    assert np.abs(np.asarray(moved) - np.asarray(ref)).max() > 1e-5, pe
+
+
+def test_every_family_has_a_class_and_a_port_mirror():
+  assert set(encodings.families()) == set(encodings.FAMILIES)
+  for family, cls in encodings.families().items():
+    assert cls.facts == encodings.FAMILIES[family]
+  torch_vit = pytest.importorskip('liere_jax.torch_vit')
+  assert set(torch_vit.BUILDERS) == set(encodings.FAMILIES)
+
+
+def test_the_port_imports_no_jax():
+  """liere_jax/torch_vit.py is self-contained: torch, numpy and the standard library."""
+  import ast
+  import liere_jax
+  path = os.path.join(os.path.dirname(liere_jax.__file__), 'torch_vit.py')
+  tree = ast.parse(open(path).read())
+  modules = {alias.name.split('.')[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+  modules |= {node.module.split('.')[0] for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and node.module}
+  assert not modules & {'jax', 'flax', 'liere_jax', 'optax', 'ml_collections'}, modules
+
+
+def test_names_parse_to_registered_families():
+  for name in encodings.NAMES:
+    family, block = encodings.parse(name.replace('<b>', '8'))
+    assert family in encodings.FAMILIES and (block is not None) == ('<b>' in name
+                                                                    or name in encodings.ALIASES)
+  assert encodings.parse('paper_rope_mixed') == ('liere', 2)
+  assert encodings.label('liere8') == 'LieRE8'
+  with pytest.raises(ValueError, match=r"model.pe.name='rope' is unknown.*liere<b>"):
+    encodings.facts('rope')
+
+
+def test_layer_norm_eps_reaches_every_layer_norm():
+  spec = dataclasses.replace(spec_lib.resolve(tiny_model_config()), layer_norm_eps=1e-3)
+  model = nnx.eval_shape(lambda: ViT(spec, rngs=nnx.Rngs(0)))
+  norms = [m for _, m in nnx.iter_modules(model) if isinstance(m, nnx.LayerNorm)]
+  assert len(norms) == 2 * spec.depth + 1
+  assert all(norm.epsilon == 1e-3 for norm in norms)

@@ -13,13 +13,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from liere_jax import checkpoint, config_lib, export, model_init, train_lib
+from liere_jax import checkpoint, config_lib, convert, model_init, train_lib
 from liere_jax.model import ViT
 from tests.helpers import tiny_model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# pylint: disable-next=protected-access
-_flatten, _unflatten_like = model_init._flatten, model_init._unflatten_like
 
 
 def _config(num_classes=5, qkv_bias=True, **kw):
@@ -33,7 +31,7 @@ def _random_params(config, seed):
   """Every parameter drawn at random (the zero-initialised head too), with numpy."""
   rng = np.random.default_rng(seed)
   return jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32),
-                      export.abstract_params(config.model))
+                      convert.abstract_params(config.model))
 
 
 def _save_run(workdir, config, steps, best_step=None):
@@ -54,7 +52,7 @@ def _save_run(workdir, config, steps, best_step=None):
 
 
 def _assert_equal(loaded, params, skip=()):
-  want = _flatten(params)
+  want = convert.flatten(params)
   assert loaded.keys() == want.keys()
   for key, value in want.items():
     if key not in skip:
@@ -78,7 +76,8 @@ def test_workdir_latest_best_and_step_fresh_optimizer(tmp_path):
   state = _fresh_start(new, loaded)
   assert int(state['step']) == 0
   assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(state['opt_state']))
-  _assert_equal({k: np.asarray(v) for k, v in _flatten(state['params']).items()}, steps[2])
+  _assert_equal({k: np.asarray(v) for k, v in convert.flatten(state['params']).items()},
+                steps[2])
   with pytest.raises(FileNotFoundError, match=r'holds no checkpoint of step 3 \(it holds '
                      r'\[1, 2\]\)'):
     model_init.load(config, run + ':3')
@@ -89,7 +88,7 @@ def test_safetensors_export(tmp_path):
   params = _random_params(config, 3)
   run = _save_run(str(tmp_path / 'run'), config, {4: params})
   out = str(tmp_path / 'model.safetensors')
-  export.export_torch(run, out)
+  convert.export_torch(run, out)
   _assert_equal(model_init.load(_config(pe='rope_mixed', pool='mean', size=32), out), params)
 
 
@@ -98,7 +97,7 @@ def test_official_lightning_checkpoint(tmp_path):
   kw = dict(pe='liere8', share='layers', width=128, heads=2, qkv_bias=False)
   config = _config(**kw)  # 16 px, patch 4: a 4x4 grid.
   params = _random_params(config, 4)
-  state, _ = export.official_layout(params, config.model)
+  state, _ = convert.official_layout(params, config.model)
   path = str(tmp_path / 'epoch=199.ckpt')
   torch.save({'state_dict': {f'model.{k}': torch.from_numpy(v) for k, v in state.items()},
               'epoch': 199}, path)
@@ -111,7 +110,7 @@ def test_official_lightning_checkpoint(tmp_path):
   loaded = model_init.load(new, path)
   _assert_equal(loaded, params, skip=model_init.HEAD)
   assert all(loaded[k] is None for k in model_init.HEAD)
-  head = _flatten(_fresh_start(new, loaded)['params'])
+  head = convert.flatten(_fresh_start(new, loaded)['params'])
   assert head[('head', 'kernel')].shape == (128, 7) and not np.any(head[('head', 'kernel')])
 
 
@@ -126,9 +125,9 @@ def test_abs_embedding_resized_as_evaluation_does(tmp_path, pool):
   assert loaded[model_init.EMBEDDING].shape == (1, prefix + 121, 32)
   _assert_equal(loaded, params, skip=[model_init.EMBEDDING])
   # The new model at its own grid computes what the old one computes at that grid.
-  tree = {**_flatten(params), model_init.EMBEDDING: loaded[model_init.EMBEDDING]}
+  tree = {**convert.flatten(params), model_init.EMBEDDING: loaded[model_init.EMBEDDING]}
   x = np.random.default_rng(0).normal(size=(2, 44, 44, 3)).astype(np.float32)
-  np.testing.assert_allclose(_logits(new, _unflatten_like(params, tree), x),
+  np.testing.assert_allclose(_logits(new, convert.unflatten_like(params, tree), x),
                              _logits(config, params, x), atol=1e-6)
 
 

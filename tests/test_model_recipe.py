@@ -31,16 +31,16 @@ def _block(sites, rate=1.0):
 @pytest.mark.parametrize('site', ['attn', 'mlp_hidden', 'mlp', None])
 def test_dropout_at_one_site_zeroes_exactly_that_branch(site):
   x = jax.random.normal(jax.random.key(1), (2, 5, WIDTH))
-  pe = encodings.NoPE()
+  pe = encodings.LayerContext()  # No position encoding.
   ref = _block(spec_lib.DROPOUT_SITES, rate=0.)  # The same parameters, no dropout.
-  attn = lambda h: ref.attn(ref.norm1(h), pe, None, 0)[0]
+  attn = lambda h: ref.attn(ref.norm1(h), pe)[0]
   mlp = lambda h: ref.mlp(ref.norm2(h))
   x1 = x + attn(x)
   expected = {'attn': x + mlp(x),  # The attention branch adds nothing.
               'mlp_hidden': x1 + ref.mlp.fc2.bias[...],  # fc2 sees zeros.
               'mlp': x1,  # The MLP branch adds nothing.
               None: x1 + mlp(x1)}[site]  # No site: rate 1 changes nothing.
-  out, _ = _block((site,) if site else ())(x, pe, None, 0)
+  out, _ = _block((site,) if site else ())(x, pe)
   np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -77,8 +77,9 @@ def test_embed_dropout_zeroes_the_tokens():
   x = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
   model = _model(('embed',))
   tokens = jnp.zeros((2, 1 + 16, WIDTH))
+  ctx = model.pe_context((4, 4))
   for layer, block in enumerate(model.blocks):
-    tokens, _ = block(tokens, model.pe, None, layer)
+    tokens, _ = block(tokens, model.pe.layer(ctx, layer))
   np.testing.assert_allclose(model(x), model.head(model.norm(tokens)[:, 0]), atol=1e-6)
   logits = _model(spec_lib.DROPOUT_SITES, rate=0.)(x)
   assert np.abs(logits[0] - logits[1]).max() > 1e-2  # The input matters without dropout.
@@ -240,8 +241,8 @@ def test_bfloat16_computes_in_bf16_with_float32_parameters_and_rotations():
   x = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
   assert bf16.patch_embed(x).dtype == jnp.bfloat16
   ctx = bf16.pe_context(bf16.grid(x.shape))
-  assert ctx.dtype == jnp.float32
-  np.testing.assert_array_equal(ctx, f32.pe_context(f32.grid(x.shape)))
+  assert ctx.rot.dtype == jnp.float32
+  np.testing.assert_array_equal(ctx.rot, f32.pe_context(f32.grid(x.shape)).rot)
   logits, ref = bf16(x, ctx=ctx), f32(x)
   assert logits.dtype == jnp.float32
   assert np.abs(logits - ref).max() < 0.05 * np.abs(ref).max()

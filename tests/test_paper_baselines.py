@@ -1,4 +1,4 @@
-"""The paper's baseline columns as encodings of their own (liere_jax/encodings.py).
+"""The paper's baseline columns as encodings of their own (liere_jax/encodings/rope.py, liere.py).
 
 paper_visionllama is the official LieRE code's "tiled" VisionLlama (fixed frequencies
 exp(-4 linspace(0, 1, k)), [0, 1] positions); paper_rope_mixed is the official code's RoPE-Mixed,
@@ -35,8 +35,9 @@ def test_paper_visionllama_rotations_are_the_official_tiled_ones(n_dims, head_di
                        heads=2)
   assert spec.pe.positions == 'normalized'
   grid = spec.train_grid
-  rot = np.asarray(pe.context(jnp.asarray(positions.with_prefix(
-      positions.grid_positions(grid, grid, spec.pe.positions), 1)), 1))  # [1, 1 + T, n k, 2, 2]
+  ctx = pe.context(jnp.asarray(positions.with_prefix(
+      positions.grid_positions(grid, grid, spec.pe.positions), 1)), 1)
+  rot = np.asarray(pe.layer(ctx, 0).rot)  # [1, 1 + T, n k, 2, 2]: every head alike
   k = head_dim // (2 * n_dims)
   omega = np.exp(-4. * np.arange(k) / max(k - 1, 1))
   np.testing.assert_allclose(pe.freqs, omega, rtol=1e-15)
@@ -49,7 +50,7 @@ def test_paper_visionllama_rotations_are_the_official_tiled_ones(n_dims, head_di
 
   # Applied to consecutive head dims (2m, 2m + 1) of every head; dims past 2 n k unchanged.
   q = np.random.default_rng(0).normal(size=(1, len(want), 2, head_dim)).astype(np.float32)
-  out, _, bias = pe.attend(jnp.asarray(rot), 0, jnp.asarray(q), jnp.asarray(q))
+  out, _, bias = pe.layer(ctx, 1).attend(jnp.asarray(q), jnp.asarray(q))  # Every layer alike.
   pairs = q[..., :2 * n_dims * k].reshape(1, len(want), 2, n_dims * k, 2)
   rotated = np.einsum('tmij,bthmj->bthmi', want, pairs).reshape(1, len(want), 2, -1)
   np.testing.assert_allclose(np.asarray(out)[..., :2 * n_dims * k], rotated, atol=1e-5)
@@ -66,7 +67,7 @@ def test_paper_visionllama_is_exactly_relative():
   q, k = (jnp.asarray(rng.normal(size=(1, 6, 2, 16)), jnp.float32) for _ in range(2))
 
   def scores(p):
-    rq, rk, _ = pe.attend(pe.context(jnp.asarray(p), 0), 0, q, k)
+    rq, rk, _ = pe.layer(pe.context(jnp.asarray(p), 0), 0).attend(q, k)
     return np.einsum('bthd,bshd->bhts', rq, rk)
 
   np.testing.assert_allclose(scores(pos + shift), scores(pos), atol=1e-5)
@@ -106,10 +107,11 @@ def test_impossible_head_dims_are_refused(pe, n_dims, width, match):
     spec_lib.resolve(tiny_model_config(pe=pe, n_dims=n_dims, width=width, heads=2))
 
 
-def test_every_encoding_list_names_them():
+def test_the_registry_names_them_and_the_port_builds_them():
+  assert {'paper_rope_mixed', 'paper_visionllama'} <= set(encodings.NAMES)
   torch_vit = pytest.importorskip('liere_jax.torch_vit')
-  for names in (encodings.NAMES, torch_vit.PE_NAMES, reproduce.NAMES):
-    assert {'paper_rope_mixed', 'paper_visionllama'} <= set(names)
+  assert 'paper_visionllama' in torch_vit.BUILDERS
+  assert encodings.label('paper_rope_mixed') == 'RoPE-Mixed (paper: LieRE2)'
 
 
 def test_table4_rows_map_to_the_share_modes():
@@ -137,4 +139,4 @@ def test_the_suites_run_the_papers_definitions_in_the_papers_rows():
       'abs', 'paper_visionllama', 'paper_rope_mixed', 'liere8', 'liere_head'}
   assert {r.pe for r in reproduce.SUITES['table7'].runs} == {'liere8', 'paper_rope_mixed'}
   for pe in ('rope_axial', 'rope_mixed', 'paper_visionllama', 'paper_rope_mixed'):
-    assert '(' in reproduce.NAMES[pe]  # Every baseline row says whose definition it is.
+    assert '(' in encodings.label(pe)  # Every baseline row says whose definition it is.

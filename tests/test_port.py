@@ -1,4 +1,4 @@
-"""The PyTorch port (liere_jax/torch_vit.py) and the export/import CLI (liere_jax/export.py).
+"""The PyTorch port (liere_jax/torch_vit.py) and the converters (liere_jax/convert/).
 
 JAX (float32) vs PyTorch: logits within 1e-4, rotations within 1e-5, at the training
 resolution and at a larger (and for abs a smaller) one; export -> import is bit-identical; wrong
@@ -8,6 +8,7 @@ github.com/StanfordMIMI/LieRE, plus einops; skipped when unset), loads with stri
 RoPEViT with the same logits.
 """
 import functools
+import glob
 import importlib
 import importlib.util
 import json
@@ -19,6 +20,7 @@ import warnings
 
 import numpy as np
 import pytest
+from absl import app
 
 torch = pytest.importorskip('torch')
 
@@ -27,7 +29,8 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from liere_jax import checkpoint, config_lib, export, torch_vit  # noqa: E402
+from liere_jax import checkpoint, config_lib, convert, torch_vit  # noqa: E402
+from liere_jax.convert import __main__ as convert_cli  # noqa: E402
 from liere_jax import spec as spec_lib  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
 from tests.helpers import tiny_model_config  # noqa: E402
@@ -36,16 +39,9 @@ LOGIT_TOL, ROT_TOL = 1e-4, 1e-5
 # Official parity: same math, but torch.matrix_exp vs our expm on b=64 blocks with generator
 # norms in the hundreds (U[0, 2pi) init) and logits of ~25: 1.2e-4 measured.
 OFFICIAL_TOL = 2e-4
-MAX = {}  # Largest differences seen: kind -> (value, case).
 ALL = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere2', 'liere8',
        'liere16', 'liere6', 'paper_rope_mixed', 'paper_visionllama')
 SIZES = {1: (16, 28), 2: (16, 24), 3: (8, 12)}  # (training, larger) input sizes, patch 4.
-
-
-def _record(kind, value, case):
-  if value >= MAX.get(kind, (-1.,))[0]:
-    MAX[kind] = (value, case)
-  return value
 
 
 def _random_params(reference, seed, init_scale=2 * np.pi):
@@ -67,8 +63,8 @@ def _random_params(reference, seed, init_scale=2 * np.pi):
       x = rng.normal(size=shape)
     return jnp.asarray(x, jnp.float32)
 
-  flat = {k: draw(k, v) for k, v in export._flatten(reference).items()}
-  return export._unflatten_like(reference, flat)
+  flat = {k: draw(k, v) for k, v in convert.flatten(reference).items()}
+  return convert.unflatten_like(reference, flat)
 
 
 def _jax_model(seed=0, qkv_bias=True, mlp_dim=0, **kw):
@@ -101,9 +97,11 @@ def _forward(graphdef, state, x, grid, positions):
 
 
 def _jax_run(model, x, positions=None):
+  """(logits, the context's array: rotations or biases; None for encodings without one)."""
   grid = tuple(s // p for s, p in zip(x.shape[1:-1], model.patch))
   logits, ctx = _forward(*nnx.split(model), jnp.asarray(x), grid, positions)
-  return np.asarray(logits), jax.tree.map(np.asarray, ctx)
+  arrays = jax.tree.leaves(ctx)  # string_cayley: (rotations, P); the rotations come first.
+  return np.asarray(logits), np.asarray(arrays[0]) if arrays else None
 
 
 def _jax_logits(model, x, positions=None):
@@ -115,8 +113,8 @@ def _params(model):
 
 
 def _torch_model(model, cfg):
-  tm = torch_vit.ViT.from_config(export.model_fields(cfg))
-  tm.load_liere_state_dict(export.torch_layout(_params(model), cfg))
+  tm = torch_vit.ViT.from_config(convert.model_fields(cfg))
+  tm.load_liere_state_dict(convert.torch_layout(_params(model), cfg))
   return tm.eval()
 
 
@@ -137,14 +135,14 @@ def _check_parity(jm, tm, n_dims, sizes, case, positions=None, patch=4):
     with torch.no_grad():
       y_torch = tm(_nchw(x), positions=positions).numpy()
       ctx_torch = tm.pe_context(grid, positions)
-    diff = _record('logits', float(np.abs(y_jax - y_torch).max()), f'{case} size {size}')
+    diff = float(np.abs(y_jax - y_torch).max())
     assert diff <= LOGIT_TOL, f'{case} at size {size}: logits differ by {diff:.2e}'
     assert (ctx_jax is None) == (ctx_torch is None)
-    if ctx_jax is not None:
-      assert np.shape(ctx_jax) == tuple(ctx_torch.shape)
+    if ctx_jax is not None:  # The same array, up to axes of size 1 (a shared layer or head).
+      ctx_jax, ctx_torch = np.squeeze(ctx_jax), np.squeeze(ctx_torch.numpy())
+      assert ctx_jax.shape == ctx_torch.shape, case
       kind = 'alibi bias' if 'alibi' in case else 'rotations'
-      rdiff = _record(kind, float(np.abs(ctx_jax - ctx_torch.numpy()).max()),
-                      f'{case} size {size}')
+      rdiff = float(np.abs(ctx_jax - ctx_torch).max())
       assert rdiff <= ROT_TOL, f'{case} at size {size}: {kind} differ by {rdiff:.2e}'
 
 
@@ -225,7 +223,7 @@ def test_channels_first_and_shape_errors():
 
 
 # ----------------------------------------------------------------------------------------------
-# Files: export -> safetensors -> import, wrong files, CLI errors.
+# Files: to_torch -> safetensors -> from_torch, wrong files, CLI errors.
 
 
 def _full_config(model_cfg):
@@ -240,7 +238,7 @@ def _save_run(tmp_path, name, model, cfg):
 
 
 def _flat(params):
-  return {'/'.join(map(str, k)): np.asarray(v) for k, v in export._flatten(params).items()}
+  return {'/'.join(map(str, k)): np.asarray(v) for k, v in convert.flatten(params).items()}
 
 
 def _assert_bit_identical(a, b):
@@ -255,8 +253,8 @@ def test_export_torch_fold_writes_a_rope_mixed_model_with_the_string_cayley_logi
   jm, cfg = _jax_model(pe='string_cayley', width=32, heads=2)
   assert np.abs(_params(jm)['pe']['cayley']).max() > 0.1  # A non-trivial P.
   out = str(tmp_path / 'folded.safetensors')
-  assert export.main(['torch', '--workdir', _save_run(tmp_path, 'run', jm, cfg), '--out', out,
-                      '--fold']) == 0
+  workdir = _save_run(tmp_path, 'run', jm, cfg)
+  assert convert_cli.call(['to_torch', '--workdir', workdir, '--out', out, '--fold']) == 0
   with open(str(tmp_path / 'folded.json')) as f:
     assert json.load(f)['pe']['name'] == 'rope_mixed'
   tm = torch_vit.load_liere_safetensors(out).eval()
@@ -264,7 +262,7 @@ def test_export_torch_fold_writes_a_rope_mixed_model_with_the_string_cayley_logi
   x = _inputs(2, cfg.input_size[0])
   with torch.no_grad():
     diff = float(np.abs(_jax_logits(jm, x) - tm(_nchw(x)).numpy()).max())
-  assert _record('logits', diff, 'string_cayley --fold') <= LOGIT_TOL
+  assert diff <= LOGIT_TOL
 
 
 @pytest.mark.parametrize('kw', [dict(pe='liere8', share='heads'),
@@ -274,7 +272,7 @@ def test_export_torch_import_round_trip_is_bit_identical(tmp_path, kw):
   jm, cfg = _jax_model(width=32, heads=2, **kw)
   workdir = _save_run(tmp_path, 'run', jm, cfg)
   out = str(tmp_path / 'model.safetensors')
-  assert export.main(['torch', '--workdir', workdir, '--out', out]) == 0
+  assert convert_cli.call(['to_torch', '--workdir', workdir, '--out', out]) == 0
   assert os.path.exists(str(tmp_path / 'model.json'))
   # PyTorch side: one call, same logits.
   tm = torch_vit.load_liere_safetensors(out).eval()
@@ -282,17 +280,17 @@ def test_export_torch_import_round_trip_is_bit_identical(tmp_path, kw):
   x = _inputs(n_dims, cfg.input_size[0])
   with torch.no_grad():
     diff = float(np.abs(_jax_logits(jm, x) - tm(_nchw(x)).numpy()).max())
-  assert _record('logits', diff, f'safetensors {kw}') <= LOGIT_TOL
+  assert diff <= LOGIT_TOL, kw
   # And back to JAX.
   back = str(tmp_path / 'back')
-  assert export.main(['import-torch', '--safetensors', out, '--out-workdir', back]) == 0
+  assert convert_cli.call(['from_torch', '--safetensors', out, '--out_workdir', back]) == 0
   config2, params2 = checkpoint.load_params(back)[:2]
   _assert_bit_identical(_params(jm), params2)
   assert config2.model.to_dict() == checkpoint.read_config(workdir).model.to_dict()
 
 
 def _state(model, cfg):
-  return export.torch_layout(_params(model), cfg)
+  return convert.torch_layout(_params(model), cfg)
 
 
 @pytest.mark.parametrize('edit,key,pattern', [
@@ -311,23 +309,23 @@ def test_wrong_file_names_the_key(tmp_path, edit, key, pattern):
     state[key] = np.zeros(3, np.float32)
   path = str(tmp_path / 'bad.safetensors')
   save_file(state, path)
-  export._write_json(str(tmp_path / 'bad.json'), export.export_json(_full_config(cfg)))
+  convert.write_json(str(tmp_path / 'bad.json'), convert.export_json(_full_config(cfg)))
   with pytest.raises(torch_vit.WeightsMismatchError) as e:
     torch_vit.load_liere_safetensors(path)
   assert f"'{key}'" in str(e.value) and re.search(pattern, str(e.value)), str(e.value)
-  with pytest.raises(ValueError) as e:  # The JAX side (import-torch) checks the same.
-    export.from_torch_layout(load_file(path), cfg)
+  with pytest.raises(ValueError) as e:  # The JAX side (from_torch) checks the same.
+    convert.from_torch_layout(load_file(path), cfg)
   message = str(e.value)
   assert f"'{key}'" in message and re.search(pattern.split('.*')[0], message), message
   # The CLI refuses before writing anything.
   with pytest.raises(SystemExit) as e:
-    export.main(['import-torch', '--safetensors', path, '--out-workdir', str(tmp_path / 'w')])
+    convert_cli.call(['from_torch', '--safetensors', path, '--out_workdir', str(tmp_path / 'w')])
   assert e.value.code == 2 and not os.path.exists(str(tmp_path / 'w'))
 
 
 def test_first_mismatched_key_is_named():
   jm, cfg = _jax_model(pe='liere8', width=32, heads=2)
-  tm = torch_vit.ViT.from_config(export.model_fields(cfg))
+  tm = torch_vit.ViT.from_config(convert.model_fields(cfg))
   state = _state(jm, cfg)
   for key in ('blocks.0.norm1.weight', 'head.bias'):
     del state[key]
@@ -339,23 +337,80 @@ def test_first_mismatched_key_is_named():
 def test_cli_errors_exit_nonzero_before_writing(tmp_path, capsys):
   jm, cfg = _jax_model(pe='rope_axial', width=128, heads=2, qkv_bias=False, mlp_dim=64)
   workdir = _save_run(tmp_path, 'run', jm, cfg)
+  safetensors = str(tmp_path / 'a.safetensors')
   cases = [
-      (['torch', '--workdir', str(tmp_path / 'nope'), '--out', str(tmp_path / 'a.safetensors')],
+      (['to_torch', '--workdir', str(tmp_path / 'nope'), '--out', safetensors],
        'does not exist'),
-      (['torch', '--workdir', workdir, '--out', str(tmp_path / 'a.pt')], 'should end with'),
-      (['torch', '--workdir', workdir, '--step', '7', '--out', str(tmp_path / 'a.safetensors')],
-       '--step 7'),
-      (['official', '--workdir', workdir, '--out', str(tmp_path / 'a.pt')], 'VisionLlama'),
-      (['import-official', '--state-dict', str(tmp_path / 'none.pt'), '--config',
-        os.path.join(workdir, 'config.json'), '--out-workdir', str(tmp_path / 'w')],
+      (['to_torch', '--workdir', workdir, '--out', str(tmp_path / 'a.pt')], 'should end with'),
+      (['to_torch', '--workdir', workdir, '--step', '7', '--out', safetensors], '--step 7'),
+      (['to_torch', '--workdir', workdir, '--step', '2', '--best', '--out', safetensors],
+       'give one'),
+      (['to_torch', '--workdir', workdir], 'to_torch needs --out'),
+      (['to_official', '--workdir', workdir, '--out', str(tmp_path / 'a.pt')], 'VisionLlama'),
+      (['to_official', '--workdir', workdir, '--out', str(tmp_path / 'a.pt'), '--fold'],
+       '--fold does not apply to to_official'),
+      (['from_official', '--state_dict', str(tmp_path / 'none.pt'), '--config',
+        os.path.join(workdir, 'config.json'), '--out_workdir', str(tmp_path / 'w')],
        'does not exist'),
+      (['from_official', '--state_dict', str(tmp_path / 'none.pt'), '--config', '{"pe": 1',
+        '--out_workdir', str(tmp_path / 'w')], '--config is not valid JSON'),
   ]
   for argv, message in cases:
     with pytest.raises(SystemExit) as e:
-      export.main(argv)
+      convert_cli.call(argv)
     assert e.value.code == 2, argv
-    assert message in capsys.readouterr().err, argv
+    err = capsys.readouterr().err
+    assert message in err and err.count('\n') == 1, (argv, err)
+  with pytest.raises(app.UsageError, match='one of to_torch, to_official'):
+    convert_cli.call(['torch', '--workdir', workdir, '--out', safetensors])
   assert sorted(os.listdir(tmp_path)) == ['run'], 'a failed command wrote something'
+
+
+def _truncate_arrays(workdir, step):
+  """Halves every array file of a checkpoint (a bad copy, a full disk)."""
+  paths = glob.glob(os.path.join(workdir, 'checkpoints', str(step), 'state', '**', 'd', '*'),
+                    recursive=True)
+  assert paths
+  for path in paths:
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+def test_to_torch_exports_the_newest_readable_checkpoint(tmp_path, capsys):
+  jm, cfg = _jax_model(pe='liere8', width=32, heads=2)
+  workdir = _save_run(tmp_path, 'run', jm, cfg)  # Step 0.
+  newer = jax.tree.map(lambda x: np.asarray(x) + 1, _params(jm))
+  checkpoint.save_params(workdir, _full_config(cfg), newer, step=1)
+  _truncate_arrays(workdir, 1)
+  out = str(tmp_path / 'model.safetensors')
+  assert convert_cli.call(['to_torch', '--workdir', workdir, '--out', out]) == 0
+  np.testing.assert_array_equal(load_file(out)['head.bias'], _params(jm)['head']['bias'])
+  _truncate_arrays(workdir, 0)  # None readable: one line, nothing written.
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as e:
+    convert_cli.call(['to_torch', '--workdir', workdir, '--out', str(tmp_path / 'b.safetensors')])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and 'No readable checkpoint' in err and err.count('\n') == 1, err
+  assert not os.path.exists(str(tmp_path / 'b.safetensors'))
+
+
+def test_an_old_export_json_reads_with_the_fields_of_its_time():
+  """A model JSON written before dropout_sites / pe.jitter existed gets the values its run had
+  (spec.MODEL_ADDED, PE_ADDED), not today's defaults, in every shape that can lack them."""
+  cfg = tiny_model_config('liere8')
+  config = _full_config(cfg)
+  assert tuple(cfg.dropout_sites) != spec_lib.MODEL_ADDED['dropout_sites']  # Else no test.
+  new = convert.export_json(config)
+  old = json.loads(json.dumps(new))
+  for section in (old, old['source_config']['model']):
+    del section['dropout_sites'], section['pe']['jitter']
+  plain = {k: v for k, v in old.items() if k != 'source_config'}
+  workdir_config = old['source_config']
+  for obj in (old, plain, workdir_config, workdir_config['model']):
+    model = spec_lib.resolve(convert.config_from_json(obj, 'test').model)
+    assert model.dropout_sites == spec_lib.MODEL_ADDED['dropout_sites'], obj.keys()
+    assert model.pe.jitter == spec_lib.PE_ADDED['jitter'], obj.keys()
+  for obj in (new, {k: v for k, v in new.items() if k != 'source_config'}):  # Today's: as is.
+    assert spec_lib.resolve(convert.config_from_json(obj, 'test').model) == spec_lib.resolve(cfg)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,12 +472,13 @@ def _case_id(c):
 
 @pytest.mark.parametrize('case', OFFICIAL_CASES, ids=_case_id)
 def test_official_layout_round_trip(case):
-  """Without the official code: export -> import-official gives the same params and logits."""
+  """Without the official code: official_layout -> from_official_layout gives the same
+  params and logits."""
   jm, cfg = _official_jax_model(**case)
   with warnings.catch_warnings():
-    warnings.simplefilter('error', export.Layer0BugWarning)  # No warning: nothing is lost.
-    state, kw = export.official_layout(_params(jm), cfg)
-    back = export.from_official_layout(state, cfg)
+    warnings.simplefilter('error', convert.Layer0BugWarning)  # No warning: nothing is lost.
+    state, kw = convert.official_layout(_params(jm), cfg)
+    back = convert.from_official_layout(state, cfg)
   if spec_lib.resolve(cfg).pe.positions == 'integer':
     # Multiplied by n - 1 on export, divided on import: equal up to rounding.
     for key, value in _flat(_params(jm)).items():
@@ -435,7 +491,7 @@ def test_official_layout_round_trip(case):
   nnx.update(jm2, params2)
   x = _inputs(len(cfg.patch), cfg.input_size[0])
   diff = float(np.abs(_jax_logits(jm, x) - _jax_logits(jm2, x)).max())
-  assert _record('logits', diff, f'official round trip {case}') <= LOGIT_TOL
+  assert diff <= LOGIT_TOL, case
 
 
 def _official_logits(rope_vit, state, kw, x):
@@ -453,22 +509,21 @@ def test_official_rope_vit_parity(case, capsys):
   if rope_vit is None:
     pytest.skip('set LIERE_OFFICIAL_CHECKOUT to a StanfordMIMI/LieRE checkout (needs einops)')
   jm, cfg = _official_jax_model(**case)
-  state, kw = export.official_layout(_params(jm), cfg)
+  state, kw = convert.official_layout(_params(jm), cfg)
   x = _inputs(len(cfg.patch), cfg.input_size[0])
   y_official = _official_logits(rope_vit, state, kw, x)
   diff = float(np.abs(_jax_logits(jm, x) - y_official).max())
-  _record('official logits', diff, str(case))
   assert diff <= OFFICIAL_TOL, f'{case}: official logits differ by {diff:.2e}'
 
 
 def test_per_layer_export_warns_and_import_reproduces_the_layer0_bug():
   jm, cfg = _official_jax_model(pe='liere8', share='none')
-  with pytest.warns(export.Layer0BugWarning, match="layer 0's rotations in every layer"):
-    state, kw = export.official_layout(_params(jm), cfg)
+  with pytest.warns(convert.Layer0BugWarning, match="layer 0's rotations in every layer"):
+    state, kw = convert.official_layout(_params(jm), cfg)
   assert state['position_encoder.generator_raw_params'].shape == (2, 2, 2 * 8, 8, 8)
   assert kw['rotary_embedding_per_layer'] and kw['rotary_embedding_per_head']
-  with pytest.warns(export.Layer0BugWarning, match='importing layer 0'):
-    back = export.from_official_layout(state, cfg)
+  with pytest.warns(convert.Layer0BugWarning, match='importing layer 0'):
+    back = convert.from_official_layout(state, cfg)
   gen = back['pe']['generators']
   np.testing.assert_array_equal(gen[1], gen[0])  # What the official model computes.
   rope_vit = _official_rope_vit()
@@ -481,7 +536,7 @@ def test_per_layer_export_warns_and_import_reproduces_the_layer0_bug():
   y_bug = _jax_logits(jm, x)
   assert np.abs(y_ours - y_official).max() > 1e-2  # The bug changes the model...
   diff = float(np.abs(y_bug - y_official).max())  # ...exactly as modelled by the import.
-  assert _record('official logits', diff, 'per-layer, layer 0 replicated') <= OFFICIAL_TOL
+  assert diff <= OFFICIAL_TOL
 
 
 @pytest.mark.parametrize('kw,message', [
@@ -500,20 +555,20 @@ def test_official_export_refuses_what_it_cannot_represent(kw, message):
   if kw['qkv_bias']:
     jm.blocks[0].attn.qkv.bias[...] = jnp.ones_like(jm.blocks[0].attn.qkv.bias[...])
   with pytest.raises(ValueError, match=message):
-    export.official_layout(_params(jm), cfg)
+    convert.official_layout(_params(jm), cfg)
 
 
 def test_official_cli_round_trip(tmp_path):
-  """export official (.pt + .json) -> import-official, through files and torch.load."""
+  """to_official (.pt + .json) -> from_official, through files and torch.load."""
   jm, cfg = _official_jax_model(pe='liere8', share='layers')
   workdir = _save_run(tmp_path, 'run', jm, cfg)
   out = str(tmp_path / 'official.pt')
-  assert export.main(['official', '--workdir', workdir, '--out', out]) == 0
+  assert convert_cli.call(['to_official', '--workdir', workdir, '--out', out]) == 0
   state = torch.load(out, weights_only=True)
   assert state['position_encoder.generator_raw_params'].shape == (2, 1, 2 * 8, 8, 8)
   back = str(tmp_path / 'back')
-  assert export.main(['import-official', '--state-dict', out, '--config',
-                      str(tmp_path / 'official.json'), '--out-workdir', back]) == 0
+  assert convert_cli.call(['from_official', '--state_dict', out, '--config',
+                           str(tmp_path / 'official.json'), '--out_workdir', back]) == 0
   _assert_bit_identical(_params(jm), checkpoint.load_params(back)[1])
   rope_vit = _official_rope_vit()
   if rope_vit is not None:
@@ -522,23 +577,22 @@ def test_official_cli_round_trip(tmp_path):
     x = _inputs(2, 16)
     diff = float(np.abs(_official_logits(rope_vit, {k: v.numpy() for k, v in state.items()},
                                          kw, x) - _jax_logits(jm, x)).max())
-    assert _record('official logits', diff, 'CLI .pt') <= OFFICIAL_TOL
+    assert diff <= OFFICIAL_TOL
 
 
 @pytest.mark.parametrize('pe', ['paper_visionllama', 'paper_rope_mixed'])
 def test_import_official_with_the_official_model_description(tmp_path, pe):
-  """An official checkpoint plus only its RoPEViT kwargs (no liere_jax config) imports as the
-  paper's encoding, with the same parameters."""
-  jm, cfg = _official_jax_model(pe=pe, share='layers')
+  """An official checkpoint plus only its RoPEViT kwargs (no liere_jax config, given inline)
+  imports as the paper's encoding, with the same parameters."""
+  jm, cfg = _official_jax_model(pe=pe, **({'share': 'layers'} if pe == 'paper_rope_mixed' else {}))
   out = str(tmp_path / 'official.pt')
-  assert export.main(['official', '--workdir', _save_run(tmp_path, 'run', jm, cfg), '--out',
-                      out]) == 0
+  workdir = _save_run(tmp_path, 'run', jm, cfg)
+  assert convert_cli.call(['to_official', '--workdir', workdir, '--out', out]) == 0
   with open(str(tmp_path / 'official.json')) as f:
     kw = json.load(f)['rope_vit_kwargs']
-  export._write_json(str(tmp_path / 'kwargs.json'), kw)
-  back = str(tmp_path / 'back')
-  assert export.main(['import-official', '--state-dict', out, '--config',
-                      str(tmp_path / 'kwargs.json'), '--out-workdir', back]) == 0
+  back = str(tmp_path / 'back')  # --config: the JSON itself.
+  assert convert_cli.call(['from_official', '--state_dict', out, '--config', json.dumps(kw),
+                           '--out_workdir', back]) == 0
   config, params = checkpoint.load_params(back)[:2]
   assert config.model.pe.name == pe and config.model.pe.share == (
       'layers' if pe == 'paper_rope_mixed' else 'none')
@@ -556,17 +610,11 @@ def test_official_init_args_map_to_the_paper_encodings(arch, pe, share):
                    rotary_embedding_per_head=True)
   for obj in ({'model': {'class_path': 'LiereImageClassification', 'init_args': init_args}},
               init_args):
-    m = export.config_from_json(obj, 'test').model
+    m = convert.config_from_json(obj, 'test').model
     assert (m.pe.name, m.pe.share, m.width, m.patch, m.input_size) == (
         pe, share, 768, (4, 4), (32, 32))
-  kw, spec = export.rope_vit_kwargs(init_args), export.official_spec(m)
+  kw, spec = convert.rope_vit_kwargs(init_args), convert.official_spec(m)
   for key in ('dim', 'depth', 'heads', 'mlp_dim', 'positional_encoding_type', 'phase_type',
               'generator_dim', 'rotary_embedding_per_layer', 'rotary_embedding_per_head'):
     assert spec.get(key) == kw.get(key), key
 
-
-def test_zz_summary():
-  """Prints the largest differences of this module (run with -s to see them)."""
-  print('\nLargest JAX vs PyTorch differences in tests/test_port.py:')
-  for kind, (value, case) in sorted(MAX.items()):
-    print(f'  {kind:16s} {value:.3e}  ({case})')

@@ -16,6 +16,7 @@ from tensorflow_datasets.core import shuffle as tfds_shuffle
 from tensorflow_datasets.proto import tf_example_pb2
 
 from liere_jax import config_lib, data
+from liere_jax.data import originals as builders
 from liere_jax.data import prepare
 from tests import datasets
 
@@ -212,7 +213,7 @@ def test_cli_refuses_to_overwrite_and_overwrite_is_atomic(tmp_path, monkeypatch)
     raise RuntimeError('interrupted')
     yield  # pylint: disable=unreachable
   with monkeypatch.context() as m:
-    m.setattr(prepare.Cifar100, '_generate_examples', fail)
+    m.setattr(builders.Cifar100, '_generate_examples', fail)
     with pytest.raises(RuntimeError, match='interrupted'):
       prepare.prepare('cifar100', download_dir, data_dir, overwrite=True)
   assert sorted(os.listdir(os.path.join(data_dir, 'cifar100'))) == ['3.0.2']

@@ -1,10 +1,10 @@
 """The paper configs are the official recipe, field by field (liere_jax/recipes.py), and the
-README's "Table 1, as a command" section is the one that module prints."""
+"Table 1, as a command" section of docs/configs.md is the one that module prints."""
 import pathlib
 
 import pytest
 
-from liere_jax import config_lib, recipes, spec
+from liere_jax import config_lib, configs, recipes, spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -17,7 +17,7 @@ def _get(config, key):
 
 @pytest.mark.parametrize('dataset', recipes.DATASETS)
 def test_paper_config_is_the_official_recipe(dataset):
-  config = config_lib.load(str(ROOT / 'configs' / f'{dataset}.py'))
+  config = config_lib.load(configs.path(dataset))
   wrong = {key: (_get(config, key), want) for key, want in recipes.OFFICIAL[dataset].items()
            if _get(config, key) != (tuple(want) if isinstance(want, (list, tuple)) else want)}
   assert not wrong, f'configs/{dataset}.py differs from the official recipe: {wrong}'
@@ -27,14 +27,14 @@ def test_paper_config_is_the_official_recipe(dataset):
 @pytest.mark.parametrize('dataset', recipes.DATASETS)
 @pytest.mark.parametrize('pe', sorted(recipes.COLUMNS.values()))
 def test_every_table1_command_resolves(dataset, pe):
-  config = config_lib.load(str(ROOT / 'configs' / f'{dataset}.py') + f':pe={pe}')
+  config = config_lib.load(configs.path(dataset) + f':pe={pe}')
   assert spec.resolve(config.model).pe.name == pe
 
 
-def test_readme_carries_the_table():
-  assert recipes.table() in (ROOT / 'README.md').read_text(), (
-      'README.md is out of date: paste the output of `python -m liere_jax.recipes` into its '
-      '"Table 1, as a command" section.')
+def test_the_docs_carry_the_table():
+  assert recipes.table() in (ROOT / 'docs' / 'configs.md').read_text(), (
+      'docs/configs.md is out of date: paste the output of `python -m liere_jax.recipes` into '
+      'its "Table 1, as a command" section.')
 
 
 def test_differences_name_a_reason_and_a_flag():
@@ -44,7 +44,7 @@ def test_differences_name_a_reason_and_a_flag():
 
 def test_recipe_2_is_a_config_argument():
   """Paper App. B.4: 30 more epochs at 256 px, lr 1e-5, no warmup, from the 224 run."""
-  config = config_lib.load(str(ROOT / 'configs' / 'imagenet.py') + ':finetune=runs/in1k:best')
+  config = config_lib.load(configs.path('imagenet') + ':finetune=runs/in1k:best')
   base = recipes.OFFICIAL['imagenet']
   assert config.model_init == 'runs/in1k:best' and config.lr == 1e-5
   assert config.warmup_steps == 0 and config.total_steps == base['total_steps'] * 30 // 200

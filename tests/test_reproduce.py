@@ -1,51 +1,106 @@
-"""The reproduction suites: real train.py / eval.py runs, resume/skip, and the report files."""
+"""The reproduction suites: real liere_jax.train / liere_jax.eval runs, resume/skip, the report
+files and the results index."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
+import liere_jax
 from liere_jax import reproduce
+from liere_jax.reproduce import runner, tables
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A run small enough for CI: the suite's own commands, shrunk by config overrides only.
 SHRINK = ('--config.total_steps=2', '--config.batch_size=8', '--config.eval_batch_size=16',
           '--config.data.num_eval=16', '--config.model.width=16', '--config.model.heads=2',
           '--config.model.depth=1', '--config.model.mlp_dim=16', '--config.log_every=1')
 
 
-def test_every_suite_lists_distinct_runs_with_their_commands():
-  proc = subprocess.run([sys.executable, '-m', 'liere_jax.reproduce', '--list'], cwd=REPO,
-                        capture_output=True, text=True, check=True)
-  for name in ('table3', 'table5', 'fig7', 'fig6', 'fig4', 'table4', 'table7'):
-    assert name in proc.stdout
+def _row(run, top1, **kw):
+  """A report row shaped like run_suite's, for a run that was not trained."""
+  return dict(dict(
+      run=run.name, pe=run.pe, px=run.px, seed=run.seed, label=run.label,
+      overrides=dict(run.overrides), top1=top1, top1_ci95=[top1 - 0.01, min(top1 + 0.01, 1)],
+      shuffled_top1=0.3, shuffle_drop_rel=(top1 - 0.3) / top1, n_examples=2000, resolutions={},
+      steps=300, plateau_exit=None, wall_s=60., machine='test', commit='abc1234',
+      command=f'python -m liere_jax.train # {run.name}'), **kw)
+
+
+def test_workdir_names_stay_those_of_existing_runs():
+  """Runs already trained under runs/reproduce are found by these names."""
+  names = {s: {r.name for r in suite.runs} for s, suite in reproduce.SUITES.items()}
+  assert {'none_108px_s0', 'rope_mixed_108px_s1', 'liere8_168px_total_steps600_s0',
+          'liere8_168px_total_steps600_s1', 'paper_rope_mixed_276px_total_steps600_s1',
+          'rope_mixed_276px_total_steps600_s0'} <= names['table3']
+  assert {'liere8_108px_shareheads_s0', 'liere32_108px_s0'} <= names['table4']
+  assert 'liere8_108px_init_scale1.0_s1' in names['table7']
+  assert 'abs_108px_num_train2000_s0' in names['fig4']
+  assert reproduce.Run('liere8').dirname(('--config.total_steps=2000',)) == (
+      'liere8_108px_s0_set5255fa14')
   for name, suite in reproduce.SUITES.items():
-    names = [r.name for r in suite.runs]
-    assert len(names) == len(set(names)), name
-  table3 = {(r.pe, r.px) for r in reproduce.SUITES['table3'].runs}
+    assert len({r.name for r in suite.runs}) == len(suite.runs), name
+
+
+def test_the_suites_define_the_larger_grids_with_their_budget():
+  table3 = reproduce.SUITES['table3'].runs
+  for grid, pes in ((14, reproduce.LARGE_GRID_ENCODINGS[14]), (23, ('paper_rope_mixed',
+                                                                   'rope_mixed', 'liere8'))):
+    runs = [r for r in table3 if r.grid == grid]
+    assert {(r.pe, r.seed) for r in runs} == {(pe, s) for pe in pes for s in (0, 1)}
+    assert all(r.overrides == reproduce.BUDGET[grid] for r in runs)
+  assert {'liere8', 'paper_rope_mixed', 'rope_mixed', 'abs'} <= set(
+      reproduce.LARGE_GRID_ENCODINGS[14])
   for pe in reproduce.PAPER_ENCODINGS:
-    assert (pe, 108) in table3
-  assert {('abs', 168), ('rope_mixed', 168), ('liere8', 168)} <= table3
+    assert any((r.pe, r.px) == (pe, 108) for r in table3)
   # The evaluation-only suites reuse table3's workdirs.
-  assert {r.name for r in reproduce.SUITES['fig7'].runs} <= {
-      r.name for r in reproduce.SUITES['table3'].runs}
+  assert {r.name for r in reproduce.SUITES['fig7'].runs} <= {r.name for r in table3}
 
 
-def test_dry_run_prints_the_commands_and_writes_nothing(tmp_path):
-  proc = subprocess.run([sys.executable, '-m', 'liere_jax.reproduce', '--suite', 'fig7',
-                         '--dry-run', '--runs', str(tmp_path / 'runs'), '--out',
-                         str(tmp_path / 'out'), '--set', 'total_steps=2000'], cwd=REPO,
-                        capture_output=True, text=True, check=True)
-  assert 'python train.py --config configs/arrows.py:pe=liere8,grid=9' in proc.stdout
-  assert '--config.total_steps=2000' in proc.stdout
-  assert '--out eval_fig7 --resolutions=84,96' in proc.stdout
-  assert not (tmp_path / 'runs').exists() and not (tmp_path / 'out').exists()
+def test_the_cli_works_from_a_copy_of_the_library(tmp_path):
+  """--list, --dry_run and --index with the library on PYTHONPATH and no checkout around."""
+  lib = tmp_path / 'lib'
+  shutil.copytree(os.path.dirname(liere_jax.__file__), lib / 'liere_jax',
+                  ignore=shutil.ignore_patterns('__pycache__'))
+  cwd = tmp_path / 'cwd'
+  cwd.mkdir()
+  env = dict(os.environ, PYTHONPATH=str(lib))
+
+  def cli(*args):
+    return subprocess.run([sys.executable, '-m', 'liere_jax.reproduce', *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, check=True).stdout
+
+  listing = cli('--list')
+  for name in reproduce.SUITES:
+    assert name in listing
+  out = cli('--suite', 'fig7', '--dry_run', '--runs', 'runs', '--out', 'out', '--set',
+            'total_steps=2000')
+  assert ('python -m liere_jax.train --config configs/arrows.py:pe=liere8,grid=9 '
+          '--workdir runs/liere8_108px_s0_set5255fa14') in out
+  assert '--config.total_steps=2000' in out
+  assert 'python -m liere_jax.eval --workdir runs/' in out
+  assert '--out eval_fig7 --resolutions=84,96' in out
+  assert os.listdir(cwd) == []
+  cli('--index', '--out', 'out')
+  assert '| [fig7](fig7.md)' in (cwd / 'out' / 'README.md').read_text()
+  assert runner.commit(str(lib / 'liere_jax')) == ''  # No checkout: no commit recorded.
+
+
+def test_a_dry_run_shows_the_larger_grids_budget():
+  lines = []
+  rows = reproduce.run_suite('table3', '/nonexistent/runs', (), dry_run=True, log=lines.append)
+  assert rows == []
+  text = '\n'.join(lines)
+  assert ('python -m liere_jax.train --config configs/arrows.py:pe=liere8,grid=23 --workdir '
+          '/nonexistent/runs/liere8_276px_total_steps600_s1 --config.seed=1 '
+          '--config.total_steps=600 --progress=false') in text
 
 
 def test_a_suite_trains_evaluates_skips_when_done_and_reports(tmp_path, monkeypatch):
   suite = reproduce.Suite('test', (reproduce.Run('liere8', seed=1),),
-                          reproduce.Eval('eval_fig7', (96, 120), 16), reproduce._report_fig7)
+                          reproduce.Eval('eval_fig7', (96,), 16), tables.report_fig7,
+                          tables.headline_fig7)
   monkeypatch.setitem(reproduce.SUITES, 'tiny', suite)
   runs, lines = str(tmp_path / 'runs'), []
   rows = reproduce.run_suite('tiny', runs, SHRINK, log=lines.append)
@@ -53,47 +108,69 @@ def test_a_suite_trains_evaluates_skips_when_done_and_reports(tmp_path, monkeypa
   assert name.startswith('liere8_108px_s1_set') and [r['run'] for r in rows] == [name]
   row = rows[0]
   assert row['steps'] == 2 and row['n_examples'] == 16 and row['wall_s'] > 0
-  assert set(row['resolutions']) == {'96', '120'}
+  assert set(row['resolutions']) == {'96'}
   assert set(row['resolutions']['96']) == {'sequential', 'rescaled'}
-  assert row['command'].startswith('python train.py --config configs/arrows.py:pe=liere8,grid=9')
+  assert row['command'].startswith(
+      'python -m liere_jax.train --config configs/arrows.py:pe=liere8,grid=9')
   assert '--config.model.width=16' in row['command'] and '--config.seed=1' in row['command']
+  head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=runner.LIBRARY,
+                        capture_output=True, text=True, check=True).stdout.strip()
+  assert row['commit'].startswith(head)  # Run inside this checkout.
+  assert row['plateau_exit'] == runner.plateau_exit(os.path.join(runs, name))
   with open(os.path.join(runs, name, 'config.json')) as f:
     assert json.load(f)['seed'] == 1
 
   # Done runs are skipped: nothing runs again.
   lines.clear()
-  monkeypatch.setattr(reproduce.subprocess, 'run', lambda *a, **k: pytest.fail('ran again'))
+  monkeypatch.setattr(runner.subprocess, 'run', lambda *a, **k: pytest.fail('ran again'))
   assert reproduce.run_suite('tiny', runs, SHRINK, log=lines.append) == rows
   assert lines == [f'suite tiny: 1 runs, 1 done here, 0 to run now (workdirs under {runs})']
 
   # A second evaluation of a trained run evaluates without training again.
-  suite2 = reproduce.Suite('test', suite.runs[:1], reproduce.Eval(), reproduce._report_table3)
+  suite2 = reproduce.Suite('test', suite.runs[:1], reproduce.Eval(),
+                           reproduce.SUITES['table3'].report, tables.headline_table3)
   monkeypatch.undo()
   monkeypatch.setitem(reproduce.SUITES, 'tiny2', suite2)
   calls = []
   real_run = subprocess.run
-  monkeypatch.setattr(reproduce.subprocess, 'run',
-                      lambda args, **k: calls.append(args[1]) or real_run(args, **k))
+  monkeypatch.setattr(runner.subprocess, 'run',
+                      lambda args, **k: calls.append(args[2]) or real_run(args, **k))
   (row2,) = reproduce.run_suite('tiny2', runs, SHRINK, log=lines.append)
-  assert calls == ['eval.py'] and row2['resolutions'] == {}
+  assert calls == ['liere_jax.eval'] and row2['resolutions'] == {}
 
   out = tmp_path / 'out'
   md = reproduce.write_report('tiny2', [row2], str(out))
   text = open(md).read()
-  assert '| LieRE8 | 108 | 1 |' in text and '99.5 (99.2-99.8)' in text  # Ours beside the paper.
+  assert '| LieRE8 | 1 |' in text and '99.5 (99.2-99.8)' in text  # Ours beside the paper.
   assert row2['command'] in text
   assert json.load(open(out / 'tiny2.json'))[0]['top1'] == row2['top1']
   assert (out / 'tiny2.png').stat().st_size > 1000
-  for key in ('pe', 'px', 'seed', 'top1', 'top1_ci95', 'shuffled_top1', 'steps', 'wall_s',
-              'command'):
-    assert key in row2
+
+
+def test_plateau_exit_is_where_train_accuracy_stays_above_the_threshold(tmp_path):
+  def exit_of(*entries):
+    with open(tmp_path / 'metrics.jsonl', 'w') as f:
+      for e in entries:
+        f.write(json.dumps(e) + '\n')
+    return runner.plateau_exit(str(tmp_path))
+
+  acc = lambda step, a: dict(step=step, accuracy=a)
+  assert exit_of(acc(20, .4), acc(40, .7), acc(60, .5), acc(80, .65), acc(100, .9),
+                 dict(step=100, eval_accuracy=.99)) == 80
+  assert exit_of(acc(20, .4), acc(40, .7), acc(60, .5)) is None  # Fell back: not left.
+  assert exit_of(acc(20, .6), acc(40, .9)) == 20
+  # Resumed from step 40: the re-logged steps replace the first attempt's.
+  assert exit_of(acc(20, .4), acc(40, .5), acc(60, .9), acc(60, .5), acc(80, .9)) == 80
+  os.remove(tmp_path / 'metrics.jsonl')
+  assert runner.plateau_exit(str(tmp_path)) is None
 
 
 def test_set_overrides_get_workdirs_of_their_own(tmp_path):
   """A run finished without --set is not reused (nor reported) for a --set; without --set the
   workdir name stays `{pe}_{px}px..._s{seed}`, so existing runs are found."""
   run = reproduce.Run('liere8')
-  suite = reproduce.Suite('test', (run,), reproduce.Eval(), reproduce._report_table3)
+  suite = reproduce.Suite('test', (run,), reproduce.Eval(), tables.report_table5,
+                          tables.headline_table5)
   runs = str(tmp_path)
   os.makedirs(os.path.join(runs, 'liere8_108px_s0', 'eval'))
   with open(os.path.join(runs, 'liere8_108px_s0', 'eval', 'results.json'), 'w') as f:
@@ -108,29 +185,54 @@ def test_set_overrides_get_workdirs_of_their_own(tmp_path):
 
 def test_a_failed_run_names_its_command_and_log(tmp_path, monkeypatch):
   suite = reproduce.Suite('test', (reproduce.Run('liere8'),), reproduce.Eval(),
-                          reproduce._report_table3)
+                          tables.report_table5, tables.headline_table5)
   monkeypatch.setitem(reproduce.SUITES, 'bad', suite)
-  with pytest.raises(RuntimeError, match=r'train.py .* failed \(exit .*reproduce_train.log'):
+  with pytest.raises(RuntimeError, match=r'python -m liere_jax.train --config configs/arrows.py'
+                     r'.* failed \(exit .*reproduce_train.log') as e:
     reproduce.run_suite('bad', str(tmp_path), ('--config.model.pe.expm=pade',), log=print)
+  log = str(e.value).split('see ')[1].split('. Fix')[0]
+  assert "model.pe.expm='pade' is unknown" in open(log).read()  # The program's own error.
 
 
-def test_every_suite_report_builds_from_rows(tmp_path):
-  """Each suite's table and plot from rows shaped like run_suite's (no training)."""
+def test_every_suite_report_and_headline_builds_from_rows(tmp_path):
+  """Each suite's table, plot and index line from rows shaped like run_suite's."""
   for name, suite in reproduce.SUITES.items():
-    rows = []
-    for i, run in enumerate(suite.runs):
-      top1 = 0.4 + 0.6 * (i % 2)
-      rows.append(dict(
-          run=run.name, pe=run.pe, px=run.px, seed=run.seed, label=run.label,
-          overrides=dict(run.overrides), top1=top1, top1_ci95=[top1 - 0.01, min(top1 + 0.01, 1)],
-          shuffled_top1=0.3, shuffle_drop_rel=(top1 - 0.3) / top1, n_examples=2000,
-          resolutions={str(s): {'sequential': 0.9, 'rescaled': 0.5}
-                       for s in suite.evaluation.resolutions},
-          steps=300, wall_s=60., machine='test', command=f'python train.py # {run.name}'))
+    rows = [_row(run, 0.4 + 0.6 * (i % 2),
+                 resolutions={str(s): {'sequential': 0.9, 'rescaled': 0.5}
+                              for s in suite.evaluation.resolutions})
+            for i, run in enumerate(suite.runs)]
     md = reproduce.write_report(name, rows, str(tmp_path))
     text = open(md).read()
     assert all(r['command'] in text for r in rows), name
+    assert f'{len(rows)} min of train + eval wall time' in text, name  # 60 s a row.
     assert (tmp_path / f'{name}.png').exists(), name
+    ours, paper = suite.headline(rows)
+    assert ours and paper, name
+
+
+def test_table3_groups_the_larger_grids_by_encoding_with_seed_means():
+  runs = {(r.pe, r.grid, r.seed): r for r in reproduce.SUITES['table3'].runs}
+  rows = [_row(runs['liere8', 9, 0], 1.),
+          _row(runs['liere8', 14, 0], .99, plateau_exit=320, shuffled_top1=.4,
+               shuffle_drop_rel=.6),
+          _row(runs['liere8', 14, 1], .45, shuffled_top1=.44, shuffle_drop_rel=.2),
+          _row(runs['rope_mixed', 14, 0], .8, plateau_exit=200)]
+  body, plots = reproduce.SUITES['table3'].report(rows)
+  lines = body.splitlines()
+  assert '## 168 px (14x14 patches)' in lines and '## 276 px (23x23 patches)' not in lines
+  assert "Budget (the suite's definition): total_steps=600;" in body
+  at = lines.index('## 168 px (14x14 patches)')
+  liere = [l for l in lines[at:] if l.startswith('| LieRE8 |')]
+  assert liere == ['| LieRE8 | 0 | 99.0 (98.0-100.0) | 99.7 (99.4-99.9) | 320 | 40.0 | 60.0 |',
+                   '| LieRE8 | 1 | 45.0 (44.0-46.0) | 99.7 (99.4-99.9) | - | 44.0 | 20.0 |',
+                   '| LieRE8 | mean of 2 | 72.0 | 99.7 (99.4-99.9) | 320 (1/2 left) | 42.0 | '
+                   '40.0 |']
+  assert set(plots) == {'', '_large'}
+  ours, paper = reproduce.SUITES['table3'].headline(rows)
+  assert '168 px: LieRE8 72.0 (2 seeds), RoPE-Mixed (naver-ai) 80.0' in ours
+  assert '168 px: LieRE8 99.7' in paper
+  rows.append(_row(runs['liere8', 23, 0], .9))
+  assert '## 276 px (23x23 patches)' in reproduce.SUITES['table3'].report(rows)[0]
 
 
 def test_report_rows_merge_over_the_committed_json(tmp_path):
@@ -143,3 +245,27 @@ def test_report_rows_merge_over_the_committed_json(tmp_path):
   merged = reproduce.merge_rows('table3', [dict(run=names[2], top1=0.9)], (), str(tmp_path))
   assert merged == [dict(run=names[0], top1=0.2), dict(run=names[2], top1=0.9)]
   assert reproduce.merge_rows('table3', [], (), str(tmp_path / 'none')) == []
+
+
+def test_the_index_has_a_line_per_suite_and_keeps_the_findings(tmp_path):
+  table7 = [_row(r, .9 if r.label == 'init 2pi' else .8) for r in reproduce.SUITES['table7'].runs]
+  (tmp_path / 'table7.json').write_text(json.dumps(table7))
+  path = reproduce.write_index(str(tmp_path))
+  text = open(path).read()
+  line = next(l for l in text.splitlines() if l.startswith('| [table7](table7.md)'))
+  assert 'LieRE8 +10.0 points' in line and 'LieRE8 -1.18 points (p = 0.07)' in line
+  assert '| 8 of 8 | 8 min |' in line
+  assert '| [fig4](fig4.md): Paper Fig. 4 | not run yet | - | 0 of 12 | 0 min |' in text
+  assert text.count('| [') == len(reproduce.SUITES)
+
+  written = text.replace(reproduce.reports.PLACEHOLDER, 'LieRE holds up at 168 px.')
+  with open(path, 'w') as f:
+    f.write(written)
+  reproduce.write_index(str(tmp_path))
+  assert open(path).read() == written  # Same rows: only the findings, kept.
+
+  with open(path, 'w') as f:
+    f.write('# Results\n\nHand-written, no markers.\n')
+  with pytest.raises(ValueError, match='<!-- findings --> ... <!-- /findings -->'):
+    reproduce.write_index(str(tmp_path))
+  assert open(path).read() == '# Results\n\nHand-written, no markers.\n'

@@ -79,24 +79,6 @@ def test_bad_method_names_the_fix():
     expm(jnp.zeros((1, 4, 4)), 'pade')
 
 
-def test_fast_flops_counts_squarings_from_the_spectral_radius():
-  from liere_jax.expm import fast_flops
-  b = 8
-  # A rotation generator by angle 5 in the (0, 1) plane: rho = 5 (its 1-norm is also 5), and
-  # ||a^4||_1^(1/4) = 5 exactly -> ceil(log2 5) = 3 squarings, 7 + 3 products of 2 b^3 FLOPs.
-  a = np.zeros((3, b, b), np.float32)
-  a[:, 0, 1], a[:, 1, 0] = 5.0, -5.0
-  assert fast_flops(a) == 3 * 10 * 2 * b**3
-  # The all-ones skew matrix (upper +1, lower -1): ||a||_1 = 7, rho 5.03, bound 5.32.
-  u = np.triu(np.ones((b, b), np.float32), 1)
-  a = np.stack([u - u.T] * 2)
-  rho = np.abs(np.linalg.eigvals(a[0].astype(np.float64))).max()
-  bound = np.abs(np.linalg.matrix_power(a[0].astype(np.float64), 4)).sum(0).max() ** 0.25
-  assert rho <= bound < 7
-  assert fast_flops(a) == 2 * (7 + int(np.ceil(np.log2(bound)))) * 2 * b**3
-  assert fast_flops(np.zeros((4, 2, 2), np.float32)) == 0  # closed form
-
-
 # ----------------------------------------------------------------------------------------------
 # The lattice path: exponentials at primitive grid points, powers for the rest.
 
@@ -181,7 +163,8 @@ def test_lattice_path_under_jit_and_its_fallbacks():
   r = rotations.liere_rotations(gens, neg.astype(np.float32), 8)
   np.testing.assert_allclose(r, rotations.liere_rotations(gens, neg, 8, lattice=False),
                              atol=1e-5)
-  np.testing.assert_array_equal(np.asarray(r[:, :, 0]), np.broadcast_to(np.eye(8), r[:, :, 0].shape))
+  np.testing.assert_array_equal(np.asarray(r[:, :, 0]),
+                                np.broadcast_to(np.eye(8), r[:, :, 0].shape))
 
 
 @pytest.mark.parametrize('n,layers,heads', [(1, 2, 3), (3, 2, 3), (8, 2, 3), (8, 1, 1)])
@@ -205,14 +188,14 @@ def test_lattice_path_split_over_data(n, layers, heads, monkeypatch):
   assert np.abs(grad - ref_grad).max() <= 1e-4 * np.abs(ref_grad).max()
 
 
-def test_liere_flops_counts_exponentials_and_powers():
-  from liere_jax.expm import fast_flops
-  gens, pos = _lattice_case(8, 2, 3, grid=(6, 6))
-  plan = rotations.lattice_plan(pos)
-  a = np.asarray(rotations.liere_generators(gens, plan.primitives, 8))
-  exp_flops = fast_flops(a.reshape(2 * 3, -1, 8, 8).reshape(-1, 8, 8))
-  per_device, total = rotations.liere_flops(gens, pos, 8)
-  assert per_device == total == exp_flops + plan.n_products * 2 * 3 * 8 * 2 * 8**3
-  general = rotations.liere_flops(gens, pos, 8, lattice=False)[1]
-  assert total < general
-  assert rotations.liere_flops(gens, pos, 8, n_devices=3)[0] < total
+@pytest.mark.parametrize('lattice', [False, True])
+def test_liere_rotations_take_an_exponential_function(lattice):
+  """method may be a function [..., b, b] -> [..., b, b]: both paths call it, the lattice path
+  at the primitive points only."""
+  gens, pos = _lattice_case(8, 2, 1, grid=(5, 5))
+  shapes = []
+  exp = lambda a: shapes.append(a.shape) or expm(a, 'scipy')
+  out = rotations.liere_rotations(gens, pos, 8, exp, lattice=lattice)
+  np.testing.assert_array_equal(out, rotations.liere_rotations(gens, pos, 8, 'scipy', lattice))
+  n_points = len(rotations.lattice_plan(pos).primitives) if lattice else len(pos)
+  assert shapes == [(2, 1, n_points, 8, 8, 8)]

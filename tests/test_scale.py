@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from liere_jax import rotations
+from liere_jax import rotations, spec as spec_lib, train_lib
 from liere_jax.expm import expm
 from liere_jax.model import ViT
-from tests.helpers import tiny_model, tiny_model_config
+from tests.helpers import tiny_config_and_batch, tiny_model, tiny_model_config
 
 
 def _mesh(n):
@@ -64,14 +64,13 @@ def test_bf16_model_runs_and_keeps_float32_rotations():
   cfg = tiny_model_config(pe='liere8')
   cfg.dtype = 'bfloat16'
   model = ViT(cfg, rngs=nnx.Rngs(0))
-  assert model.pe_context((4, 4)).dtype == jnp.float32
+  rotations_ = jax.tree.leaves(model.pe_context((4, 4)))
+  assert rotations_ and all(r.dtype == jnp.float32 for r in rotations_)
   assert bool(jnp.all(jnp.isfinite(model(jnp.ones((1, 16, 16, 3))))))
 
 
 @pytest.mark.parametrize('dropout', [0.0, 0.1])
 def test_remat_per_block_gives_the_same_train_step(dropout):
-  from liere_jax import spec as spec_lib, train_lib
-  from tests.test_train import tiny_config_and_batch
   cfg, batch = tiny_config_and_batch(8)
   cfg.model.dropout = dropout
   steps, remats = [], []
@@ -91,8 +90,6 @@ def test_remat_per_block_gives_the_same_train_step(dropout):
 
 @pytest.mark.parametrize('pe,remat', [('liere8', 'none'), ('string_cayley', 'block')])
 def test_scanned_blocks_give_the_loop_s_train_step_with_the_same_parameter_tree(pe, remat):
-  from liere_jax import train_lib
-  from tests.test_train import tiny_config_and_batch
   cfg, batch = tiny_config_and_batch(8)
   cfg.model.update(depth=3, dropout=0.1, remat=remat)
   cfg.model.pe.name = pe
@@ -117,8 +114,6 @@ def test_the_model_takes_the_lattice_path_unless_positions_are_jittered(jitter, 
   """The train step's grid positions are known at trace time, so LieRE's rotations take the
   lattice path; jittered training positions are not, and take the general path; evaluation
   (no jitter) takes the lattice path either way."""
-  from liere_jax import train_lib
-  from tests.test_train import tiny_config_and_batch
   cfg, batch = tiny_config_and_batch(8)
   cfg.model.pe.name, cfg.model.pe.jitter = 'liere8', jitter
   calls, lattice = [], rotations._lattice_rotations

@@ -1,9 +1,13 @@
 """The resolved model configuration (liere_jax/spec.py): one place for every derived value."""
+import dataclasses
 import json
 
 import pytest
+from flax import nnx
 
 from liere_jax import spec as spec_lib
+from liere_jax.encodings import registry
+from liere_jax.model import ViT
 from tests.helpers import load_config, tiny_model_config
 
 
@@ -61,3 +65,72 @@ def test_unknown_pe_field_names_the_valid_ones():
   cfg['pe']['scale'] = 1.
   with pytest.raises(ValueError, match=r"model.pe.scale is not a field.*'init_scale'"):
     spec_lib.resolve(cfg)
+
+
+NON_LIERE = tuple(name.replace('<b>', '8') for name in registry.NAMES
+                  if registry.facts(name.replace('<b>', '8')).family != 'liere')
+
+
+def test_option_defaults_are_what_the_configs_write():
+  pe = tiny_model_config().pe
+  assert {key: pe[key] for key in spec_lib.PE_OPTION_DEFAULTS} == spec_lib.PE_OPTION_DEFAULTS
+
+
+@pytest.mark.parametrize('pe', NON_LIERE)
+@pytest.mark.parametrize('option,value', [('share', 'layers'), ('init_scale', 1.0),
+                                          ('expm', 'scipy')])
+def test_options_of_other_encodings_are_refused(pe, option, value):
+  """share, init_scale and expm are LieRE's: set for another encoding they name the option, the
+  encoding and the fix, instead of being ignored; at their defaults they pass."""
+  spec_lib.resolve(tiny_model_config(pe=pe))
+  match = (rf"model.pe.{option}={value!r} does not apply to pe={pe} \(only to liere<b>\); "
+           rf"leave it at")
+  with pytest.raises(ValueError, match=match):
+    spec_lib.resolve(tiny_model_config(pe=pe, **{option: value}))
+
+
+@pytest.mark.parametrize('pe', ('none', 'abs', 'sincos'))
+def test_positions_of_positionless_encodings_are_refused(pe):
+  with pytest.raises(ValueError, match=rf"model.pe.positions='integer' does not apply to "
+                                       rf"pe={pe} \(it reads no positions\); leave it at None"):
+    spec_lib.resolve(tiny_model_config(pe=pe, positions='integer'))
+  with pytest.raises(ValueError, match=rf"pe='{pe}' reads no positions: set it to 0"):
+    spec_lib.resolve(tiny_model_config(pe=pe, jitter=0.5))
+  assert spec_lib.resolve(tiny_model_config(pe='liere8', positions='integer',
+                                            init_scale=1.0, share='all'))
+
+
+@pytest.mark.parametrize('config', ('arrows', 'cifar100', 'imagenet', 'ucf101'))
+def test_every_shipped_config_resolves_for_every_encoding(config):
+  for name in registry.NAMES:
+    pe = name.replace('<b>', '8')
+    s = spec_lib.resolve(load_config(f'configs/{config}.py', f'pe={pe}').model)
+    assert s.pe.name == pe
+
+
+def test_tree_fields_are_the_fields_that_shape_the_parameters():
+  """Fields outside tree_fields() leave the parameter tree as it is; each field inside it
+  changes the tree for some model."""
+  base = spec_lib.resolve(tiny_model_config(pe='liere8'))
+
+  def tree(s):
+    model = nnx.eval_shape(lambda: ViT(s, rngs=nnx.Rngs(0)))
+    return {k: v.shape for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+  same = dict(dtype='bfloat16', remat='block', scan_layers=True, dropout=0.1, init='official',
+              dropout_sites=('attn',), layer_norm_eps=1e-6, variant='S')
+  for key, value in same.items():
+    other = dataclasses.replace(base, **{key: value})
+    assert other.tree_fields() == base.tree_fields(), key
+    assert tree(other) == tree(base), key
+  for key, value in dict(positions='integer', init_scale=1.0, expm='scipy',
+                         jitter=1.0).items():
+    other = dataclasses.replace(base, pe=dataclasses.replace(base.pe, **{key: value}))
+    assert other.tree_fields() == base.tree_fields(), key
+  for cfg in (tiny_model_config(pe='liere8', share='layers'), tiny_model_config(pe='liere4'),
+              tiny_model_config(pe='rope_mixed'), tiny_model_config(pe='liere8', width=48),
+              tiny_model_config(pe='liere8', pool='mean')):
+    other = spec_lib.resolve(cfg)
+    assert other.tree_fields() != base.tree_fields()
+    assert tree(other) != tree(base)
+  assert json.loads(json.dumps(base.tree_fields())) == base.tree_fields()

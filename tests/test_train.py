@@ -1,11 +1,11 @@
 """Training end to end on the synthetic task: exact resume after SIGKILL, 8 devices and 2
-processes equal 1, clear errors that write nothing, NaN stops, eval.py's results.json."""
+processes equal 1, clear errors that write nothing, NaN stops, eval's results.json; the run spec
+and the eval step's compiles."""
 import json
 import os
+import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import jax
@@ -13,31 +13,11 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from liere_jax import checkpoint, data, train_lib
+from liere_jax import checkpoint, data, evaluation, run_spec, train_lib
 from liere_jax.data import pipeline
-from tests.helpers import load_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ['--config.model.width=32', '--config.model.depth=1', '--config.model.heads=2',
-        '--config.model.mlp_dim=64', '--config.batch_size=16', '--config.eval_batch_size=16',
-        '--config.data.num_eval=40', '--config.log_every=1', '--config.warmup_steps=2',
-        '--config.resolutions=(60,)']
-
-
-def run(script, workdir, *args, devices=1, wait=True, env=None):
-  cmd = [sys.executable, os.path.join(ROOT, script), '--config',
-         os.path.join(ROOT, 'configs/arrows.py:grid=4'), '--workdir', str(workdir), *TINY,
-         *args]
-  if script == 'train.py':
-    cmd.append('--noprogress')
-  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
-             JAX_PLATFORMS='cpu', PYTHONPATH=ROOT, **(env or {}))
-  proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
-  if not wait:
-    return proc
-  out, _ = proc.communicate(timeout=600)
-  return proc.returncode, out
+import liere_jax.configs
+from tests.helpers import ROOT, copy_run, load_config, python, run_tiny as run
+from tests.helpers import tiny_config_and_batch
 
 
 def params(workdir):
@@ -54,11 +34,11 @@ def assert_trees(a, b, exact=True, atol=0.0):
 
 
 def test_sigkill_then_resume_is_bit_identical(tmp_path):
-  rc, out = run('train.py', tmp_path / 'ref', '--config.total_steps=8',
+  rc, out = run('train', tmp_path / 'ref', '--config.total_steps=8',
                 '--config.checkpoint_every=2')
   assert rc == 0, out
   work = tmp_path / 'killed'
-  proc = run('train.py', work, '--config.total_steps=8', '--config.checkpoint_every=2',
+  proc = run('train', work, '--config.total_steps=8', '--config.checkpoint_every=2',
              wait=False)
   deadline = time.time() + 300
   while not (work / 'checkpoints' / '4').exists() and proc.poll() is None:
@@ -66,7 +46,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
     time.sleep(0.05)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
-  rc, out = run('train.py', work, '--config.total_steps=8', '--config.checkpoint_every=2')
+  rc, out = run('train', work, '--config.total_steps=8', '--config.checkpoint_every=2')
   assert rc == 0, out
   assert 'Resumed from step' in out
   assert_trees(params(tmp_path / 'ref'), params(work))
@@ -79,26 +59,16 @@ def _free_port():
 
 
 def test_two_processes_match_one(tmp_path):
-  rc, out = run('train.py', tmp_path / 'one', '--config.total_steps=3',
+  rc, out = run('train', tmp_path / 'one', '--config.total_steps=3',
                 '--config.checkpoint_every=3', devices=2)
   assert rc == 0, out
   addr = f'127.0.0.1:{_free_port()}'
-  procs = [run('train.py', tmp_path / 'two', '--config.total_steps=3',
+  procs = [run('train', tmp_path / 'two', '--config.total_steps=3',
                '--config.checkpoint_every=3', f'--coordinator_address={addr}',
                '--num_processes=2', f'--process_id={i}', wait=False) for i in range(2)]
   outs = [p.communicate(timeout=600)[0] for p in procs]
   assert all(p.returncode == 0 for p in procs), outs
   assert_trees(params(tmp_path / 'one'), params(tmp_path / 'two'), exact=False, atol=1e-5)
-
-
-def tiny_config_and_batch(batch_size):
-  """The arrows config (grid 4) with a one-block model, and a random batch for it."""
-  cfg = load_config('configs/arrows.py', 'grid=4')
-  cfg.model.update(width=32, depth=1, heads=2, mlp_dim=64)
-  rng = np.random.default_rng(0)
-  batch = {'image': rng.normal(size=(batch_size, 48, 48, 3)).astype(np.float32),
-           'label': np.eye(4, dtype=np.float32)[rng.integers(0, 4, batch_size)]}
-  return cfg, batch
 
 
 def test_uint8_batches_normalised_on_the_device_give_the_host_step():
@@ -136,7 +106,7 @@ def test_eight_devices_equal_one_device_step():
 
 
 def test_parameter_shardings_follow_their_metadata():
-  cfg = load_config('configs/cifar100.py', 'variant=Ti')  # width 192, 3 heads, MLP 768
+  cfg = load_config(liere_jax.configs.path('cifar100'), 'variant=Ti')  # width 192, 3 heads, MLP 768
   cfg.model.qkv_bias = True  # The paper config has none; its sharding is checked here.
   specs = {}
   for sharding, model_parallel in [('data', 1), ('fsdp', 1), ('fsdp', 2)]:
@@ -155,18 +125,18 @@ def test_parameter_shardings_follow_their_metadata():
   assert specs['fsdp', 2] == (P('data', 'model'), P('model'), P(), P(), P('data', 'model'))
 
 
-def test_eval_writes_results_json(tmp_path):
-  rc, out = run('train.py', tmp_path, '--config.total_steps=2', '--config.checkpoint_every=2')
+def test_eval_writes_results_json(tiny_run, tmp_path):
+  work = copy_run(tiny_run, tmp_path / 'run')
+  rc, out = run('eval', work)
   assert rc == 0, out
-  rc, out = run('eval.py', tmp_path)
-  assert rc == 0, out
-  res = json.loads((tmp_path / 'eval' / 'results.json').read_text())
+  res = json.loads((work / 'eval' / 'results.json').read_text())
   assert res['n_examples'] == 40  # num_eval=40 with batches of 16: nothing dropped
   lo, hi = res['top1_ci95']
   assert 0 <= lo <= res['top1'] <= hi <= 1
   assert res['shuffle_drop'] == pytest.approx(res['top1'] - res['shuffled_top1'])
+  assert res['positions_modes'] == ['normalized', 'rescaled']
   assert set(res['resolutions']['60']) == {'normalized', 'rescaled'}
-  assert (tmp_path / 'eval' / 'attention.png').stat().st_size > 0
+  assert res['step'] == 4 and (work / 'eval' / 'attention.png').stat().st_size > 0
 
 
 @pytest.mark.parametrize('args,message', [
@@ -181,13 +151,13 @@ def test_eval_writes_results_json(tmp_path):
     (['--config.resolutions=(50,)'], '50) must be input sizes divisible by the patch'),
 ])
 def test_bad_input_fails_clearly_and_writes_nothing(tmp_path, args, message):
-  rc, out = run('train.py', tmp_path / 'w', '--config.total_steps=1', *args)
+  rc, out = run('train', tmp_path / 'w', '--config.total_steps=1', *args)
   assert rc != 0 and message in out, out
   assert not (tmp_path / 'w').exists()
 
 
 def test_unknown_key_is_one_line_without_a_traceback(tmp_path):
-  rc, out = run('train.py', tmp_path / 'w', '--config.model.pe.scale=1')
+  rc, out = run('train', tmp_path / 'w', '--config.model.pe.scale=1')
   assert rc == 2 and 'Traceback' not in out, out
   assert "config.model.pe has no field 'scale'; its fields are ['expm', 'init_scale'" in out
 
@@ -195,47 +165,55 @@ def test_unknown_key_is_one_line_without_a_traceback(tmp_path):
 def test_a_workdir_without_checkpoint_takes_a_corrected_config(tmp_path):
   # A start that fails after writing config.json (here: at the first step, NaN) leaves no
   # checkpoint; the rerun with another model is accepted.
-  rc, out = run('train.py', tmp_path, '--config.total_steps=2', '--config.lr=1e30',
+  rc, out = run('train', tmp_path, '--config.total_steps=2', '--config.lr=1e30',
                 '--config.model.pe.name=abs')
   assert rc != 0 and (tmp_path / 'config.json').exists(), out
-  rc, out = run('train.py', tmp_path, '--config.total_steps=2', '--config.checkpoint_every=2')
+  rc, out = run('train', tmp_path, '--config.total_steps=2', '--config.checkpoint_every=2')
   assert rc == 0, out
   assert checkpoint.read_config(str(tmp_path)).model.pe.name == 'liere8'
 
 
 def test_unprepared_dataset_says_how_to_prepare(tmp_path):
-  cmd = [sys.executable, os.path.join(ROOT, 'train.py'), '--config',
-         os.path.join(ROOT, 'configs/cifar100.py:variant=Ti'), '--workdir', str(tmp_path / 'w'),
-         f'--config.data.data_dir={tmp_path}']
-  out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ,
-                                                                     PYTHONPATH=ROOT))
-  assert out.returncode != 0 and 'liere_jax.data.prepare cifar100' in out.stdout + out.stderr
+  # The checkout's entry point and configs/ link, as a user of a clone runs them.
+  rc, out = python([os.path.join(ROOT, 'train.py'), '--config',
+                    os.path.join(ROOT, 'configs/cifar100.py:variant=Ti'), '--workdir',
+                    str(tmp_path / 'w'), f'--config.data.data_dir={tmp_path}'])
+  assert rc != 0 and 'liere_jax.data.prepare cifar100' in out, out
   assert not (tmp_path / 'w').exists()
 
 
-def test_workdir_of_a_different_model_is_refused(tmp_path):
-  rc, out = run('train.py', tmp_path, '--config.total_steps=2', '--config.checkpoint_every=2')
+def test_resume_takes_a_new_execution_and_refuses_a_different_model(tiny_run, tmp_path):
+  work = copy_run(tiny_run, tmp_path / 'run')
+  before = sorted(os.listdir(work / 'checkpoints'))
+  config_before = (work / 'config.json').read_text()
+  for changed in ('--config.model.pe.name=abs', '--config.model.width=64'):
+    rc, out = run('train', work, '--config.total_steps=6', changed)
+    key = changed.split('=')[0][len('--config.'):]
+    assert rc != 0 and f'holds a run of a different model ({key}' in out, out
+    assert sorted(os.listdir(work / 'checkpoints')) == before
+    assert (work / 'config.json').read_text() == config_before
+  # How the same parameter tree is computed is not the model: these resume and evaluate.
+  same_tree = ['--config.model.remat=block', '--config.model.scan_layers=True',
+               '--config.model.dtype=bfloat16']
+  rc, out = run('train', work, '--config.total_steps=5', '--config.checkpoint_every=5',
+                *same_tree)
+  assert rc == 0 and 'Resumed from step 4.' in out, out
+  rc, out = run('eval', work, '--config.resolutions=()', '--num_eval=16', *same_tree)
   assert rc == 0, out
-  before = sorted(os.listdir(tmp_path / 'checkpoints'))
-  config_before = (tmp_path / 'config.json').read_text()
-  rc, out = run('train.py', tmp_path, '--config.total_steps=4', '--config.model.pe.name=abs')
-  assert rc != 0 and 'holds a run of a different model (model.pe' in out, out
-  assert sorted(os.listdir(tmp_path / 'checkpoints')) == before
-  assert (tmp_path / 'config.json').read_text() == config_before
+  assert json.loads((work / 'eval' / 'results.json').read_text())['step'] == 5
 
 
-def test_non_finite_state_stops_and_keeps_the_last_good_checkpoint(tmp_path):
-  rc, out = run('train.py', tmp_path, '--config.total_steps=2', '--config.checkpoint_every=2')
-  assert rc == 0, out
-  rc, out = run('train.py', tmp_path, '--config.total_steps=6', '--config.checkpoint_every=1',
-                '--config.log_every=1', '--config.lr=1e30')  # resumes at step 2, then blows up
-  assert rc != 0 and 'at step 3; stopping' in out and 'checkpoint (step 2)' in out, out
-  config, p, step = checkpoint.load_params(str(tmp_path))
-  assert step == 2 and all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(p))
+def test_non_finite_state_stops_and_keeps_the_last_good_checkpoint(tiny_run, tmp_path):
+  work = copy_run(tiny_run, tmp_path / 'run')
+  rc, out = run('train', work, '--config.total_steps=8', '--config.checkpoint_every=1',
+                '--config.log_every=1', '--config.lr=1e30')  # resumes at step 4, then blows up
+  assert rc != 0 and 'at step 5; stopping' in out and 'checkpoint (step 4)' in out, out
+  config, p, step = checkpoint.load_params(str(work))
+  assert step == 4 and all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(p))
   # "Good" means the checkpoint's own parameters give a finite loss on its step's batch.
   trainer = train_lib.Trainer(config, train_lib.make_mesh(jax.devices()[:1]))
   batch = next(data.to_iterator(data.train_dataset(config.data, global_batch_size=16, seed=0),
-                                start=1))
+                                start=3))  # Step s trains on batch s - 1.
   assert np.isfinite(float(trainer.loss_step(p, trainer.global_batch(batch))))
 
 
@@ -248,3 +226,59 @@ def test_dropout_trains_deterministically_and_changes_the_step():
     state, metrics = trainer.train_step(trainer.init_state(0), trainer.global_batch(batch))
     losses.setdefault(dropout, []).append(float(metrics['grad_norm']))
   assert losses[0.5][0] == losses[0.5][1] and losses[0.5][0] != losses[0.0][0]
+
+
+def _tiny_spec(pe, num_eval=24):
+  """The resolved tiny arrows run with encoding `pe`, evaluated also at 60 px."""
+  cfg, _ = tiny_config_and_batch(8)
+  cfg.model.pe.name = pe
+  cfg.data.num_eval, cfg.eval_batch_size, cfg.resolutions = num_eval, 8, (60,)
+  return run_spec.resolve(cfg, 1)
+
+
+def test_the_eval_step_compiles_once_per_grid_whatever_the_position_mode():
+  trainer = train_lib.Trainer(_tiny_spec('liere8'), train_lib.make_mesh(jax.devices()[:1]))
+  params = trainer.init_state(0)['params']
+  accuracies = [evaluation.evaluate(trainer, params, positions=mode).top1
+                for mode in (None, 'normalized', 'rescaled')]
+  assert accuracies[0] == accuracies[1]
+  # The mode only changes the context (the rotations); the step takes it as an input.
+  assert trainer._pe_context.jitted._cache_size() == 3
+  assert trainer.eval_step.jitted._cache_size() == 1
+
+
+@pytest.mark.parametrize('pe,modes', [('abs', ('integer',)), ('none', ('integer',)),
+                                      ('rope_mixed', ('integer', 'rescaled')),
+                                      ('liere8', ('normalized', 'rescaled'))])
+def test_other_sizes_are_evaluated_in_the_modes_the_encoding_reads(pe, modes):
+  spec = _tiny_spec(pe)
+  assert spec.evaluation.positions_modes == modes
+  if pe != 'abs':
+    return
+  trainer = train_lib.Trainer(spec, train_lib.make_mesh(jax.devices()[:1]))
+  _, results = evaluation.evaluate_run(trainer, trainer.init_state(0)['params'])
+  assert results['positions_modes'] == ['integer']
+  assert list(results['resolutions']) == ['60'] and list(results['resolutions']['60']) == [
+      'integer']
+
+
+def test_the_run_spec_is_resolved_once_and_names_a_bad_field():
+  cfg, _ = tiny_config_and_batch(8)
+  run = run_spec.resolve(cfg, 8)
+  assert run_spec.resolve(run, 8) is run
+  assert (run.optimizer.lr, run.optimizer.decay_steps, run.loop.batch_size) == (1e-3, 300, 128)
+  assert run.model.width == 32 and run.data.grid == 4 and run.evaluation.resolutions == (168,)
+  trainer = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1]))
+  assert trainer.run == run_spec.resolve(cfg, 1)
+  old = cfg.to_dict()  # A config.json written before model_parallel and model_init existed.
+  for key in ('model_parallel', 'model_init', 'model_init_head', 'resolutions'):
+    del old[key]
+  assert run_spec.resolve(old, 1).loop.model_parallel == 1
+  for key, value, message in (
+      ('bach_size', 8, "--config.bach_size is not a field of a run; remove it (the fields"),
+      ('batch_size', 100, "--config.batch_size=100 must be a positive multiple of the mesh's 8"),
+      ('eval_every', -1, '--config.eval_every=-1 must be an integer >= 0'),
+      ('model_init_head', 'new', "--config.model_init_head='new' is unknown; use one of")):
+    with pytest.raises(ValueError, match='^' + re.escape(message)) as e:
+      run_spec.resolve({**cfg.to_dict(), key: value}, 8)
+    assert '\n' not in str(e.value)

@@ -5,8 +5,8 @@ own options: the official recipe's augmentation, evaluation protocol, dropout si
 on datasets prepared by `liere_jax.data.prepare` from tiny files in the original download formats
 (tests/datasets.py writes them: the CIFAR-100 binary archive, the ILSVRC2012 tars, UCF101 .avi
 videos and split lists), then `eval.py --workdir DIR` (the run's own config.json),
-then `python -m liere_jax.export torch`, then the export loaded into the PyTorch port and its
-logits compared with the JAX model's on a batch of the eval pipeline: within 1e-4 in float32
+then `python -m liere_jax.convert to_torch`, then the export loaded into the PyTorch port and
+its logits compared with the JAX model's on a batch of the eval pipeline: within 1e-4 in float32
 (with the trained head, and with a random head so the comparison sees the whole body); finite
 and loosely close in bfloat16.
 """
@@ -225,7 +225,7 @@ def test_user_path(name, data_dir, tmp_path):
   assert os.path.getsize(os.path.join(workdir, 'eval', 'attention.png')) > 0
 
   export = str(tmp_path / 'model.safetensors')
-  rc, out = _run(['-m', 'liere_jax.export', 'torch', '--workdir', workdir, '--out', export],
+  rc, out = _run(['-m', 'liere_jax.convert', 'to_torch', '--workdir', workdir, '--out', export],
                  row.devices)
   assert rc == 0, f'export failed:\n{out}'
   assert os.path.getsize(export) > 0 and os.path.exists(str(tmp_path / 'model.json'))

@@ -20,9 +20,9 @@ function whose temp memory would not fit is not run: its row says status 'oom'.
 rotations: a whole model's LieRE rotations (rotations.liere_rotations, every layer and head,
 2D normalized grid with a CLS token): one exponential per token (general) against the lattice
 path (exponentials at the primitive grid points, products for the rest), each with the degree-12
-Taylor polynomial of `fast` and the degree-18 one it was tried against; forward and
-forward+backward seconds (variants interleaved, medians), counted forward GFLOP, and max
-|R - R(general, 12)|.
+Taylor polynomial of `fast` and a degree-18 one (rotations.py: TAYLOR18, through
+expm.fast_expm); forward and forward+backward seconds (variants interleaved, medians), counted
+forward GFLOP, and max |R - R(general, 12)|.
 
 step: the config (A) and the same config with --vs applied to its argument string (B);
 overrides --config.key=value apply to both. Train steps, then eval steps (rotations cached:
@@ -47,18 +47,22 @@ machine).
 Timings use block_until_ready and nothing device-specific: the same command runs on CPU, GPU
 and TPU. The last line of --json output is the machine-readable result.
 
-Modules: expm.py (bench expm), step.py (bench step), peer.py (the official code's step),
-data.py (bench data), __main__.py (the command line).
+Modules: expm.py (bench expm), rotations.py (bench rotations and the degree-18 scheme),
+flops.py (counted FLOPs of the exponentials), step.py (bench step), peer.py (the official
+code's step), data.py (bench data), __main__.py (the command line).
 """
-from liere_jax.bench.expm import (CASES, DEFAULT_CASES, IMPLS, ROTATION_CASES, ROW_KEYS, Case,
-                                  available_bytes, bench_expm, bench_rotations, case_inputs,
-                                  expm_table, is_oom, rotations_table)
+from liere_jax.bench.expm import (CASES, DEFAULT_CASES, IMPLS, ROW_KEYS, Case, available_bytes,
+                                  bench_expm, case_inputs, expm_table, is_oom)
 from liere_jax.bench.data import bench_data, data_table
+from liere_jax.bench.flops import fast_flops, liere_flops
 from liere_jax.bench.peer import Official, OfficialError, official_kwargs, time_official
+from liere_jax.bench.rotations import (ROTATION_CASES, ROTATION_VARIANTS, TAYLOR18, TAYLORS,
+                                       bench_rotations, rotations_table)
 from liere_jax.bench.step import bench_step, load_config, random_batches, step_table, with_args
 
-__all__ = ['CASES', 'DEFAULT_CASES', 'IMPLS', 'ROTATION_CASES', 'ROW_KEYS', 'Case',
-           'available_bytes', 'bench_expm', 'bench_rotations', 'case_inputs', 'expm_table',
-           'is_oom', 'rotations_table', 'Official', 'OfficialError', 'official_kwargs',
-           'time_official', 'bench_step', 'load_config', 'random_batches', 'step_table',
-           'with_args', 'bench_data', 'data_table']
+__all__ = ['CASES', 'DEFAULT_CASES', 'IMPLS', 'ROW_KEYS', 'Case', 'available_bytes',
+           'bench_expm', 'case_inputs', 'expm_table', 'is_oom', 'fast_flops', 'liere_flops',
+           'ROTATION_CASES', 'ROTATION_VARIANTS', 'TAYLOR18', 'TAYLORS', 'bench_rotations',
+           'rotations_table', 'Official', 'OfficialError', 'official_kwargs', 'time_official',
+           'bench_step', 'load_config', 'random_batches', 'step_table', 'with_args',
+           'bench_data', 'data_table']

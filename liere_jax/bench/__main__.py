@@ -6,11 +6,11 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from liere_jax import config_lib
+from liere_jax import cli, config_lib
 from liere_jax.bench.data import bench_data, data_table
-from liere_jax.bench.expm import (DEFAULT_CASES, IMPLS, bench_expm, bench_rotations, expm_table,
-                                  rotations_table)
+from liere_jax.bench.expm import DEFAULT_CASES, IMPLS, bench_expm, expm_table
 from liere_jax.bench.peer import OfficialError
+from liere_jax.bench.rotations import bench_rotations, rotations_table
 from liere_jax.bench.step import bench_step, load_config, step_table, with_args
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'step, data: config file[:args].',
@@ -40,47 +40,44 @@ _BATCHES = flags.DEFINE_integer('batches', 10, 'data: timed batches of each (aft
 _JSON = flags.DEFINE_bool('json', False, 'Print the result as JSON on the last line.')
 
 
-def main(argv):
-  if len(argv) != 2 or argv[1] not in ('expm', 'rotations', 'step', 'data'):
-    raise app.UsageError('Usage: python -m liere_jax.bench {expm,rotations,step,data} [flags]; '
-                         'see --help.')
-  log = lambda s: print(s, file=sys.stderr, flush=True)
-  platform = (f'platform: {jax.devices()[0].platform} ({jax.devices()[0].device_kind}), '
-              f'jax {jax.__version__}')
-  if argv[1] == 'rotations':
-    rows = bench_rotations(*[_CASE.value] if _CASE.value else [], repeats=_REPEATS.value, log=log)
-    print(platform)
-    print(rotations_table(rows))
-    if _JSON.value:
-      print(json.dumps(rows))
-    return
-  if argv[1] == 'expm':
-    rows = bench_expm(_CASE.value or DEFAULT_CASES, _IMPL.value or IMPLS, _REPEATS.value,
-                      max(_WARMUP.value, 1) if _WARMUP.present else 1, log=log)
-    print(platform)
-    print(expm_table(rows))
-    if _JSON.value:
-      print(json.dumps(rows))
-    return
-  if argv[1] == 'data':
-    if _CONFIG.value is None:
-      raise app.UsageError('data needs --config CONFIG[:args].')
-    workers = [int(n) for n in _WORKERS.value if n.isdigit()]
-    if (not workers or len(workers) != len(_WORKERS.value) or _BATCHES.value < 1
-        or _REPEATS.value < 1):
-      raise app.UsageError(f'--workers={",".join(_WORKERS.value)} must be counts >= 0, '
-                           f'--batches={_BATCHES.value} and --repeats={_REPEATS.value} >= 1.')
-    res = bench_data(_CONFIG.value, workers=workers, batches=_BATCHES.value,
-                     warmup=_WARMUP.value, repeats=_REPEATS.value, log=log)
-    res['config'] = config_flags.get_config_filename(flags.FLAGS['config'])
-    res['overrides'] = config_flags.get_override_values(flags.FLAGS['config'])
-    print(f'{res["config"]}: {res["dataset"]} {res["input_shape"]}, augment {res["augment"]}, '
+ACTIONS = ('expm', 'rotations', 'step', 'data')
+
+
+def _platform():
+  d = jax.devices()[0]
+  return f'platform: {d.platform} ({d.device_kind}), jax {jax.__version__}'
+
+
+def _expm(log):
+  rows = bench_expm(_CASE.value or DEFAULT_CASES, _IMPL.value or IMPLS, _REPEATS.value,
+                    max(_WARMUP.value, 1) if _WARMUP.present else 1, log=log)
+  return _platform(), expm_table(rows), rows
+
+
+def _rotations(log):
+  rows = bench_rotations(*[_CASE.value] if _CASE.value else [], repeats=_REPEATS.value, log=log)
+  return _platform(), rotations_table(rows), rows
+
+
+def _data(log):
+  if _CONFIG.value is None:
+    raise app.UsageError('data needs --config CONFIG[:args].')
+  workers = [int(n) for n in _WORKERS.value if n.isdigit()]
+  if (not workers or len(workers) != len(_WORKERS.value) or _BATCHES.value < 1
+      or _REPEATS.value < 1):
+    raise app.UsageError(f'--workers={",".join(_WORKERS.value)} must be counts >= 0, '
+                         f'--batches={_BATCHES.value} and --repeats={_REPEATS.value} >= 1.')
+  res = bench_data(_CONFIG.value, workers=workers, batches=_BATCHES.value,
+                   warmup=_WARMUP.value, repeats=_REPEATS.value, log=log)
+  res['config'] = config_flags.get_config_filename(flags.FLAGS['config'])
+  res['overrides'] = config_flags.get_override_values(flags.FLAGS['config'])
+  head = (f'{res["config"]}: {res["dataset"]} {res["input_shape"]}, augment {res["augment"]}, '
           f'batch {res["batch_size"]}, {res["batches"]} timed batches, {res["cores"]} cores, '
           f'prefetch {res["prefetch"]}; {res["data"]}')
-    print(data_table(res))
-    if _JSON.value:
-      print(json.dumps(res, default=str))
-    return
+  return head, data_table(res), res
+
+
+def _step(log):
   if _CONFIG.value is None or _VS.value is None:
     raise app.UsageError('step needs --config CONFIG[:args] and --vs ARGS.')
   spec = config_flags.get_config_filename(flags.FLAGS['config'])
@@ -98,11 +95,20 @@ def main(argv):
   except OfficialError as e:
     sys.exit(f'bench step --official: {e}')
   res['overrides'] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in overrides.items()}
-  print(f'platform: {res["platform"]} x{res["devices"]}, jax {jax.__version__}, '
-        f'batch {res["batch_size"]}, {res["steps"]} timed steps (medians)')
-  print(step_table(res))
+  head = (f'platform: {res["platform"]} x{res["devices"]}, jax {jax.__version__}, '
+          f'batch {res["batch_size"]}, {res["steps"]} timed steps (medians)')
+  return head, step_table(res), res
+
+
+def main(argv):
+  action = cli.subcommand(argv, ACTIONS, 'bench')
+  log = lambda s: print(s, file=sys.stderr, flush=True)
+  run = {'expm': _expm, 'rotations': _rotations, 'step': _step, 'data': _data}[action]
+  head, table, result = run(log)
+  print(head)
+  print(table)
   if _JSON.value:
-    print(json.dumps(res, default=str))
+    print(json.dumps(result, default=str))
 
 
 if __name__ == '__main__':

@@ -9,6 +9,7 @@ as in training. Each count runs `warmup` batches plus one per thread of every pr
 the pipeline), then `batches` timed ones; `repeats` rounds visit the counts in turn (0 1 2 0 1
 2 ...) so that load from elsewhere on the machine falls on all of them; the rate is the median.
 """
+import dataclasses
 import math
 import multiprocessing
 import os
@@ -61,14 +62,15 @@ def bench_data(config, *, workers: Sequence[int] = (0, 1, 2), batches: int = 10,
   """Rows {workers, threads, images_per_s, cpu_ms_per_image, runs} (video: per frame, and also
   clips_per_s, frames_per_s, cpu_ms_per_clip) for `config` (its data section and batch_size),
   with what was measured."""
-  from liere_jax.data import pipeline, standin  # TFDS and Grain: only for this benchmark.
-  data = config.data.copy_and_resolve_references()
-  name = data.name.split('/')[0].split(':')[0]  # 'ucf101/ucf101_1_256' -> 'ucf101'.
+  from liere_jax.data import pipeline, spec, standin  # TFDS and Grain: only for this benchmark.
+  data = spec.resolve_data(config.data)
+  name = data.name
   with tempfile.TemporaryDirectory(prefix='liere_bench_data_') as tmp:
     stand_in = not data.data_dir and name in STANDIN_EXAMPLES
     if stand_in:
       t0 = time.perf_counter()
-      data.data_dir = standin.prepare(data.name, tmp, STANDIN_EXAMPLES[name])
+      data = dataclasses.replace(
+          data, data_dir=standin.prepare(data.tfds_name, tmp, STANDIN_EXAMPLES[name]))
       log(f'stand-in {name}: {STANDIN_EXAMPLES[name]} examples in '
           f'{time.perf_counter() - t0:.1f} s')
     shape = pipeline.dataset_info(data)['input_shape']

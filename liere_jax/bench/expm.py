@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from liere_jax.bench.flops import fast_flops
+
 MEMORY_FRACTION = 0.8  # Do not run a function whose buffers need more of the free memory.
 SUBSAMPLE = 64  # Matrices checked against float64: half evenly spaced, half the largest norms.
 
@@ -30,8 +32,8 @@ class Case:
     return self.layers * self.heads * math.prod(self.grid) * (self.head_dim // self.block)
 
 
-# Matrix counts as the issue gives them. cifar_vitb_liere64 is 2,304 = 12 layers x 12 heads x 16
-# tokens (a 4x4 grid); a 32x32 CIFAR image with patch 4 has 64 patches (+ CLS), i.e. 4x more.
+# cifar_vitb_liere64 is 2,304 matrices = 12 layers x 12 heads x 16 tokens (a 4x4 grid); a 32x32
+# CIFAR image with patch 4 has 64 patches (+ CLS), 4x more (bench rotations' cases have them).
 CASES = {
     'cifar_vitb_liere64': Case(12, 12, (4, 4), 64),
     'imagenet_vitb16_liere64': Case(12, 12, (14, 14), 64),  # 28,224
@@ -257,7 +259,6 @@ def bench_expm(cases: Sequence[str], impls: Sequence[str], repeats: int = 3, war
       row.update(case=case_name, impl=name, n_matrices=len(a), size=case.block, status='ok',
                  compile_fwd_s=None, fwd_temp_bytes=None, note=None, fwd_gflop=None)
       if name == 'fast':  # Counted, not from XLA (which counts a loop body once).
-        from liere_jax.expm import fast_flops
         row['fwd_gflop'] = fast_flops(a) / 1e9
       rows.append(row)
       impl, why = _make_impl(name)
@@ -339,88 +340,3 @@ def expm_table(rows) -> str:
             f"matrix), {r['fwd_gflop'] / r['fwd_s']:.0f} GFLOP/s"
             for r in rows if r.get('fwd_gflop') and r.get('fwd_s')]
   return '\n'.join(lines + (['notes:'] + notes if notes else []))
-
-
-# ----------------------------------------------------------------------------------------------
-# The rotations of a whole model (liere_rotations): general path (one exponential per token) vs
-# the lattice path (exponentials at primitive grid points, powers for the rest), Taylor degree
-# 12 vs 18, side by side in one process.
-
-ROTATION_CASES = {  # layers, heads, grid, block; 2D normalized positions, CLS at 0.
-    'cifar_vitti_liere64': (12, 3, (8, 8), 64),  # bench step's configs/cifar100.py:variant=Ti
-    'cifar_vitb_liere64': (12, 12, (8, 8), 64),
-    'imagenet_vitb16_liere64': (12, 12, (14, 14), 64),
-    'cifar_vitb_liere8': (12, 12, (8, 8), 8),
-    'imagenet_vitb16_liere8': (12, 12, (14, 14), 8),
-    'tiny': (2, 2, (5, 5), 8),  # for tests
-}
-ROTATION_VARIANTS = (('general', 12), ('lattice', 12), ('general', 18), ('lattice', 18))
-
-
-def bench_rotations(cases=tuple(c for c in ROTATION_CASES if c != 'tiny'),
-                    variants=ROTATION_VARIANTS, repeats=3, log=print):
-  """Rows per case and variant: fwd / fwd+bwd seconds (medians, variants interleaved), counted
-  forward GFLOP (rotations.liere_flops) and max |R - R_general,12|."""
-  from liere_jax import expm as expm_lib
-  from liere_jax import rotations
-  from liere_jax.positions import grid_positions, with_prefix
-  unknown = [c for c in cases if c not in ROTATION_CASES]
-  if unknown:
-    raise ValueError(f'bench rotations: unknown case(s) {unknown}; use {list(ROTATION_CASES)}.')
-  rows = []
-  for name in cases:
-    layers, heads, grid, block = ROTATION_CASES[name]
-    rng = np.random.default_rng(0)
-    gens = rng.uniform(0, 2 * np.pi, (layers, heads, 2, 64 // block,
-                                      rotations.num_free(block))).astype(np.float32)
-    pos = np.asarray(with_prefix(grid_positions(grid, grid, 'normalized'), 1))
-    g = rng.standard_normal((layers, heads, len(pos), 64 // block, block, block), np.float32)
-    gens_d, g_d = jnp.asarray(gens), jnp.asarray(g)
-    fns, base = [], None
-    for path, degree in variants:
-      lat = path == 'lattice'
-      old = expm_lib._DEGREE  # pylint: disable=protected-access
-      expm_lib._DEGREE = degree  # Read at trace time: compile now.
-      try:
-        fwd = jax.jit(lambda p, lat=lat: rotations.liere_rotations(p, pos, block, lattice=lat))
-        bwd = jax.jit(jax.grad(lambda p, gg, lat=lat: jnp.sum(
-            rotations.liere_rotations(p, pos, block, lattice=lat) * gg)))
-        fwd_c = fwd.lower(gens_d).compile()
-        bwd_c = bwd.lower(gens_d, g_d).compile()
-        gflop = rotations.liere_flops(gens, pos, block, lattice=lat)[1] / 1e9
-      finally:
-        expm_lib._DEGREE = old
-      r = np.asarray(fwd_c(gens_d))
-      jax.block_until_ready(bwd_c(gens_d, g_d))
-      base = r if base is None else base
-      plan = rotations.lattice_plan(pos) if lat else None
-      row = dict(case=name, path=path, degree=degree, gflop=gflop,
-                 n_exp=layers * heads * (64 // block) * (
-                     len(plan.primitives) if plan else len(pos)),
-                 diff=float(np.abs(r - base).max()), fwd=[], fwd_bwd=[])
-      fns.append((fwd_c, bwd_c, row))
-      rows.append(row)
-    for _ in range(repeats):
-      for fwd_c, bwd_c, row in fns:
-        row['fwd'].append(_timed(fwd_c, gens_d)[0])
-        row['fwd_bwd'].append(_timed(bwd_c, gens_d, g_d)[0])
-    for _, _, row in fns:
-      row['fwd'], row['fwd_bwd'] = (statistics.median(row['fwd']),
-                                    statistics.median(row['fwd_bwd']))
-      log(f"[{name}] {row['path']} deg {row['degree']}: fwd {row['fwd']:.3f} s, "
-          f"fwd+bwd {row['fwd_bwd']:.3f} s")
-  return rows
-
-
-def rotations_table(rows) -> str:
-  head = (f"{'case':24s} {'path':8s} {'deg':>3s} {'exps':>7s} {'GFLOP':>7s} {'fwd s':>7s} "
-          f"{'fwd+bwd s':>9s} {'x fwd':>6s} {'x f+b':>6s} {'max |R-R0|':>10s}")
-  lines, base = [head, '-' * len(head)], {}
-  for r in rows:
-    b = base.setdefault(r['case'], r)
-    lines.append(f"{r['case']:24s} {r['path']:8s} {r['degree']:3d} {r['n_exp']:7d} "
-                 f"{r['gflop']:7.2f} {r['fwd']:7.3f} {r['fwd_bwd']:9.3f} "
-                 f"{b['fwd'] / r['fwd']:6.2f} {b['fwd_bwd'] / r['fwd_bwd']:6.2f} "
-                 f"{r['diff']:10.1e}")
-  return '\n'.join(lines)
-

@@ -13,7 +13,7 @@ file run as a script.
   seconds = off.step()                            # one train step, batch config.batch_size
   off.close()
 
-The shape is liere_jax.export.official_spec's (the export's mapping, which the parity tests
+The shape is liere_jax.convert.official_spec's (the converter's mapping, which the parity tests
 load into the real RoPEViT): dim, depth, heads, mlp_dim = our resolved width, depth, heads,
 mlp_dim (the official FlexibleAttention asserts a head dim of 64); image_size, patch_size,
 channels, num_classes, input_dimensionality from input_size / patch (square 2D, or 3D).
@@ -46,13 +46,13 @@ class OfficialError(RuntimeError):
 # ----------------------------------------------------------------------------------------------
 def official_kwargs(model) -> dict:
   """Our model section -> the official RoPEViT keyword arguments of the same shape: those of
-  liere_jax.export.official_spec (which the parity tests load into the real RoPEViT), plus our
+  liere_jax.convert.official_spec (which the parity tests load into the real RoPEViT), plus our
   dropout. ValueError naming why when the official code has no such model."""
-  from liere_jax import export
+  from liere_jax import convert
   from liere_jax.spec import resolve
   s = resolve(model)
   try:
-    kw = export.official_spec(model)
+    kw = convert.official_spec(model)
   except ValueError as e:
     raise ValueError(f'No official model to time: {e}') from e
   kw.update(dropout=s.dropout, emb_dropout=s.dropout)

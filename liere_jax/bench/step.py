@@ -11,6 +11,7 @@ from ml_collections.config_flags import config_path
 from liere_jax import config_lib
 from liere_jax.bench import peer
 from liere_jax.bench.expm import _fmt, _timed
+from liere_jax.bench.flops import liere_flops
 
 
 def load_config(spec: str, overrides: dict):
@@ -59,8 +60,7 @@ class _StepBench:
     self.compile_s = time.perf_counter() - t0
     self.ctx = t.pe_context(self.state['params'], self.grid)  # cached, outside the timed loop
     t0 = time.perf_counter()
-    self.eval_c = t.eval_step.lower(self.state['params'], self.eval_batch, self.ctx,
-                                    None).compile()
+    self.eval_c = t.eval_step.lower(self.state['params'], self.eval_batch, self.ctx).compile()
     self.eval_compile_s = time.perf_counter() - t0
     self.flops = _flops(self.train_c)
     self.eval_flops = _flops(self.eval_c)
@@ -112,18 +112,16 @@ class _StepBench:
 
 
 def _expm_flops(trainer, params, grid, n):
-  """Counted forward FLOPs of LieRE's rotations (rotations.liere_flops: the exponentials and
+  """Counted forward FLOPs of LieRE's rotations (bench.flops.liere_flops: the exponentials and
   the lattice path's products): one device's share when split over n devices (the largest) and
   all of them on one. None for encodings without exponentials."""
-  from liere_jax import rotations
   from liere_jax.positions import grid_positions, with_prefix
   spec = trainer.spec
   if spec.pe.family != 'liere' or spec.pe.expm != 'fast' or spec.pe.block == 2:
     return None
   pos = with_prefix(grid_positions(grid, spec.train_grid, spec.pe.positions), spec.num_prefix)
   gens = jax.device_get(params)['pe']['generators']
-  per_device = rotations.liere_flops(gens, pos, spec.pe.block, n_devices=n)[0]
-  one_device = rotations.liere_flops(gens, pos, spec.pe.block)[1]
+  per_device, one_device = liere_flops(gens, pos, spec.pe.block, n_devices=n)
   return {'per_device': per_device, 'one_device': one_device, 'devices': n}
 
 

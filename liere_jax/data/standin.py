@@ -14,19 +14,24 @@ JPEG / PNG sizes of the real datasets.
                   (ucf101_1_256) or 320 x 240 (ucf101_1)
 
 Few examples are needed (an epoch repeats them; reading from the OS page cache is what a local
-disk gives after the first), but not too few: Grain's shuffle costs ~20 ms an epoch, ~20 / n ms
-an example.
+disk gives after the first), but enough that Grain's per-epoch shuffle is a small part of an
+example's time.
 
   data_dir = standin.prepare('imagenet2012', '/tmp/standin', num_train=64)
   train_dataset(data_config(name='imagenet2012', data_dir=data_dir, ...), ...)
+
+The builders (StandIn, Cifar100, Imagenet2012, Ucf101) and `write` are also what the tests'
+tiny datasets (tests/datasets.py) are made with: they subclass them with other examples.
 """
 import dataclasses
 import io
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
 from PIL import Image, ImageDraw
 import tensorflow_datasets as tfds
+
+from liere_jax.data import spec
 
 
 def natural_image(rng: np.random.Generator, height: int, width: int,
@@ -53,19 +58,24 @@ def natural_image(rng: np.random.Generator, height: int, width: int,
   return np.clip(np.asarray(image) + noise, 0, 255).astype(np.uint8)
 
 
-def _encode(image: np.ndarray, fmt: str) -> bytes:
+def encode(image: np.ndarray, fmt: str, quality: int = 90) -> bytes:
+  """uint8 [h, w, 3] -> the bytes of a PNG or JPEG file (quality: JPEG only)."""
   buf = io.BytesIO()
-  Image.fromarray(image).save(buf, format=fmt, **({'quality': 90} if fmt == 'JPEG' else {}))
+  Image.fromarray(image).save(buf, format=fmt, **({'quality': quality} if fmt == 'JPEG' else {}))
   return buf.getvalue()
 
 
-class _StandIn(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  """Writes num_train / num_eval examples; subclasses give name, version, features."""
+class StandIn(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Writes `sizes` = {split: number of examples} (default SIZES) of `_example`.
 
-  EVAL_SPLIT = 'test'
+  Subclasses give name, VERSION, _info and _example; split k of the sorted split names draws
+  from np.random.default_rng(k).
+  """
 
-  def __init__(self, *, num_train: int, num_eval: int, **kwargs):
-    self._sizes = {'train': num_train, self.EVAL_SPLIT: num_eval}
+  SIZES: Dict[str, int] = {}
+
+  def __init__(self, *, sizes: Optional[Dict[str, int]] = None, **kwargs):
+    self._sizes = dict(sizes or self.SIZES)
     super().__init__(**kwargs)
 
   @tfds.core.utils.classproperty
@@ -75,46 +85,42 @@ class _StandIn(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _split_generators(self, dl_manager):
     del dl_manager
-    return {split: self._generate_examples(seed, num)
-            for seed, (split, num) in enumerate(self._sizes.items())}
+    return {split: self._generate_examples(split, num) for split, num in self._sizes.items()}
 
-  def _generate_examples(self, seed: int, num: int) -> Iterator[Tuple[int, dict]]:
-    rng = np.random.default_rng(seed)
+  def _generate_examples(self, split: str, num: int) -> Iterator[Tuple[int, dict]]:
+    rng = np.random.default_rng(sorted(self._sizes).index(split))
     for i in range(num):
-      yield i, self._example(i, rng)
+      yield i, self._example(split, i, rng)
 
-  def _example(self, index: int, rng: np.random.Generator) -> dict:
-    """One example's features; every stand-in builder below defines it."""
+  def _example(self, split: str, index: int, rng: np.random.Generator) -> dict:
+    """One example's features; every stand-in builder defines it."""
     raise NotImplementedError(f'{type(self).__name__} must define _example.')
 
 
-def cifar100_features() -> tfds.features.FeaturesDict:
-  """TFDS cifar100 3.0.2's features (its builder needs TensorFlow to run)."""
-  return tfds.features.FeaturesDict({
-      'id': tfds.features.Text(),
-      'image': tfds.features.Image(shape=(32, 32, 3)),
-      'label': tfds.features.ClassLabel(num_classes=100),
-      'coarse_label': tfds.features.ClassLabel(num_classes=20),
-  })
-
-
-class Cifar100(_StandIn, skip_registration=True):
+class Cifar100(StandIn, skip_registration=True):
+  """cifar100 3.0.2 (its builder needs TensorFlow to run): id Text, image Image(32, 32, 3) PNG,
+  label ClassLabel(100), coarse_label ClassLabel(20)."""
   name = 'cifar100'
   VERSION = tfds.core.Version('3.0.2')
 
   def _info(self):
-    return tfds.core.DatasetInfo(builder=self, features=cifar100_features())
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+        'id': tfds.features.Text(),
+        'image': tfds.features.Image(shape=(32, 32, 3)),
+        'label': tfds.features.ClassLabel(num_classes=100),
+        'coarse_label': tfds.features.ClassLabel(num_classes=20),
+    }))
 
-  def _example(self, index, rng):
+  def _example(self, split, index, rng):
     label = int(rng.integers(100))
-    return {'id': f'train_{index:05d}', 'image': _encode(natural_image(rng, 32, 32, 4), 'PNG'),
+    return {'id': f'{split}_{index:05d}', 'image': encode(natural_image(rng, 32, 32, 4), 'PNG'),
             'label': label, 'coarse_label': label // 5}
 
 
-class Imagenet2012(_StandIn, skip_registration=True):
+class Imagenet2012(StandIn, skip_registration=True):
+  """imagenet2012 5.1.0: image Image(None, None, 3) JPEG, label ClassLabel(1000), file_name."""
   name = 'imagenet2012'
   VERSION = tfds.core.Version('5.1.0')
-  EVAL_SPLIT = 'validation'
   SHAPES = ((375, 500), (333, 500), (500, 375))  # The commonest ImageNet sizes.
 
   def _info(self):
@@ -124,29 +130,31 @@ class Imagenet2012(_StandIn, skip_registration=True):
         'file_name': tfds.features.Text(),
     }))
 
-  def _example(self, index, rng):
+  def _example(self, split, index, rng):
     label = int(rng.integers(1000))
     shape = self.SHAPES[index % len(self.SHAPES)]
-    return {'image': _encode(natural_image(rng, *shape), 'JPEG'), 'label': label,
+    return {'image': encode(natural_image(rng, *shape), 'JPEG'), 'label': label,
             'file_name': f'n{label:08d}_{index}.JPEG'}
 
 
 @dataclasses.dataclass(eq=False)
-class _VideoConfig(tfds.core.BuilderConfig):
+class VideoConfig(tfds.core.BuilderConfig):
+  """A ucf101 config: its frame size."""
   height: int = 256
   width: int = 256
 
 
-class Ucf101(_StandIn, skip_registration=True):
+class Ucf101(StandIn, skip_registration=True):
   """ucf101/ucf101_1_256 (frames squashed to 256 x 256) and ucf101/ucf101_1 (native 320 x 240).
 
   The real Video((None, H, W, 3), 'jpeg') feature is stored as this Sequence(Image) (Video
-  needs TensorFlow even to be constructed). 100-200 frames: UCF101 averages 7 s at 25 fps.
+  needs TensorFlow even to be constructed); the records are the same bytes. 100-200 frames:
+  UCF101 averages 7 s at 25 fps.
   """
   name = 'ucf101'
   VERSION = tfds.core.Version('2.0.0')
-  BUILDER_CONFIGS = [_VideoConfig(name='ucf101_1_256'),
-                     _VideoConfig(name='ucf101_1', height=240, width=320)]
+  BUILDER_CONFIGS = [VideoConfig(name='ucf101_1_256'),
+                     VideoConfig(name='ucf101_1', height=240, width=320)]
 
   def _info(self):
     shape = (self.builder_config.height, self.builder_config.width, 3)
@@ -156,12 +164,12 @@ class Ucf101(_StandIn, skip_registration=True):
         'label': tfds.features.ClassLabel(num_classes=101),
     }))
 
-  def _example(self, index, rng):
+  def _example(self, split, index, rng):
     h, w = self.builder_config.height, self.builder_config.width
     num_frames = int(rng.integers(100, 200))
     # A camera pan over one scene; video is smoother than photographs (less grain).
     scene = natural_image(rng, h + 64, w + num_frames, grain=4)
-    frames = [_encode(scene[32 + round(16 * np.sin(f / 20)):][:h, f:f + w], 'JPEG')
+    frames = [encode(scene[32 + round(16 * np.sin(f / 20)):][:h, f:f + w], 'JPEG')
               for f in range(num_frames)]
     return {'video': frames, 'label': int(rng.integers(101))}
 
@@ -178,13 +186,16 @@ def prepare(name: str, data_dir: str, num_train: int, num_eval: int = 2) -> str:
   base, _, config = name.split(':')[0].partition('/')  # A version (':3.0.2') is ignored.
   if base not in BUILDERS:
     raise ValueError(f'No stand-in of {name!r}; there are {sorted(BUILDERS)}.')
-  write(BUILDERS[base](data_dir=data_dir, file_format='array_record', num_train=num_train,
-                       num_eval=num_eval, **({'config': config} if config else {})))
-  return data_dir
+  train, test = spec.DATASETS[base].splits
+  return write(BUILDERS[base], data_dir, {train: num_train, test: num_eval},
+               **({'config': config} if config else {}))
 
 
-def write(builder: tfds.core.DatasetBuilder):
-  """builder.download_and_prepare() offline and without TFDS's progress bars."""
+def write(builder_cls: type, data_dir: str, sizes: Optional[Dict[str, int]] = None,
+          **kwargs) -> str:
+  """Writes builder_cls(sizes, **kwargs) to data_dir as `tfds build --file_format=array_record`
+  would, offline and without TFDS's progress bars; returns data_dir."""
+  builder = builder_cls(data_dir=data_dir, file_format='array_record', sizes=sizes, **kwargs)
   shown = getattr(tfds.core.utils.tqdm_utils, '_active', True)
   tfds.display_progress_bar(False)
   try:
@@ -192,3 +203,4 @@ def write(builder: tfds.core.DatasetBuilder):
         download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   finally:
     tfds.display_progress_bar(shown)
+  return data_dir

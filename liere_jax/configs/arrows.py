@@ -24,11 +24,9 @@ def get_config(arg=None):
   if arg.variant:
     model.width = model.depth = model.heads = model.mlp_dim = 0
   data = config_lib.data_config(name='arrows', augment='none', grid=arg.grid, num_eval=2000)
-  # The task has a plateau at the ~44% majority-arrow floor, left at a random step. With depth
-  # 4, CLS pooling and 500 steps (the first main job) LieRE8 left it around step 215; with
-  # depth 2 and mean pooling (the paper notes mean pooling suits LieRE) 3 of 4 seeds left it at
-  # step 110-130 and were at 99-100% by step 140 (measured with 200 steps); 300 steps leave
-  # room for slower seeds at 0.3x the first main job's compute (README, "the main job").
+  # The task has a plateau at the majority-arrow floor (about 44%), left at a random step;
+  # depth 2 with mean pooling (which the paper notes suits LieRE) leaves it early, and 300 steps
+  # leave room for slower seeds (docs/design.md, "How the main job got faster").
   return config_lib.base_config(model=model, data=data, batch_size=128, total_steps=300,
                                 lr=1e-4 if arg.finetune else 1e-3,
                                 warmup_steps=0 if arg.finetune else 50, checkpoint_every=100,

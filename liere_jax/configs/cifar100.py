@@ -3,10 +3,10 @@ r"""CIFAR-100 from scratch (paper Table 1): 32x32 images, patch 4, 64 tokens.
   python train.py --config configs/cifar100.py:pe=liere8 --workdir runs/cifar100_liere8
 
 Arguments: pe (abs, paper_visionllama, paper_rope_mixed, liere8, liere64 are the paper's Table 1
-columns; any name of liere_jax/encodings.py), variant (B; Ti, S, paper_tiny, L).
-The official recipe (liere_jax/recipes.py; README "Table 1, as a command"): Adam lr 1e-4, cosine
-over 200 epochs, no warmup, batch 512, the official RandAugment(2, 14) then pad-4 crop and flip,
-dropout 0.1 at four sites, PyTorch's inits, no qkv bias, bf16 compute. Ours instead:
+columns; any of liere_jax.encodings.NAMES), variant (B; Ti, S, paper_tiny, L).
+The official recipe (liere_jax/recipes.py; docs/configs.md, "Table 1, as a command"): Adam lr
+1e-4, cosine over 200 epochs, no warmup, batch 512, the official RandAugment(2, 14) then pad-4
+crop and flip, dropout 0.1 at four sites, PyTorch's inits, no qkv bias, bf16 compute. Ours instead:
 --config.data.augment=randaug (torchvision-style RandAugment), --config.model.init=jax.
 """
 import math

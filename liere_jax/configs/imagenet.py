@@ -7,15 +7,17 @@ columns), variant (B; Ti, S, paper_tiny, L), finetune (below).
 The official recipe (liere_jax/recipes.py): batch 512, Adam lr 1e-4, cosine over 200 epochs, no
 warmup; the official RandAugment(2, 14) on the full-resolution image, then RandomResizedCrop(224,
 0.08-1, 3/4-4/3) and a flip; evaluation on the 224 centre crop of the full-resolution image.
-The usual evaluation instead (shorter side to 224, centre crop): --config.data.eval_crop=resize_center.
+The usual evaluation instead (shorter side to 224, centre crop):
+--config.data.eval_crop=resize_center.
 
 Recipe 2 (paper App. B.4, Fig. 7 right): 30 more epochs at 256x256 with lr 1e-5 and cosine
 decay (no warmup) from the parameters of the 224 run (DIR, DIR:best or DIR:STEP; see
 liere_jax/model_init.py), then evaluate at other sizes:
   python train.py --config configs/imagenet.py:pe=liere8,finetune=DIR --workdir DIR256
-  python eval.py --workdir DIR256 --resolutions 196,320,384,448
+  python eval.py --workdir DIR256 --resolutions=196,320,384,448
 
-Needs `imagenet2012` prepared as array_record (python -m liere_jax.data.prepare; README "Data").
+Needs `imagenet2012` prepared as array_record (python -m liere_jax.data.prepare;
+docs/configs.md, "Data").
 """
 import math
 

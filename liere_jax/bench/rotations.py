@@ -1,0 +1,124 @@
+"""The rotations benchmark: a whole model's LieRE rotations (rotations.liere_rotations), the
+general path (one exponential per token) against the lattice path (exponentials at the
+primitive grid points, powers for the rest), each with the library's degree-12 Taylor scheme
+and the degree-18 one defined here, side by side in one process. See liere_jax.bench."""
+import functools
+import statistics
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from liere_jax import expm, rotations
+from liere_jax.bench.expm import _timed
+from liere_jax.bench.flops import liere_flops
+from liere_jax.positions import grid_positions, with_prefix
+
+# Degree 18 in 5 products (the structure of Bader, Blanes and Casas, 2019, with coefficients
+# solved for it): T18 = B2 + (B3 + A9) A9, A9 = B1 B5 + B4, each B a combination of
+# (I, A, A^2, A^3[, A^6]). Used up to a scaled spectral radius of 3, it needs fewer squarings
+# than degree 12, but its float32 cancellation is larger, and the squarings double it.
+_B18 = dict(
+    b1=(-0.03972234290870274, 0.4592669618428011, 0.03674135694742408, 0.0040823729941582305),
+    b5=(1.2556627441679866, -0.3537439410937628, -0.08089101398254882, 0.014931171112628186,
+        3.0613769468148936e-06),
+    b4=(0.19404316037174738, 1.0172625235272112, 0.2471577146175959, 0.061934010098643244,
+        -3.193066231659192e-05),
+    b3=(-22.38749070489626, -1.2669451770537645, 0.03976319816519053, 0.02519350036276881,
+        -2.1923838013825762e-05),
+    b2=(4.206715553371252, 36.718065296131634, 2.9080863878591137, 0.19848404329836158,
+        0.00017616841326770723))
+
+
+def _powers18(a):
+  """a, a^2, a^3 and a^6 (the spectral-radius bound: rho(a) <= ||a^6||_1^(1/6))."""
+  a2 = expm.matmul(a, a)
+  a3 = expm.matmul(a2, a)
+  return {1: a, 2: a2, 3: a3, 6: expm.matmul(a3, a3)}
+
+
+def _taylor18(x):
+  eye = jnp.eye(x[1].shape[-1], dtype=x[1].dtype)
+  comb = lambda c: (c[0] * eye + c[1] * x[1] + c[2] * x[2] + c[3] * x[3]
+                    + (c[4] * x[6] if len(c) > 4 else 0.))
+  a9 = expm.matmul(comb(_B18['b1']), comb(_B18['b5'])) + comb(_B18['b4'])
+  return comb(_B18['b2']) + expm.matmul(comb(_B18['b3']) + a9, a9)
+
+
+TAYLOR18 = expm.Taylor(powers=_powers18, polynomial=_taylor18, theta=3.0, products=5)
+TAYLORS = {12: expm.TAYLOR12, 18: TAYLOR18}  # By degree.
+
+ROTATION_CASES = {  # layers, heads, grid, block; 2D normalized positions, CLS at 0.
+    'cifar_vitti_liere64': (12, 3, (8, 8), 64),  # bench step's configs/cifar100.py:variant=Ti
+    'cifar_vitb_liere64': (12, 12, (8, 8), 64),
+    'imagenet_vitb16_liere64': (12, 12, (14, 14), 64),
+    'cifar_vitb_liere8': (12, 12, (8, 8), 8),
+    'imagenet_vitb16_liere8': (12, 12, (14, 14), 8),
+    'tiny': (2, 2, (5, 5), 8),  # for tests
+}
+ROTATION_VARIANTS = (('general', 12), ('lattice', 12), ('general', 18), ('lattice', 18))
+
+
+def bench_rotations(cases=tuple(c for c in ROTATION_CASES if c != 'tiny'),
+                    variants=ROTATION_VARIANTS, repeats=3, log=print):
+  """Rows per case and variant (path, Taylor degree): fwd / fwd+bwd seconds (medians, variants
+  interleaved), counted forward GFLOP (bench.flops.liere_flops) and max |R - R_first variant|."""
+  unknown = [c for c in cases if c not in ROTATION_CASES]
+  if unknown:
+    raise ValueError(f'bench rotations: unknown case(s) {unknown}; use {list(ROTATION_CASES)}.')
+  bad = [v for v in variants if v[0] not in ('general', 'lattice') or v[1] not in TAYLORS]
+  if bad:
+    raise ValueError(f'bench rotations: unknown variant(s) {bad}; use (path, degree) with path '
+                     f'general or lattice and degree in {list(TAYLORS)}.')
+  rows = []
+  for name in cases:
+    layers, heads, grid, block = ROTATION_CASES[name]
+    rng = np.random.default_rng(0)
+    gens = rng.uniform(0, 2 * np.pi, (layers, heads, 2, 64 // block,
+                                      rotations.num_free(block))).astype(np.float32)
+    pos = np.asarray(with_prefix(grid_positions(grid, grid, 'normalized'), 1))
+    g = rng.standard_normal((layers, heads, len(pos), 64 // block, block, block), np.float32)
+    gens_d, g_d = jnp.asarray(gens), jnp.asarray(g)
+    fns, base = [], None
+    for path, degree in variants:
+      lat, taylor = path == 'lattice', TAYLORS[degree]
+      exp = functools.partial(expm.fast_expm, taylor=taylor)
+      rot = lambda p, lat=lat, exp=exp: rotations.liere_rotations(p, pos, block, exp, lat)
+      fwd_c = jax.jit(rot).lower(gens_d).compile()
+      bwd_c = jax.jit(jax.grad(lambda p, gg, rot=rot: jnp.sum(rot(p) * gg))).lower(
+          gens_d, g_d).compile()
+      gflop = liere_flops(gens, pos, block, lattice=lat, taylor=taylor)[1] / 1e9
+      r = np.asarray(fwd_c(gens_d))
+      jax.block_until_ready(bwd_c(gens_d, g_d))
+      base = r if base is None else base
+      plan = rotations.lattice_plan(pos) if lat else None
+      row = dict(case=name, path=path, degree=degree, gflop=gflop,
+                 n_exp=layers * heads * (64 // block) * (
+                     len(plan.primitives) if plan else len(pos)),
+                 diff=float(np.abs(r - base).max()), fwd=[], fwd_bwd=[])
+      fns.append((fwd_c, bwd_c, row))
+      rows.append(row)
+    for _ in range(repeats):
+      for fwd_c, bwd_c, row in fns:
+        row['fwd'].append(_timed(fwd_c, gens_d)[0])
+        row['fwd_bwd'].append(_timed(bwd_c, gens_d, g_d)[0])
+    for _, _, row in fns:
+      row['fwd'], row['fwd_bwd'] = (statistics.median(row['fwd']),
+                                    statistics.median(row['fwd_bwd']))
+      log(f"[{name}] {row['path']} deg {row['degree']}: fwd {row['fwd']:.3f} s, "
+          f"fwd+bwd {row['fwd_bwd']:.3f} s")
+  return rows
+
+
+def rotations_table(rows) -> str:
+  head = (f"{'case':24s} {'path':8s} {'deg':>3s} {'exps':>7s} {'GFLOP':>7s} {'fwd s':>7s} "
+          f"{'fwd+bwd s':>9s} {'x fwd':>6s} {'x f+b':>6s} {'max |R-R0|':>10s}")
+  lines, base = [head, '-' * len(head)], {}
+  for r in rows:
+    b = base.setdefault(r['case'], r)
+    lines.append(f"{r['case']:24s} {r['path']:8s} {r['degree']:3d} {r['n_exp']:7d} "
+                 f"{r['gflop']:7.2f} {r['fwd']:7.3f} {r['fwd_bwd']:9.3f} "
+                 f"{b['fwd'] / r['fwd']:6.2f} {b['fwd_bwd'] / r['fwd_bwd']:6.2f} "
+                 f"{r['diff']:10.1e}")
+  return '\n'.join(lines)
+

@@ -1,0 +1,138 @@
+"""The model JSON of the converters: the one we write beside an export, and every shape of
+model description we read back into a liere_jax config.
+
+`config_from_json` reads
+  - ours: the JSON beside a torch export (`format: liere_jax.torch_vit`: the resolved model plus
+    the run's `source_config`), or beside an official export (the same under `liere_model`);
+  - a workdir's config.json, or a plain model section;
+  - the official model's description: its RoPEViT keyword arguments, or a
+    LiereImageClassification's init_args (the `model` section of its lightning_conf YAML).
+A model written before a field existed gets the value that reproduces it (spec.MODEL_ADDED,
+spec.PE_ADDED), not today's default.
+"""
+import json
+import os
+
+import ml_collections
+
+from liere_jax import spec as spec_lib
+from liere_jax.convert import official_args
+
+FORMAT = 'liere_jax.torch_vit'
+
+
+def model_fields(m) -> dict:
+  """Everything torch_vit.ViT needs: the resolved model section `m` as plain JSON."""
+  return spec_lib.resolve(m).to_json()
+
+
+def export_json(config: ml_collections.ConfigDict) -> dict:
+  """The JSON beside a torch export: the model's fields and the run's whole config."""
+  return {'format': FORMAT, 'version': 1, **model_fields(config.model),
+          'source_config': json.loads(config.to_json())}
+
+
+def _with_added(model: dict) -> dict:
+  """A model section with the fields added since it was written, at their old values."""
+  return {**spec_lib.MODEL_ADDED, **model, 'pe': {**spec_lib.PE_ADDED, **model['pe']}}
+
+
+def _model_section(obj: dict) -> ml_collections.ConfigDict:
+  """A plain model section (JSON) over config_lib's defaults; the fields added since it was
+  written at their old values."""
+  from liere_jax import config_lib
+  try:
+    m = config_lib.model_config(pe=obj['pe']['name'], variant=obj.get('variant') or '',
+                                patch=tuple(obj['patch']), input_size=tuple(obj['input_size']),
+                                channels=obj['channels'], num_classes=obj['num_classes'])
+  except (KeyError, TypeError) as e:
+    raise ValueError(f'The model section lacks the field {e}; write it with '
+                     'liere_jax.spec.resolve(config.model).to_json().') from None
+  for key, value in _with_added(obj).items():  # Derived fields (head_dim, ...) are skipped.
+    if key == 'pe':
+      for k, v in value.items():
+        if k in m.pe:
+          m.pe[k] = v
+    elif key in m:
+      m[key] = tuple(value) if isinstance(value, list) else value
+  return m
+
+
+def _is_official(obj: dict) -> bool:
+  model = obj.get('model')
+  return ('model_architecture' in obj or 'rope_vit_kwargs' in obj or
+          'positional_encoding_type' in obj or
+          (isinstance(model, dict) and isinstance(model.get('init_args'), dict)))
+
+
+def _from_official(obj: dict) -> ml_collections.ConfigDict:
+  model = obj.get('model')
+  if isinstance(model, dict) and isinstance(model.get('init_args'), dict):
+    kw = official_args.rope_vit_kwargs(model['init_args'])
+  elif 'model_architecture' in obj:
+    kw = official_args.rope_vit_kwargs(obj)
+  else:
+    kw = obj.get('rope_vit_kwargs', obj)
+  m = official_args.model_from_official(kw)
+  model_fields(m)  # Validates.
+  return ml_collections.ConfigDict({'model': m})
+
+
+def _from_ours(obj: dict, what: str) -> ml_collections.ConfigDict:
+  if not obj.get('source_config'):
+    return ml_collections.ConfigDict({'model': _model_section(obj)})
+  source = dict(obj['source_config'])
+  if not isinstance(source.get('model'), dict) or 'pe' not in source['model']:
+    raise ValueError(f'{what}: source_config has no model section; remove source_config.')
+  source['model'] = _with_added(source['model'])
+  config = ml_collections.ConfigDict(source)
+  found = json.loads(json.dumps(model_fields(config.model)))
+  ours = json.loads(json.dumps(_with_added(obj)))
+  wanted = {k: ours[k] for k in found if k in ours}
+  diff = [k for k in wanted if found[k] != wanted[k]]
+  if diff:
+    raise ValueError(f'{what}: field {diff[0]!r} = {wanted[diff[0]]!r} disagrees with its '
+                     f'source_config ({found[diff[0]]!r}); fix or remove source_config.')
+  return config
+
+
+def config_from_json(obj: dict, what: str) -> ml_collections.ConfigDict:
+  """A liere_jax config (at least its `model` section) from any model JSON this module reads;
+  `what` names the source in errors."""
+  if not isinstance(obj, dict):
+    raise ValueError(f'{what} is not a JSON object.')
+  if 'liere_model' in obj:  # The JSON beside an official export.
+    obj = obj['liere_model']
+  if _is_official(obj):
+    return _from_official(obj)
+  if obj.get('format') == FORMAT:
+    return _from_ours(obj, what)
+  if isinstance(obj.get('model'), dict) and 'pe' in obj['model']:
+    config = ml_collections.ConfigDict({**obj, 'model': _with_added(obj['model'])})
+  elif 'patch' in obj and 'pe' in obj:
+    config = ml_collections.ConfigDict({'model': _model_section(obj)})
+  else:
+    raise ValueError(f'{what} is neither an exported model JSON, a liere_jax config.json, a '
+                     'model section nor an official model description (no "model", "patch", '
+                     '"pe" or "positional_encoding_type" field).')
+  model_fields(config.model)  # Validates.
+  return config
+
+
+def read_json(path: str, what: str) -> dict:
+  """The JSON object in file `path`; FileNotFoundError / ValueError naming `what` and path."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{what} {path} does not exist.')
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{what} {path} is not valid JSON: {e}') from None
+
+
+def write_json(path: str, obj):
+  """`obj` as indented JSON at `path`, atomically (a temporary file renamed)."""
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(obj, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)

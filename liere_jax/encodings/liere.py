@@ -1,0 +1,35 @@
+"""LieRE: rotations R(p) = expm(sum_i p_i A_i) with learned skew-symmetric generators A_i.
+
+The names liere<b> (b x b blocks) and paper_rope_mixed (= liere2: the paper's RoPE-Mixed
+column ran the official code's LieRE with 2 x 2 blocks; registry.ALIASES).
+"""
+import jax
+from flax import nnx
+
+from liere_jax import rotations
+from liere_jax.encodings.base import Encoding, Rotate, register
+
+
+@register('liere')
+class LieRE(Encoding):
+  """LieRE: R(p) = expm(sum_i p_i A_i) with learned block-diagonal skew-symmetric A_i.
+
+  Raw parameters are the strict upper triangles, init U[0, 1) * init_scale (2 pi default);
+  rotations in float32 at highest precision, once per forward pass. `layers` / `heads`: the
+  generator stacks (1 when shared; liere_jax.spec resolves model.pe.share).
+  """
+
+  def __init__(self, *, block, layers, heads, head_dim, n_dims, init_scale, expm, rngs):
+    self.block, self.expm = block, expm
+    shape = (layers, heads, n_dims, head_dim // block, rotations.num_free(block))
+    self.generators = nnx.Param(init_scale * jax.random.uniform(rngs.params(), shape))
+
+  @classmethod
+  def from_spec(cls, spec, *, rngs):
+    pe = spec.pe
+    return cls(block=pe.block, layers=pe.layers, heads=pe.heads, head_dim=spec.head_dim,
+               n_dims=spec.n_dims, init_scale=pe.init_scale, expm=pe.expm, rngs=rngs)
+
+  def context(self, pos, num_prefix=0):
+    """Rotations [layers, heads, T, head_dim // b, b, b] (layers / heads 1 when shared)."""
+    return Rotate(rotations.liere_rotations(self.generators[...], pos, self.block, self.expm))

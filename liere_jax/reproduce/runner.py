@@ -1,0 +1,214 @@
+"""Running a suite: each unfinished run's training and evaluation as a subprocess of the
+installed programs (python -m liere_jax.train / liere_jax.eval), its wall time and commit, and
+its report row."""
+import importlib.resources
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import List, Optional, Tuple
+
+import liere_jax
+from liere_jax.reproduce.paper import PLATEAU_EXIT, TRAIN_GRID
+from liere_jax.reproduce.suites import SUITES, Run, Suite
+
+LIBRARY = os.path.dirname(os.path.abspath(liere_jax.__file__))
+
+
+def config_file() -> str:
+  """The library's configs/arrows.py, wherever the library is installed."""
+  return str(importlib.resources.files('liere_jax.configs').joinpath('arrows.py'))
+
+
+def machine() -> str:
+  import jax  # pylint: disable=import-outside-toplevel
+  return (f'{platform.machine()} {os.cpu_count()} cores, {jax.devices()[0].device_kind}, '
+          f'jax {jax.__version__}')
+
+
+def commit(library: str = LIBRARY) -> str:
+  """HEAD of the git checkout the library is tracked in (with '+' when tracked files changed),
+  or '' for a library outside one (an installed copy)."""
+  def git(*args):  # Popen: the suite's subprocess.run is for the programs only.
+    with subprocess.Popen(['git', *args], cwd=library, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL) as proc:
+      out = proc.communicate()[0].strip()
+    return out if proc.returncode == 0 else None
+
+  try:
+    if git('ls-files', '--error-unmatch', '__init__.py') is None:
+      return ''
+    head = git('rev-parse', '--short', 'HEAD')
+    dirty = git('status', '--porcelain', '--untracked-files=no')
+  except OSError:  # No git.
+    return ''
+  return '' if head is None else head + ('+' if dirty else '')
+
+
+def plateau_exit(workdir: str, threshold: float = PLATEAU_EXIT) -> Optional[int]:
+  """The first logged step from which train accuracy stays >= threshold to the end of the run
+  (metrics.jsonl; a step logged twice, as after a resume, counts as its last entry), or None."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    return None
+  accuracy = {}
+  with open(path) as f:
+    for m in map(json.loads, filter(str.strip, f)):
+      if 'accuracy' in m:
+        accuracy[m['step']] = m['accuracy']
+  exit_step = None
+  for step in sorted(accuracy, reverse=True):
+    if accuracy[step] < threshold:
+      break
+    exit_step = step
+  return exit_step
+
+
+def _results(workdir: str, out: str) -> Optional[dict]:
+  path = os.path.join(workdir, out, 'results.json')
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _trained(workdir: str) -> bool:
+  """Whether training finished: its final evaluation (at total_steps) is logged."""
+  paths = [os.path.join(workdir, f) for f in ('config.json', 'metrics.jsonl')]
+  if not all(map(os.path.exists, paths)):
+    return False
+  with open(paths[0]) as f:
+    total = json.load(f)['total_steps']
+  with open(paths[1]) as f:
+    return any(m.get('step') == total and 'eval_accuracy' in m
+               for m in map(json.loads, filter(str.strip, f)))
+
+
+def _walls(workdir: str) -> dict:
+  path = os.path.join(workdir, 'reproduce_wall.json')
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  return {}
+
+
+def _add_wall(workdir: str, key: str, seconds: float):
+  walls = _walls(workdir)
+  walls[key] = walls.get(key, 0.) + seconds
+  walls['machine'] = machine()
+  walls.setdefault('commit', commit())  # The code the run was trained at.
+  with open(os.path.join(workdir, 'reproduce_wall.json'), 'w') as f:
+    json.dump(walls, f, indent=1)
+
+
+def command(args: List[str]) -> str:
+  """A program's command line as a report shows it."""
+  return 'python ' + ' '.join(args)
+
+
+def row(run: Run, suite: Suite, runs_dir: str, extra: Tuple[str, ...]) -> Optional[dict]:
+  """A run's report row, or None if it has not finished."""
+  workdir = os.path.join(runs_dir, run.dirname(extra))
+  res = _results(workdir, suite.evaluation.out)
+  if res is None:
+    return None
+  walls = _walls(workdir)
+  top1, shuffled = res['top1'], res['shuffled_top1']
+  sequential = res.get('positions_default')  # The eval program's name for the default mode.
+  resolutions = {size: {'sequential' if mode == sequential else mode: acc
+                        for mode, acc in by_mode.items()}
+                 for size, by_mode in res['resolutions'].items()}
+  return dict(
+      run=run.dirname(extra), pe=run.pe, px=run.px, seed=run.seed, label=run.label,
+      overrides=dict(run.overrides), top1=top1, top1_ci95=res['top1_ci95'],
+      shuffled_top1=shuffled, shuffle_drop_rel=(top1 - shuffled) / top1 if top1 else 0.,
+      n_examples=res['n_examples'], resolutions=resolutions, steps=res['step'],
+      plateau_exit=plateau_exit(workdir),
+      wall_s=walls.get('train_s', 0.) + walls.get(suite.evaluation.out + '_s', 0.),
+      machine=walls.get('machine', ''), commit=walls.get('commit', ''),
+      command=' && '.join(command(a) for a in (run.train_args(workdir, extra),
+                                               suite.evaluation.args(workdir))))
+
+
+def rows(name: str, runs_dir: str, extra: Tuple[str, ...]) -> List[dict]:
+  """The rows of the suite's finished runs under runs_dir, in the suite's order."""
+  suite = SUITES[name]
+  return [r for r in (row(run, suite, runs_dir, extra) for run in suite.runs) if r]
+
+
+def _cost(run: Run) -> float:
+  """A run's cost relative to the main job: its tokens times its steps, roughly."""
+  steps = dict(run.overrides).get('total_steps')
+  return (run.grid / TRAIN_GRID) ** 2 * (int(steps) / _main_steps() if steps else 1.)
+
+
+def _main_steps() -> int:
+  from liere_jax.configs import arrows  # pylint: disable=import-outside-toplevel
+  return arrows.get_config().total_steps
+
+
+def _environment() -> dict:
+  """The programs import the library this process imported."""
+  path = os.pathsep.join(p for p in (os.path.dirname(LIBRARY), os.environ.get('PYTHONPATH'))
+                         if p)
+  return dict(os.environ, PYTHONPATH=path)
+
+
+def run_suite(name: str, runs_dir: str, extra: Tuple[str, ...], dry_run: bool = False,
+              log=print, only: Tuple[str, ...] = ()) -> List[dict]:
+  """Runs the suite's unfinished runs (only those whose encoding or run name is in `only`,
+  if given); returns the rows of its finished ones."""
+  suite = SUITES[name]
+  todo = [r for r in suite.runs if (not only or r.pe in only or r.dirname(extra) in only)
+          and row(r, suite, runs_dir, extra) is None]
+  done = sum(row(r, suite, runs_dir, extra) is not None for r in suite.runs)
+  log(f'suite {name}: {len(suite.runs)} runs, {done} done here, {len(todo)} to run now '
+      f'(workdirs under {runs_dir})')
+  spent, cost_done = 0., 0.
+  for i, run in enumerate(todo):
+    workdir = os.path.join(runs_dir, run.dirname(extra))
+    shown = [run.train_args(workdir, extra + ('--progress=false',)),
+             suite.evaluation.args(workdir)]
+    eta = (spent / cost_done * sum(map(_cost, todo[i:]))) if cost_done else None
+    log(f'[{i + 1}/{len(todo)}] {os.path.basename(workdir)}' + (
+        f' (ETA {eta / 60:.0f} min for the rest)' if eta is not None else ''))
+    if dry_run:
+      for args in shown:
+        log('  ' + command(args))
+      continue
+    os.makedirs(workdir, exist_ok=True)
+    start = time.time()
+    steps = [run.train_args(workdir, extra + ('--progress=false',), config=config_file()),
+             shown[1]]
+    for key, args, shown_args in zip(('train_s', suite.evaluation.out + '_s'), steps, shown):
+      if key == 'train_s' and _trained(workdir):
+        continue  # Trained by this or another suite; only its evaluation is missing.
+      t0 = time.time()
+      with open(os.path.join(workdir, f'reproduce_{key[:-2]}.log'), 'a') as logf:
+        proc = subprocess.run([sys.executable] + args, stdout=logf, stderr=subprocess.STDOUT,
+                              env=_environment(), check=False)
+      if proc.returncode:
+        raise RuntimeError(f'{command(shown_args)} failed (exit {proc.returncode}); see '
+                           f'{logf.name}. Fix it and run the suite again: finished runs are '
+                           'kept.')
+      _add_wall(workdir, key, time.time() - t0)
+    spent += time.time() - start
+    cost_done += _cost(run)
+  return rows(name, runs_dir, extra)
+
+
+def merge_rows(name: str, new: List[dict], extra: Tuple[str, ...], out_dir: str) -> List[dict]:
+  """`new` (from workdirs here) over the rows of the committed <out_dir>/<name>.json, for
+  the runs the suite still defines, in the suite's order: a report is rebuilt without the
+  workdirs, and a suite run in parts (or on several machines) adds up."""
+  path = os.path.join(out_dir, f'{name}.json')
+  old = []
+  if os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+  by_run = {r['run']: r for r in old}
+  by_run.update({r['run']: r for r in new})
+  order = [run.dirname(extra) for run in SUITES[name].runs]
+  return [by_run[n] for n in order if n in by_run]

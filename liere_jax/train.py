@@ -1,0 +1,164 @@
+r"""Trains a ViT from a config on 1 CPU, many devices or a multi-host pod, unchanged.
+
+  python -m liere_jax.train --config configs/arrows.py --workdir /tmp/arrows
+  python -m liere_jax.train --config configs/cifar100.py:pe=liere8,variant=B --workdir DIR \
+      --config.total_steps=1000 --config.batch_size=256
+
+(`python train.py ...` in a checkout is the same.) Running the same command again resumes from
+the latest checkpoint, exactly: the RNG is a function of (seed, step) and batch k is
+`train_ds[k]`. Several processes: set --coordinator_address/--num_processes/--process_id (or run
+on a TPU pod, where `jax.distributed.initialize()` finds them itself).
+`--config.model_init=DIR[:best|:STEP]` (or an export, or an official checkpoint) starts a new run
+from another's parameters: fine-tuning, liere_jax/model_init.py.
+"""
+import json
+import math
+import os
+import time
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from liere_jax import cli, config_lib
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file[:args].',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints and metrics go.')
+_COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'host:port of process 0.')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in the job.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process.')
+_PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
+
+
+class Logger:
+  """metrics.jsonl and TensorBoard events from process 0."""
+
+  def __init__(self, workdir):
+    self.active = jax.process_index() == 0
+    if self.active:
+      from tensorboardX import SummaryWriter
+      self.tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self.jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+
+  def write(self, step, metrics):
+    if not self.active:
+      return
+    for k, v in metrics.items():
+      self.tb.add_scalar(k, v, step)
+    self.jsonl.write(json.dumps({'step': step, **metrics}) + '\n')
+    self.jsonl.flush()
+
+  def close(self):
+    if self.active:
+      self.tb.close()
+      self.jsonl.close()
+
+
+def train(trainer, workdir: str, init_params=None, progress: bool = True):
+  """The training loop of `trainer.run` in `workdir`: resumes from its latest checkpoint, else
+  starts from `init_params` (model_init.load) or fresh parameters."""
+  from tqdm import tqdm
+
+  from liere_jax import checkpoint, data, evaluation, model_init
+  loop = trainer.run.loop
+  latest = checkpoint.manager(workdir, keep=loop.keep)
+  best = checkpoint.manager(workdir, 'best', best=True)
+  if latest.latest_step() is not None:
+    state, meta = checkpoint.restore(latest, trainer.abstract_state)
+    print(f"Resumed from step {meta['step']}." + (
+        f' --config.model_init={loop.model_init} is ignored: the run goes on from its own '
+        'checkpoint.' if loop.model_init else ''))
+  elif init_params is not None:
+    state, meta = model_init.init_state(trainer, loop.seed, init_params), {'step': 0}
+    print(f'Started from the parameters of {loop.model_init} (fresh optimizer, step 0).')
+  else:
+    state, meta = trainer.init_state(loop.seed), {'step': 0}
+  start = int(meta['step'])
+
+  run_data = trainer.run.data
+  train_ds = data.train_dataset(run_data, global_batch_size=loop.batch_size, seed=loop.seed,
+                                process_index=jax.process_index(),
+                                process_count=jax.process_count())
+  batches = data.to_iterator(train_ds, start=start, workers=run_data.workers,
+                             threads=run_data.threads, prefetch=run_data.prefetch)
+  logger = Logger(workdir)
+  bar = tqdm(total=loop.total_steps, initial=start, disable=not progress
+             or jax.process_index() != 0, desc='train', unit='step')
+  t0, seen = time.time(), 0
+  try:
+    for step in range(start + 1, loop.total_steps + 1):
+      batch = trainer.global_batch(next(batches))
+      state, metrics = trainer.train_step(state, batch)
+      seen += loop.batch_size
+      bar.update()
+      meta = {'step': step, 'data_position': step, 'seed': loop.seed}
+      eval_now = step == loop.total_steps or (loop.eval_every and step % loop.eval_every == 0)
+      save_now = step % loop.checkpoint_every == 0 or eval_now
+      if save_now or step % loop.log_every == 0:
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        # A checkpoint is good when its own parameters give a finite loss on its step's batch
+        # (the step's reported loss is of the parameters before the update).
+        if save_now:
+          metrics['saved_loss'] = float(trainer.loss_step(state['params'], batch))
+        bad = [k for k in ('loss', 'param_norm', 'saved_loss') if not math.isfinite(
+            metrics.get(k, 0.))]
+        if bad:  # NaNs persist, so checking at log and save steps is enough.
+          latest.wait_until_finished()
+          raise FloatingPointError(
+              f'{bad[0]} is {metrics[bad[0]]} at step {step}; stopping. The last good checkpoint '
+              f'(step {latest.latest_step()}) is intact. Resume with a lower --config.lr, or '
+              'start from it in a new --workdir with --config.grad_clip=1.0 '
+              f'--config.model_init={workdir} (clipping changes the optimizer state).')
+      if step % loop.log_every == 0 or step == loop.total_steps:
+        metrics['images_per_s'] = seen / (time.time() - t0)
+        t0, seen = time.time(), 0
+        logger.write(step, metrics)
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}")
+      if save_now:
+        checkpoint.save(latest, step, state, meta)
+      if eval_now:
+        accuracy = evaluation.evaluate(trainer, state['params'])
+        evals = accuracy.metrics('eval_accuracy')  # With video views: also per view and video.
+        logger.write(step, evals)
+        bar.write(f'step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in evals.items()))
+        checkpoint.save(best, step, state, meta, metrics={'accuracy': accuracy.top1})
+  finally:
+    batches.close()  # Ends the worker processes (data.workers).
+  bar.close()
+  for mngr in (latest, best):
+    mngr.wait_until_finished()
+    mngr.close()
+  logger.close()
+
+
+def main(argv):
+  del argv
+  from liere_jax import checkpoint, model_init, run_spec, train_lib
+  logging.set_verbosity(logging.WARNING)
+  train_lib.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  if not workdir:
+    raise app.UsageError('--workdir is required.')
+  # Everything is checked before anything is compiled or written.
+  run = run_spec.resolve(config, jax.device_count())
+  run_spec.check_data(run)  # Says how to prepare an unprepared dataset.
+  checkpoint.check_same_model(workdir, config)
+  # A resumed run ignores model_init.
+  init_params = (model_init.load(config) if run.loop.model_init
+                 and not checkpoint.has_checkpoint(workdir) else None)
+  trainer = train_lib.Trainer(run, train_lib.make_mesh(model_parallel=run.loop.model_parallel))
+  checkpoint.write_config(workdir, config)
+  train(trainer, workdir, init_params, progress=_PROGRESS.value)
+
+
+def run():
+  """`python -m liere_jax.train` (and the checkout's train.py)."""
+  flags.mark_flags_as_required(['config', 'workdir'])
+  from liere_jax import checkpoint
+  app.run(cli.one_line(main, (checkpoint.CheckpointError,), 'train'),
+          flags_parser=config_lib.parse_flags)
+
+
+if __name__ == '__main__':
+  run()
