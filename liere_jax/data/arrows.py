@@ -18,9 +18,9 @@ examples/s on one CPU core at any grid (only the 14 glyphs are pasted).
 A model blind to positions can still predict the most common direction among the eight arrows
 (the target is one of them). That floor is 0.4423 exactly (7 uniform distractor directions,
 ties split evenly), and `majority_floor(seed=0, n=20_000, grid)`
-measured 0.4447 for grids 9, 14 and 23 (the directions do not depend on the grid): the notes'
-~44% and the 45.1% of absolute position embeddings in the paper. Well above it a model must be
-reading positions.
+gives 0.4447 for grids 9, 14 and 23 (the directions do not depend on the grid): the ~44% of
+the task's description and the 45.1% of absolute position embeddings in the paper. Well above it
+a model must be reading positions.
 """
 from typing import Dict
 
