@@ -6,6 +6,8 @@ Layout of a workdir:
   checkpoints/<step>/meta          {"step", "data_position", "seed", ...} (JSON)
   best/<step>/...                  the same items for the best eval accuracy so far
   checkpoints/<step>.damaged-<time>  a checkpoint that could not be read, set aside (also best/)
+The blocks are stored as blocks/<i>/... whatever model.scan_layers (a stacked state is
+unstacked to save and stacked again on restore), so a run resumes with scan_layers on or off.
 Orbax writes each step to a temporary directory and renames it when complete, so a run killed
 at any moment leaves only whole checkpoints. The RNG is a pure function of (seed, step) and the
 data position is the step (batches are `train_ds[step]`), so (state, meta) is all of a run.
@@ -27,6 +29,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from liere_jax import spec as spec_lib
+from liere_jax.model import to_loop_params, to_scan_params
 
 CONFIG_FILE = 'config.json'
 DAMAGED = '.damaged-'  # checkpoints/4 -> checkpoints/4.damaged-20250101-120000
@@ -170,21 +173,28 @@ def save(mngr: ocp.CheckpointManager, step: int, state, meta: dict, metrics=None
   a run that resumed from before it computes the same step again."""
   if metrics is not None and step in mngr.all_steps():
     return
+  state = to_loop_params(state)
   mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                           meta=ocp.args.JsonSave(meta)), metrics=metrics)
 
 
 def restore(mngr: ocp.CheckpointManager, abstract_state, step: Optional[int] = None):
   """(state, meta) at `step` (default: the latest readable one), placed like `abstract_state`
-  (shardings). Damaged checkpoints are set aside; none readable raises CheckpointError."""
+  (shardings, and its layout of the blocks: stacked or blocks/<i>). Damaged checkpoints are set
+  aside; none readable raises CheckpointError."""
   steps = sorted(mngr.all_steps(), reverse=True) if step is None else [step]
   if not steps:
     raise CheckpointError(f'{mngr.directory} holds no checkpoint to resume from.')
+  stored = to_loop_params(abstract_state)
+  stacked = jax.tree.structure(stored) != jax.tree.structure(abstract_state)
 
   def read(s):
     out = mngr.restore(s, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-    return out.state, out.meta
+        state=ocp.args.StandardRestore(stored), meta=ocp.args.JsonRestore()))
+    if not stacked:
+      return out.state, out.meta
+    shardings = jax.tree.map(lambda x: x.sharding, abstract_state)
+    return jax.jit(to_scan_params, out_shardings=shardings)(out.state), out.meta
   fix = ('Run the same command again to start over from step 0, or use a new --workdir.'
          if step is None else 'Restore another step.')
   return _first_readable(mngr, steps, read, fix)[1]
@@ -250,7 +260,7 @@ def save_params(workdir: str, config: ml_collections.ConfigDict, params, step: i
   check_same_model(workdir, config)
   write_config(workdir, config)
   mngr = manager(workdir)
-  save(mngr, step, {'params': params}, {'step': step, 'data_position': step, 'imported': True})
+  save(mngr, step, {'params': to_loop_params(params)}, {'step': step, 'data_position': step, 'imported': True})
   mngr.wait_until_finished()
   mngr.close()
 

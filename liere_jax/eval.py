@@ -64,7 +64,7 @@ def main(argv):
   run = run_spec.resolve(_config(workdir), jax.device_count())
   _, params, step = checkpoint.load_params(workdir, _STEP.value, best=_BEST.value)
   trainer = train_lib.Trainer(run, train_lib.make_mesh(model_parallel=run.loop.model_parallel))
-  params = jax.device_put(params, trainer.state_sharding['params'])
+  params = trainer.place_params(params)  # Stacked under model.scan_layers.
 
   accuracy, results = evaluation.evaluate_run(trainer, params)
   results = dict(step=int(step), pe=run.model.pe.name, **results)

@@ -29,6 +29,10 @@ Parameter tree (stable names; the PyTorch port maps them one to one):
   blocks/<i>/mlp/fc1/{kernel [D, M], bias [M]}, blocks/<i>/mlp/fc2/{kernel [M, D], bias [D]}
   norm/{scale, bias} [D]
   head/{kernel [D, classes], bias [classes]}
+With model.scan_layers the model holds the blocks stacked, blocks/... [depth, ...] (one Block
+whose parameters have a leading layer axis, run under one lax.scan); checkpoints, exports and
+the port see blocks/<i>/... either way (to_loop_params / to_scan_params convert at those
+boundaries).
 """
 import math
 from typing import Optional, Sequence, Union
@@ -150,6 +154,76 @@ class Block(nnx.Module):
     return x, weights
 
 
+def _blocks_of(x):
+  return isinstance(x, dict) and isinstance(x.get('blocks'), dict) and bool(x['blocks'])
+
+
+def _is_layer(key) -> bool:
+  return isinstance(key, int) or (isinstance(key, str) and key.isdigit())
+
+
+def _layer(x, i: int):
+  """Layer i of a stacked leaf: an array, or a ShapeDtypeStruct (its sharding less axis 0)."""
+  if not isinstance(x, jax.ShapeDtypeStruct):
+    return x[i]
+  sharding = x.sharding
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(
+        *sharding.spec[1:]))
+  return jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=sharding)
+
+
+def to_loop_params(tree):
+  """Every parameter-shaped dict in `tree` (parameters, Adam's mu and nu, shapes) with stacked
+  blocks/... [depth, ...] as blocks/<i>/...; a tree in that layout already is returned as is."""
+  def unstack(d):
+    if all(map(_is_layer, d['blocks'])):
+      return d
+    depth = jax.tree.leaves(d['blocks'])[0].shape[0]
+    return {**d, 'blocks': {i: jax.tree.map(lambda v, i=i: _layer(v, i), d['blocks'])
+                            for i in range(depth)}}
+  return jax.tree.map(lambda x: unstack(x) if _blocks_of(x) else x, tree, is_leaf=_blocks_of)
+
+
+def to_scan_params(tree):
+  """The inverse of to_loop_params: blocks/<i>/... (int or digit-string i) stacked into
+  blocks/... [depth, ...]; a stacked tree is returned as is."""
+  def stack(d):
+    if not all(map(_is_layer, d['blocks'])):
+      return d
+    layers = sorted(d['blocks'], key=int)
+    if [int(k) for k in layers] != list(range(len(layers))):
+      raise ValueError(f'blocks/<i> has layers {layers}; expected 0 .. {len(layers) - 1}.')
+    return {**d, 'blocks': jax.tree.map(lambda *v: jnp.stack(v),
+                                        *[d['blocks'][k] for k in layers])}
+  return jax.tree.map(lambda x: stack(x) if _blocks_of(x) else x, tree, is_leaf=_blocks_of)
+
+
+def stack_blocks(blocks: Sequence[nnx.Module]) -> nnx.Module:
+  """One module holding `blocks` (alike) stacked: every variable with a leading layer axis
+  (unsplit: its logical axis is None)."""
+  state = jax.tree.map(lambda *v: jnp.stack(v), *[nnx.state(b) for b in blocks])
+  state = nnx.spmd.add_axis(state, 0, {nnx.PARTITION_NAME: None})
+  return nnx.merge(nnx.graphdef(blocks[0]), state)
+
+
+def reseed(model: nnx.Module, **stream_keys):
+  """nnx.reseed (RNG streams named by `stream_keys`: key or int) for either layout: the
+  streams take keys fold_in(key, 0), fold_in(key, 1), ... in graph order, a stacked stream one
+  per layer, so a scanned model gets the loop model's keys (and dropout masks)."""
+  counts = dict.fromkeys(stream_keys, 0)
+  keys = {tag: jax.random.key(k) if isinstance(k, int) else k for tag, k in stream_keys.items()}
+  for _, stream in nnx.iter_graph(model):
+    if isinstance(stream, nnx.RngStream) and stream.key.tag in keys:
+      tag, shape = stream.key.tag, stream.key.shape
+      n = math.prod(shape)
+      index = jnp.arange(counts[tag], counts[tag] + n, dtype=jnp.uint32)
+      new = jax.vmap(jax.random.fold_in, (None, 0))(keys[tag], index).reshape(shape)
+      stream.key.set_value(new)
+      stream.count.set_value(jnp.zeros(shape, jnp.uint32))
+      counts[tag] += n
+
+
 @nnx.remat
 def _remat_block(block, x, pe):
   """A block whose activations the backward pass recomputes (model.remat='block')."""
@@ -191,11 +265,12 @@ class ViT(nnx.Module):
       self.cls_token = nnx.Param(spec.embed_std * cls)
     self.pe = encodings.build(spec, rngs=rngs)
     self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
-    self.blocks = nnx.List([
-        Block(width, spec.heads, spec.mlp_dim, qkv_bias=spec.qkv_bias, dropout=spec.dropout,
-              dropout_sites=spec.dropout_sites, init=spec.init, dtype=dtype, rngs=rngs,
-              layer_norm_eps=spec.layer_norm_eps)
-        for _ in range(spec.depth)])
+    # The same draws either way: scan_layers stacks the loop's blocks (a run starts alike).
+    blocks = [Block(width, spec.heads, spec.mlp_dim, qkv_bias=spec.qkv_bias,
+                    dropout=spec.dropout, dropout_sites=spec.dropout_sites, init=spec.init,
+                    dtype=dtype, rngs=rngs, layer_norm_eps=spec.layer_norm_eps)
+              for _ in range(spec.depth)]
+    self.blocks = stack_blocks(blocks) if spec.scan_layers else nnx.List(blocks)
     self.norm = nnx.LayerNorm(width, epsilon=spec.layer_norm_eps, dtype=dtype, rngs=rngs)
     self.head = nnx.Linear(width, spec.num_classes, dtype=dtype, rngs=rngs,
                            **linear_inits(spec.init, width, _ZEROS, ('embed', None)))
@@ -226,25 +301,28 @@ class ViT(nnx.Module):
     return self.pe.context(positions_lib.with_prefix(pos, self.num_prefix), self.num_prefix)
 
   def _scan_blocks(self, x, ctx):
-    """The blocks under one jax.lax.scan (model.scan_layers): the per-layer parameters keep
-    their names (blocks/<i>/...) and are stacked for the scan, so checkpoints and the PyTorch
-    port are unchanged; the body is traced once, whatever the depth, and takes its layer's
-    encoding context by the traced layer index."""
-    graphdef = nnx.graphdef(self.blocks[0])
-    stacked = jax.tree.map(lambda *v: jnp.stack(v), *[nnx.state(b) for b in self.blocks])
+    """The stacked blocks (model.scan_layers) under one jax.lax.scan: the body is traced once,
+    whatever the depth, and takes its layer's parameters and encoding context (by the traced
+    layer index); the dropout RNG counts move on, as in the loop."""
+    graphdef, state = nnx.split(self.blocks)
 
     def body(x, inputs):
       state, layer = inputs
       block = nnx.merge(graphdef, state)
       x, _ = block(x, self.pe.layer(ctx, layer))
-      return x, nnx.state(block, nnx.RngState)  # Dropout RNG counts move on, as in the loop.
+      return x, nnx.state(block, nnx.RngState)
 
     if self.spec.remat == 'block':
       body = jax.checkpoint(body)
-    x, rng_states = jax.lax.scan(body, x, (stacked, jnp.arange(len(self.blocks))))
-    for i, block in enumerate(self.blocks):
-      nnx.update(block, jax.tree.map(lambda v: v[i], rng_states))
+    x, rng_state = jax.lax.scan(body, x, (state, jnp.arange(self.spec.depth)))
+    nnx.update(self.blocks, rng_state)
     return x
+
+  def _unstacked(self):
+    """Per-layer views of the stacked blocks (the attention maps' path under scan_layers)."""
+    graphdef, state = nnx.split(self.blocks)
+    return [nnx.merge(graphdef, jax.tree.map(lambda v, i=i: v[i], state))
+            for i in range(self.spec.depth)]
 
   def __call__(self, x, *, ctx=None, positions: Optional[str] = None,
                return_attention: bool = False):
@@ -263,13 +341,17 @@ class ViT(nnx.Module):
     if self.spec.scan_layers and not return_attention:
       x = self._scan_blocks(x, ctx)
     else:
-      for layer, block in enumerate(self.blocks):
+      blocks = self._unstacked() if self.spec.scan_layers else self.blocks
+      for layer, block in enumerate(blocks):
         pe = self.pe.layer(ctx, layer)
         if self.spec.remat == 'block' and not return_attention:
           x, weights = _remat_block(block, x, pe)
         else:
           x, weights = block(x, pe, return_attention)
         attention.append(weights)
+      if self.spec.scan_layers:  # The views' dropout counts moved on.
+        nnx.update(self.blocks, jax.tree.map(
+            lambda *v: jnp.stack(v), *[nnx.state(b, nnx.RngState) for b in blocks]))
     x = self.norm(x)
     x = x[:, 0] if self.pool == 'cls' else x.mean(axis=1)
     logits = self.head(x).astype(jnp.float32)

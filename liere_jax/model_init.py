@@ -35,6 +35,7 @@ import ml_collections
 import numpy as np
 
 from liere_jax import convert
+from liere_jax import model as model_lib
 from liere_jax.spec import resolve
 
 HEAD_MODES = ('load', 'reinit')
@@ -204,12 +205,9 @@ def resize_embedding(embedding: np.ndarray, train_grid, grid, num_prefix: int) -
 def init_state(trainer, seed: int, params: Params):
   """The train state of a new run: `params` (load()) placed like the trainer's, a fresh
   optimizer state and step 0; None entries (a new head) take the init of `seed`."""
-  fresh = trainer.init_state(seed)['params']
-  shardings = convert.flatten(trainer.state_sharding['params'])
-  flat = {k: v if params[k] is None else jax.make_array_from_callback(
-      v.shape, shardings[k], lambda index, x=params[k]: x[index])
-          for k, v in convert.flatten(fresh).items()}
-  tree = convert.unflatten_like(fresh, flat)
+  fresh = model_lib.to_loop_params(trainer.init_state(seed)['params'])  # blocks/<i>, as loaded.
+  flat = {k: v if params[k] is None else params[k] for k, v in convert.flatten(fresh).items()}
+  tree = trainer.place_params(convert.unflatten_like(fresh, flat))  # Stacked if scanned.
   return jax.jit(lambda p: {'params': p, 'opt_state': trainer.tx.init(p),
                             'step': jnp.zeros((), jnp.int32)},
                  out_shardings=trainer.state_sharding)(tree)

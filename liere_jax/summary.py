@@ -7,6 +7,7 @@ does. FLOPs come from XLA's cost analysis of the jitted forward pass for one ima
 multiply-add; the paper's Table 8 counts multiply-adds, `gmacs_per_image`), once with the
 rotations computed inside the pass and once with them cached (`*_cached_pe`).
 """
+import dataclasses
 import json
 import math
 
@@ -18,6 +19,7 @@ from ml_collections import config_flags
 
 from liere_jax import config_lib
 from liere_jax.model import ViT
+from liere_jax.spec import resolve
 
 def _flops(fn, *args) -> float:
   cost = jax.jit(fn).lower(*args).compile().cost_analysis()
@@ -36,7 +38,9 @@ def param_counts(model_cfg) -> dict:
 
 
 def summarize(model_cfg) -> dict:
-  model = nnx.eval_shape(lambda: ViT(model_cfg, rngs=nnx.Rngs(0)))
+  # The blocks in a loop: XLA's cost analysis counts a scan's body once, not once per layer.
+  spec = dataclasses.replace(resolve(model_cfg), scan_layers=False)
+  model = nnx.eval_shape(lambda: ViT(spec, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(model)
   x = jax.ShapeDtypeStruct((1, *model_cfg.input_size, model_cfg.channels), jnp.float32)
 

@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from liere_jax import run_spec
 from liere_jax.data import spec as data_spec
+from liere_jax import model as model_lib
 from liere_jax.model import ViT
 
 
@@ -66,28 +67,6 @@ def state_specs(param_spec_tree, state_shapes):
     keys = _path_keys(path)
     return next((by_path[keys[i:]] for i in range(len(keys)) if keys[i:] in by_path), P())
   return jax.tree_util.tree_map_with_path(spec, state_shapes)
-
-
-def _has_blocks(x):
-  return isinstance(x, dict) and 'blocks' in x
-
-
-def stack_blocks(tree):
-  """Every parameter-shaped dict in `tree` (the parameters, their gradient, Adam's mu and nu)
-  with blocks/<i>/... stacked into blocks/... [depth, ...]."""
-  def stack(d):
-    blocks = [d['blocks'][i] for i in range(len(d['blocks']))]
-    return {**d, 'blocks': jax.tree.map(lambda *v: jnp.stack(v), *blocks)}
-  return jax.tree.map(lambda x: stack(x) if _has_blocks(x) else x, tree, is_leaf=_has_blocks)
-
-
-def unstack_blocks(tree):
-  """The inverse of stack_blocks."""
-  def unstack(d):
-    depth = jax.tree.leaves(d['blocks'])[0].shape[0]
-    return {**d, 'blocks': {i: jax.tree.map(lambda v, i=i: v[i], d['blocks'])
-                            for i in range(depth)}}
-  return jax.tree.map(lambda x: unstack(x) if _has_blocks(x) else x, tree, is_leaf=_has_blocks)
 
 
 def make_optimizer(optimizer):
@@ -176,12 +155,19 @@ class Trainer:
   def model(self, params, train: bool = False, rng=None) -> ViT:
     """An NNX model over pure-dict params (inside or outside jit)."""
     rest = jax.tree.map(
-        lambda x: (jax.random.key(0) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+        lambda x: (jnp.broadcast_to(jax.random.key(0), x.shape)
+                   if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
                    else jnp.zeros(x.shape, x.dtype)), self.rng_shapes)
     model = nnx.merge(self.train_def if train else self.eval_def, params, rest)
-    if rng is not None:
-      nnx.reseed(model, dropout=rng)
+    if rng is not None:  # The same keys with the blocks stacked (scan_layers) or not.
+      model_lib.reseed(model, dropout=rng)
     return model
+
+  def place_params(self, params):
+    """Parameters in either layout (blocks/<i>/... as checkpoints hold them, or stacked) in
+    this trainer's layout (stacked under model.scan_layers) and shardings."""
+    convert = model_lib.to_scan_params if self.spec.scan_layers else model_lib.to_loop_params
+    return jax.jit(convert, out_shardings=self.state_sharding['params'])(params)
 
   def _train_step(self, state, batch):
     rng = jax.random.fold_in(jax.random.key(self.run.loop.seed), state['step'])
@@ -191,14 +177,11 @@ class Trainer:
       loss = optax.softmax_cross_entropy(logits, batch['label']).mean()
       return loss, logits
 
+    # Under model.scan_layers the parameters, gradients and Adam's moments are stacked
+    # (blocks/... [depth, ...]): the update's code does not grow with depth either.
     (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(state['params'])
-    # Under model.scan_layers the update also runs on stacked blocks, so its code does not
-    # grow with depth either (it is elementwise but for the global norms: the same values).
-    view, unview = ((stack_blocks, unstack_blocks) if self.spec.scan_layers
-                    else (lambda t: t, lambda t: t))
-    params, grads = view(state['params']), view(grads)
-    updates, opt_state = self.tx.update(grads, view(state['opt_state']), params)
-    params = optax.apply_updates(params, updates)
+    updates, opt_state = self.tx.update(grads, state['opt_state'], state['params'])
+    params = optax.apply_updates(state['params'], updates)
     metrics = {
         'loss': loss,
         'accuracy': jnp.mean(jnp.argmax(logits, -1) == jnp.argmax(batch['label'], -1)),
@@ -206,8 +189,7 @@ class Trainer:
         'param_norm': optax.global_norm(params),
         'lr': self.schedule(state['step']),
     }
-    return {'params': unview(params), 'opt_state': unview(opt_state),
-            'step': state['step'] + 1}, metrics
+    return {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}, metrics
 
   def _loss(self, params, batch):
     """Mean cross-entropy of `params` on a training batch, without dropout."""

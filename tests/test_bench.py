@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from liere_jax import bench
+from tests import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -104,7 +105,7 @@ def test_with_args_appends_and_replaces():
 
 
 def _run(*args):
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2',
+  env = dict(os.environ, XLA_FLAGS=helpers.xla_flags(2),
              JAX_PLATFORMS='cpu')
   proc = subprocess.run([sys.executable, '-m', 'liere_jax.bench', *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=300)

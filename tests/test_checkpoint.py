@@ -15,7 +15,7 @@ from flax import nnx
 
 import liere_jax.configs
 from liere_jax import checkpoint, config_lib, train_lib
-from liere_jax.model import ViT
+from liere_jax.model import ViT, to_loop_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARROWS = os.path.join(os.path.dirname(liere_jax.configs.__file__), 'arrows.py')
@@ -61,7 +61,7 @@ def _write_run(workdir, steps=(2, 4), best_step=None):
 def _tree(config):
   """{parameter path: shape} of the model of `config`."""
   model = nnx.eval_shape(lambda: ViT(config.model, rngs=nnx.Rngs(0)))
-  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  params = to_loop_params(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
   return {jax.tree_util.keystr(k): v.shape
           for k, v in jax.tree_util.tree_leaves_with_path(params)}
 
@@ -289,3 +289,36 @@ def test_a_workdir_without_checkpoint_takes_any_model(tmp_path):
   checkpoint.write_config(str(tmp_path), _config())
   checkpoint.check_same_model(str(tmp_path), _config(width=64))
   assert not checkpoint.has_checkpoint(str(tmp_path))
+
+
+def test_a_scanned_run_saves_blocks_by_layer_and_resumes_as_a_loop_run(tmp_path):
+  """model.scan_layers keeps the blocks stacked in the train state; its checkpoint holds
+  blocks/<i>/... (a loop run's layout) and restores into either layout."""
+  config = _config(depth=2)
+  config.update(LOOP)
+  trainers = {}
+  for scan in (True, False):
+    config.model.scan_layers = scan
+    trainers[scan] = train_lib.Trainer(config, train_lib.make_mesh(jax.devices()[:1]))
+  state = trainers[True].init_state(0)
+  assert state['params']['blocks']['attn']['qkv']['kernel'].shape[0] == 2  # Stacked.
+  labels = jax.nn.one_hot(jnp.arange(8) % 4, config.model.num_classes)
+  batch = {'image': jax.random.normal(jax.random.key(0), (8, *config.model.input_size, 3)),
+           'label': labels}
+  state, _ = trainers[True].train_step(state, trainers[True].global_batch(batch))
+  expected = jax.device_get(to_loop_params(state))
+  checkpoint.write_config(str(tmp_path), config)
+  mngr = checkpoint.manager(str(tmp_path))
+  checkpoint.save(mngr, 1, state, {'step': 1, 'data_position': 1, 'seed': 0})
+  mngr.wait_until_finished()
+  _, params, _ = checkpoint.load_params(str(tmp_path))
+  assert sorted(params['blocks']) == [0, 1]
+  for scan in (False, True):
+    restored, meta = checkpoint.restore(mngr, trainers[scan].abstract_state)
+    assert meta['step'] == 1
+    assert jax.tree.structure(restored) == jax.tree.structure(trainers[scan].abstract_state)
+    restored = jax.device_get(to_loop_params(restored))
+    assert jax.tree.structure(restored) == jax.tree.structure(expected)
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(expected)):
+      assert (a == b).all()
+  mngr.close()

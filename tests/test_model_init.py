@@ -15,6 +15,7 @@ from flax import nnx
 
 from liere_jax import checkpoint, config_lib, convert, model_init, train_lib
 from liere_jax.model import ViT
+from tests import helpers
 from tests.helpers import tiny_model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -172,7 +173,7 @@ def _train(workdir, *args):
          '--config.data.num_eval=8', '--config.total_steps=1', '--config.warmup_steps=0',
          '--config.resolutions=()', *args]
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
-             XLA_FLAGS='--xla_force_host_platform_device_count=1')
+             XLA_FLAGS=helpers.xla_flags(1))
   proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
   return proc.returncode, proc.stdout + proc.stderr
 

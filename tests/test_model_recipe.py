@@ -12,6 +12,7 @@ from flax import nnx
 
 from liere_jax import config_lib
 from liere_jax import encodings
+from liere_jax import model as model_lib
 from liere_jax import spec as spec_lib
 from liere_jax import torch_vit
 from liere_jax.model import Block, Mlp, ViT
@@ -99,7 +100,7 @@ def test_dropout_sites_reach_the_scanned_and_rematerialised_blocks(scan_layers, 
   loop, model = (_model(spec_lib.DROPOUT_SITES, 0.5, scan_layers=s, remat=remat)
                  for s in (False, scan_layers))
   for m in (loop, model):
-    nnx.reseed(m, dropout=3)
+    model_lib.reseed(m, dropout=3)
   np.testing.assert_allclose(model(x), loop(x), rtol=1e-5, atol=1e-5)
 
 

@@ -199,3 +199,11 @@ def test_liere_rotations_take_an_exponential_function(lattice):
   np.testing.assert_array_equal(out, rotations.liere_rotations(gens, pos, 8, 'scipy', lattice))
   n_points = len(rotations.lattice_plan(pos).primitives) if lattice else len(pos)
   assert shapes == [(2, 1, n_points, 8, 8, 8)]
+
+
+def test_a_single_patch_grid_is_the_identity_rotation():
+  """Every position at the origin (input_size == patch): nothing to exponentiate, R = I."""
+  gen = jax.random.uniform(jax.random.key(0), (1, 2, 2, 2, 28))  # b = 8: 28 free parameters.
+  for pos in (np.zeros((2, 2), np.float32), jnp.zeros((2, 2))):
+    rot = rotations.liere_rotations(gen, pos, 8)
+    np.testing.assert_array_equal(np.asarray(rot), np.broadcast_to(np.eye(8), rot.shape))

@@ -32,7 +32,7 @@ from flax import nnx  # noqa: E402
 from liere_jax import checkpoint, config_lib, torch_vit  # noqa: E402
 from liere_jax.data import pipeline  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
-from tests import datasets  # noqa: E402
+from tests import datasets, helpers  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOGIT_TOL = 1e-4
@@ -135,7 +135,7 @@ def stand_in_dir(tmp_path_factory):
 
 
 def _run(args, devices, cwd=ROOT):
-  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+  env = dict(os.environ, XLA_FLAGS=helpers.xla_flags(devices),
              JAX_PLATFORMS='cpu', PYTHONPATH=ROOT)
   proc = subprocess.run([sys.executable, *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT, text=True, timeout=600)

@@ -26,10 +26,11 @@ def unflatten_like(reference, flat: Dict[Path, Any]) -> dict:
 
 
 def abstract_params(m) -> dict:
-  """The parameter tree of model section `m`, with ShapeDtypeStruct leaves (nothing allocated)."""
+  """The parameter tree of model section `m` as checkpoints and exports hold it (blocks/<i>/...,
+  whatever model.scan_layers), with ShapeDtypeStruct leaves (nothing allocated)."""
   from flax import nnx
   abstract = nnx.eval_shape(lambda: model_lib.ViT(resolve(m), rngs=nnx.Rngs(0)))
-  return nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
+  return model_lib.to_loop_params(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))
 
 
 def check_keys(expected: dict, found: dict, what: str):
