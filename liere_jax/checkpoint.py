@@ -17,6 +17,7 @@ aside and the next older one is read instead; with none left, `CheckpointError` 
 says what to do.
 """
 import json
+import logging as std_logging
 import os
 import re
 import sys
@@ -387,8 +388,23 @@ def _drop_closed_loop_reports(unraisable):
     _drop_closed_loop_reports.next_hook(unraisable)
 
 
+class _DropFailedReadTasks(std_logging.Filter):
+  """asyncio's 'Task exception was never retrieved' for the other reads of a failed restore."""
+
+  def filter(self, record):
+    return not (record.getMessage().startswith('Task exception was never retrieved')
+                and record.exc_info and isinstance(record.exc_info[1], ValueError))
+
+
+_DROP_FAILED_READ_TASKS = _DropFailedReadTasks()
+
+
 def _quiet_stale_reads():
-  """Installs _drop_closed_loop_reports in front of sys.unraisablehook (once)."""
+  """Installs _drop_closed_loop_reports in front of sys.unraisablehook and the asyncio filter
+  (once each)."""
   if sys.unraisablehook is not _drop_closed_loop_reports:
     _drop_closed_loop_reports.next_hook = sys.unraisablehook
     sys.unraisablehook = _drop_closed_loop_reports
+  asyncio_log = std_logging.getLogger('asyncio')
+  if _DROP_FAILED_READ_TASKS not in asyncio_log.filters:
+    asyncio_log.addFilter(_DROP_FAILED_READ_TASKS)

@@ -167,6 +167,10 @@ class Trainer:
     """Parameters in either layout (blocks/<i>/... as checkpoints hold them, or stacked) in
     this trainer's layout (stacked under model.scan_layers) and shardings."""
     convert = model_lib.to_scan_params if self.spec.scan_layers else model_lib.to_loop_params
+    # Arrays this process holds whole (a checkpoint read onto one device, numpy) go in as host
+    # values, so the jit may place them on any devices; global arrays stay as they are.
+    params = jax.tree.map(lambda x: np.asarray(x) if getattr(x, 'is_fully_addressable', True)
+                          else x, params)
     return jax.jit(convert, out_shardings=self.state_sharding['params'])(params)
 
   def _train_step(self, state, batch):

@@ -48,7 +48,8 @@ def test_the_suites_define_the_larger_grids_with_their_budget():
   for grid, pes in ((14, reproduce.LARGE_GRID_ENCODINGS[14]), (23, ('paper_rope_mixed',
                                                                    'rope_mixed', 'liere8'))):
     runs = [r for r in table3 if r.grid == grid]
-    assert {(r.pe, r.seed) for r in runs} == {(pe, s) for pe in pes for s in (0, 1)}
+    third = {(pe, 2) for pe in reproduce.THIRD_SEED.get(grid, ())}
+    assert {(r.pe, r.seed) for r in runs} == {(pe, s) for pe in pes for s in (0, 1)} | third
     assert all(r.overrides == reproduce.BUDGET[grid] for r in runs)
   assert {'liere8', 'paper_rope_mixed', 'rope_mixed', 'abs'} <= set(
       reproduce.LARGE_GRID_ENCODINGS[14])

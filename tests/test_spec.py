@@ -3,10 +3,11 @@ import dataclasses
 import json
 
 import pytest
-from flax import nnx
+from flax import nnx, traverse_util
 
 from liere_jax import spec as spec_lib
 from liere_jax.encodings import registry
+from liere_jax import model as model_lib
 from liere_jax.model import ViT
 from tests.helpers import load_config, tiny_model_config
 
@@ -114,8 +115,9 @@ def test_tree_fields_are_the_fields_that_shape_the_parameters():
   base = spec_lib.resolve(tiny_model_config(pe='liere8'))
 
   def tree(s):
-    model = nnx.eval_shape(lambda: ViT(s, rngs=nnx.Rngs(0)))
-    return {k: v.shape for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    model = nnx.eval_shape(lambda: ViT(s, rngs=nnx.Rngs(0)))  # Checkpoint layout: blocks/<i>.
+    params = model_lib.to_loop_params(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    return {k: v.shape for k, v in traverse_util.flatten_dict(params).items()}
 
   same = dict(dtype='bfloat16', remat='block', scan_layers=True, dropout=0.1, init='official',
               dropout_sites=('attn',), layer_norm_eps=1e-6, variant='S')

@@ -26,5 +26,5 @@ from liere_jax.reproduce.paper import (CELL, FIG7_EXAMPLES, FIG7_GRIDS, HEAD_DIM
 from liere_jax.reproduce.reports import write_index, write_report
 from liere_jax.reproduce.runner import (command, commit, config_file, machine, merge_rows,
                                         plateau_exit, row, rows, run_suite)
-from liere_jax.reproduce.suites import (BUDGET, LARGE_GRID_ENCODINGS, SUITES, Eval, Run,
-                                        Suite)
+from liere_jax.reproduce.suites import (BUDGET, LARGE_GRID_ENCODINGS, SUITES, THIRD_SEED, Eval,
+                                        Run, Suite)
