@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 from liere_jax import checkpoint, config_lib, convert, model_init, train_lib
+from liere_jax import model as model_lib
 from liere_jax.model import ViT
 from tests import helpers
 from tests.helpers import tiny_model_config
@@ -79,6 +80,11 @@ def test_workdir_latest_best_and_step_fresh_optimizer(tmp_path):
   assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(state['opt_state']))
   _assert_equal({k: np.asarray(v) for k, v in convert.flatten(state['params']).items()},
                 steps[2])
+  scanned = _config(pe='liere8', share='layers', size=24)
+  scanned.model.scan_layers = True  # Stacked blocks in the state; blocks/<i> in the checkpoint.
+  state = _fresh_start(scanned, model_init.load(scanned, run))
+  _assert_equal({k: np.asarray(v) for k, v in convert.flatten(
+      model_lib.to_loop_params(state['params'])).items()}, steps[2])
   with pytest.raises(FileNotFoundError, match=r'holds no checkpoint of step 3 \(it holds '
                      r'\[1, 2\]\)'):
     model_init.load(config, run + ':3')
