@@ -102,6 +102,12 @@ def test_with_args_appends_and_replaces():
   assert bench.with_args('c.py:variant=Ti', 'pe=abs') == 'c.py:variant=Ti,pe=abs'
   assert bench.with_args('c.py:pe=liere8,variant=Ti', 'pe=abs') == 'c.py:variant=Ti,pe=abs'
   assert bench.with_args('c.py', 'pe=abs') == 'c.py:pe=abs'
+  # config.KEY=VALUE items are the baseline's overrides, not config arguments.
+  vs = 'pe=abs,config.model.scan_layers=False,config.model.pe.expm=scipy'
+  assert bench.with_args('c.py:variant=Ti', vs) == 'c.py:variant=Ti,pe=abs'
+  assert bench.vs_overrides(vs) == {'model.scan_layers': False, 'model.pe.expm': 'scipy'}
+  with pytest.raises(ValueError, match='config.KEY=VALUE'):
+    bench.vs_overrides('config.model.scan_layers')
 
 
 def _run(*args):

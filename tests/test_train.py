@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from liere_jax import checkpoint, data, evaluation, run_spec, train_lib
+from liere_jax import checkpoint, config_lib, data, evaluation, run_spec, train_lib
 from liere_jax.data import pipeline
 import liere_jax.configs
 from tests.helpers import ROOT, copy_run, load_config, python, run_tiny as run
@@ -140,20 +140,38 @@ def test_eval_writes_results_json(tiny_run, tmp_path):
 
 
 @pytest.mark.parametrize('args,message', [
-    (['--config.model.input_size=(60, 60)'], 'expects'),
     (['--config.no_such_key=1'], "config has no field 'no_such_key'; its fields are ["),
-    (['--config.model.foo=1'], "config.model has no field 'foo'; its fields are ['channels'"),
-    (['--config.model.pe.expm=pade'], "model.pe.expm='pade' is unknown"),
-    (['--config.model.pe.name=liere128'], 'block size 128'),
     (['--config.batch_size=0'], 'batch_size=0'),
-    (['--config.lr=-1.0'], 'lr=-1.0 must be a positive finite number'),
-    (['--config.sharding=tp'], "sharding='tp' is unknown"),
-    (['--config.resolutions=(50,)'], '50) must be input sizes divisible by the patch'),
 ])
 def test_bad_input_fails_clearly_and_writes_nothing(tmp_path, args, message):
   rc, out = run('train', tmp_path / 'w', '--config.total_steps=1', *args)
   assert rc != 0 and message in out, out
   assert not (tmp_path / 'w').exists()
+
+
+@pytest.mark.parametrize('key,value,message', [
+    ('model.input_size', (60, 60), 'expects'),
+    ('model.pe.expm', 'pade', "model.pe.expm='pade' is unknown"),
+    ('model.pe.name', 'liere128', 'block size 128'),
+    ('lr', -1.0, 'lr=-1.0 must be a positive finite number'),
+    ('sharding', 'tp', "sharding='tp' is unknown"),
+    ('resolutions', (50,), '(50,) must be input sizes divisible by the patch'),
+])
+def test_bad_values_are_named_before_anything_is_compiled(key, value, message):
+  cfg, _ = tiny_config_and_batch(16)
+  *sections, field = key.split('.')
+  section = cfg
+  for name in sections:
+    section = section[name]
+  section[field] = value
+  with pytest.raises(ValueError, match=re.escape(message)):
+    run_spec.check_data(run_spec.resolve(cfg, 1))
+
+
+def test_an_unknown_override_names_its_section_s_fields():
+  cfg, _ = tiny_config_and_batch(16)
+  assert "config.model has no field 'foo'; its fields are ['channels'" in (
+      config_lib.unknown_override(cfg, 'model.foo'))
 
 
 def test_unknown_key_is_one_line_without_a_traceback(tmp_path):

@@ -4,8 +4,10 @@ Each row: `train.py` (2 steps, a tiny model set by command-line overrides only, 
 own options: the official recipe's augmentation, evaluation protocol, dropout sites, inits, bf16)
 on datasets prepared by `liere_jax.data.prepare` from tiny files in the original download formats
 (tests/datasets.py writes them: the CIFAR-100 binary archive, the ILSVRC2012 tars, UCF101 .avi
-videos and split lists), then `eval.py --workdir DIR` (the run's own config.json),
-then `python -m liere_jax.convert to_torch`, then the export loaded into the PyTorch port and
+videos and split lists; the command for cifar100, its function in-process for the others), then
+`eval.py --workdir DIR` (the run's own config.json), then `python -m liere_jax.convert to_torch`
+(the command in the first row, its `call` in-process in the others), then the export loaded
+into the PyTorch port and
 its logits compared with the JAX model's on a batch of the eval pipeline: within 1e-4 in float32
 (with the trained head, and with a random head so the comparison sees the whole body); finite
 and loosely close in bfloat16.
@@ -30,7 +32,8 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from liere_jax import checkpoint, config_lib, torch_vit  # noqa: E402
-from liere_jax.data import pipeline  # noqa: E402
+from liere_jax.convert import __main__ as convert_cli  # noqa: E402
+from liere_jax.data import pipeline, prepare  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
 from tests import datasets, helpers  # noqa: E402
 
@@ -119,10 +122,11 @@ def data_dir(tmp_path_factory):
   datasets.imagenet_tars(str(downloads / 'manual'), num_classes=3, per_class=3,
                          num_val=IMAGENET_VAL)
   datasets.ucf101_downloads(str(downloads), extracted=True, num_frames=8)
-  for name in ('cifar100', 'imagenet2012', 'ucf101/ucf101_1'):
-    rc, out = _run(['-m', 'liere_jax.data.prepare', name, f'--download_dir={downloads}',
-                    f'--data_dir={root}'], devices=1)
-    assert rc == 0, f'prepare {name} failed:\n{out}'
+  rc, out = _run(['-m', 'liere_jax.data.prepare', 'cifar100', f'--download_dir={downloads}',
+                  f'--data_dir={root}'], devices=1)
+  assert rc == 0, f'prepare cifar100 failed:\n{out}'
+  for name in ('imagenet2012', 'ucf101/ucf101_1'):  # The command's function, in this process.
+    prepare.prepare(name, str(downloads), root)
   return root
 
 
@@ -225,9 +229,12 @@ def test_user_path(name, data_dir, tmp_path):
   assert os.path.getsize(os.path.join(workdir, 'eval', 'attention.png')) > 0
 
   export = str(tmp_path / 'model.safetensors')
-  rc, out = _run(['-m', 'liere_jax.convert', 'to_torch', '--workdir', workdir, '--out', export],
-                 row.devices)
-  assert rc == 0, f'export failed:\n{out}'
+  argv = ['to_torch', '--workdir', workdir, '--out', export]
+  if name == next(iter(ROWS)):  # The command itself once; the other rows call it in-process.
+    rc, out = _run(['-m', 'liere_jax.convert', *argv], row.devices)
+    assert rc == 0, f'export failed:\n{out}'
+  else:
+    assert convert_cli.call(argv) == 0
   assert os.path.getsize(export) > 0 and os.path.exists(str(tmp_path / 'model.json'))
   _check_port(workdir, export, row.float32)
 

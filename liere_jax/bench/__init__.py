@@ -25,8 +25,10 @@ expm.fast_expm); forward and forward+backward seconds (variants interleaved, med
 forward GFLOP, and max |R - R(general, 12)|.
 
 step: the config (A) and the same config with --vs applied to its argument string (B);
-overrides --config.key=value apply to both. Train steps, then eval steps (rotations cached:
-computed once outside the timed loop) of the two alternate in one process (A B, B A, A B, ...);
+overrides --config.key=value apply to both, --vs items config.key=value to B only (e.g.
+`--config.model.scan_layers=True --vs config.model.scan_layers=False`: scan against loop).
+Train steps, then eval steps (rotations cached: computed once outside the timed loop) of the
+two alternate in one process (A B, B A, A B, ...);
 medians after warm-up, ratios A / B, random inputs of the config's shape. --breakdown adds the
 train step with the rotations fed in (their gradient dropped), the encoding's own
 forward+backward, and XLA FLOP counts (XLA counts a while loop's body once: the chunked
@@ -58,11 +60,12 @@ from liere_jax.bench.flops import fast_flops, liere_flops
 from liere_jax.bench.peer import Official, OfficialError, official_kwargs, time_official
 from liere_jax.bench.rotations import (ROTATION_CASES, ROTATION_VARIANTS, TAYLOR18, TAYLORS,
                                        bench_rotations, rotations_table)
-from liere_jax.bench.step import bench_step, load_config, random_batches, step_table, with_args
+from liere_jax.bench.step import (bench_step, load_config, random_batches, step_table, vs_overrides,
+                                  with_args)
 
 __all__ = ['CASES', 'DEFAULT_CASES', 'IMPLS', 'ROW_KEYS', 'Case', 'available_bytes',
            'bench_expm', 'case_inputs', 'expm_table', 'is_oom', 'fast_flops', 'liere_flops',
            'ROTATION_CASES', 'ROTATION_VARIANTS', 'TAYLOR18', 'TAYLORS', 'bench_rotations',
            'rotations_table', 'Official', 'OfficialError', 'official_kwargs', 'time_official',
-           'bench_step', 'load_config', 'random_batches', 'step_table', 'with_args',
+           'bench_step', 'load_config', 'random_batches', 'step_table', 'vs_overrides', 'with_args',
            'bench_data', 'data_table']

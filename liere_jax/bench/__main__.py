@@ -11,12 +11,13 @@ from liere_jax.bench.data import bench_data, data_table
 from liere_jax.bench.expm import DEFAULT_CASES, IMPLS, bench_expm, expm_table
 from liere_jax.bench.peer import OfficialError
 from liere_jax.bench.rotations import bench_rotations, rotations_table
-from liere_jax.bench.step import bench_step, load_config, step_table, with_args
+from liere_jax.bench.step import bench_step, load_config, step_table, vs_overrides, with_args
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'step, data: config file[:args].',
                                           lock_config=False)
 _VS = flags.DEFINE_string('vs', None, 'step: arguments appended to the config argument string '
-                          'for the baseline, e.g. pe=abs.')
+                          'for the baseline, e.g. pe=abs; items config.KEY=VALUE override the '
+                          "baseline's config only, e.g. config.model.scan_layers=False.")
 _STEPS = flags.DEFINE_integer('steps', 10, 'step: timed steps of each (after warm-up).')
 _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed calls of each before timing.')
 _BREAKDOWN = flags.DEFINE_bool('breakdown', False, 'step: also time the train step with the '
@@ -83,7 +84,10 @@ def _step(log):
   spec = config_flags.get_config_filename(flags.FLAGS['config'])
   overrides = config_flags.get_override_values(flags.FLAGS['config'])
   spec_b = with_args(spec, _VS.value)
-  baseline = load_config(spec_b, overrides)
+  try:
+    baseline = load_config(spec_b, {**overrides, **vs_overrides(_VS.value)})
+  except (ValueError, TypeError, KeyError, AttributeError) as e:
+    raise app.UsageError(f'--vs {_VS.value!r}: {e}')
   official = None
   if _OFFICIAL.value:
     official = dict(checkout=_OFFICIAL.value, python=_OFFICIAL_PYTHON.value,

@@ -1,5 +1,6 @@
 """The step benchmark: train and eval steps of a config (A) against a baseline (B), and
 optionally the official PyTorch LieRE train step of A's shape (peer.py). See liere_jax.bench."""
+import ast
 import statistics
 import time
 
@@ -23,13 +24,30 @@ def load_config(spec: str, overrides: dict):
 
 
 def with_args(spec: str, extra: str) -> str:
-  """'configs/x.py:a=1' + 'b=2' -> 'configs/x.py:a=1,b=2' (later keys win in parse_arg)."""
+  """'configs/x.py:a=1' + 'b=2' -> 'configs/x.py:a=1,b=2' (later keys win in parse_arg).
+  Items of `extra` that start with 'config.' are overrides (split_vs), not arguments."""
   path, sep, arg = spec.partition(':')
   args = [s for s in arg.split(',') if s] if sep else []
-  new = [s for s in extra.split(',') if s]
+  new = [s for s in extra.split(',') if s and not s.startswith('config.')]
   keys = {s.partition('=')[0] for s in new}
   args = [s for s in args if s.partition('=')[0] not in keys] + new
   return f"{path}:{','.join(args)}" if args else path
+
+
+def vs_overrides(extra: str) -> dict:
+  """'pe=abs,config.model.scan_layers=False' -> {'model.scan_layers': False}: the baseline's own
+  overrides, applied over the shared --config.KEY ones. Values are Python literals or strings."""
+  out = {}
+  for item in filter(None, extra.split(',')):
+    if item.startswith('config.'):
+      key, sep, value = item[len('config.'):].partition('=')
+      if not sep:
+        raise ValueError(f'--vs item {item!r} needs a value: config.KEY=VALUE.')
+      try:
+        out[key] = ast.literal_eval(value)
+      except (ValueError, SyntaxError):
+        out[key] = value
+  return out
 
 
 def random_batches(config, seed=0):
