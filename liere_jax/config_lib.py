@@ -49,7 +49,9 @@ def model_config(*, pe: str, variant, patch, input_size, channels, num_classes, 
   m.init = 'jax'  # 'official': the official code's PyTorch default inits (model.py).
   m.dtype = 'float32'
   m.remat = 'none'  # 'block': recompute each block in the backward pass (memory at scale).
-  m.scan_layers = False  # One lax.scan over the blocks: compile time flat in depth.
+  # One lax.scan over the blocks (compile time flat in depth); None: on from depth 24
+  # (spec.SCAN_FROM_DEPTH, where it is the faster step), off below.
+  m.scan_layers = ml_collections.config_dict.placeholder(bool)
   m.pe = ml_collections.ConfigDict()
   m.pe.name = pe
   m.pe.positions = ml_collections.config_dict.placeholder(str)  # None: the encoding's default.

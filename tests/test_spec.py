@@ -37,6 +37,18 @@ def test_position_defaults_follow_the_encoding_and_an_explicit_mode_wins():
   assert s.pe.positions == 'normalized'
 
 
+def test_scan_layers_defaults_by_depth_and_an_explicit_value_wins():
+  for variant, scanned in (('L', True), ('B', False), ('Ti', False)):
+    cfg = load_config('configs/cifar100.py', f'variant={variant}')
+    assert cfg.model.scan_layers is None
+    assert spec_lib.resolve(cfg.model).scan_layers == scanned, variant
+    cfg.model.scan_layers = not scanned  # As --config.model.scan_layers=... sets it.
+    assert spec_lib.resolve(cfg.model).scan_layers == (not scanned), variant
+  cfg = load_config('configs/arrows.py')
+  cfg.model.depth = spec_lib.SCAN_FROM_DEPTH  # Any model this deep, not only ViT-L.
+  assert spec_lib.resolve(cfg.model).scan_layers
+
+
 def test_json_round_trip():
   s = spec_lib.resolve(tiny_model_config(pe='liere8', n_dims=3, pool='mean'))
   obj = json.loads(json.dumps(s.to_json()))
