@@ -14,7 +14,8 @@ data position is the step (batches are `train_ds[step]`), so (state, meta) is al
 
 A checkpoint that cannot be read (a bad copy, a full disk) is named in one logged line, moved
 aside and the next older one is read instead; with none left, `CheckpointError` (one line)
-says what to do.
+says what to do. In a multi-process run a step counts as read only when every process read it,
+so all of them resume from the same step.
 """
 import json
 import logging as std_logging
@@ -26,8 +27,10 @@ from typing import Optional
 
 import jax
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from jax.experimental import multihost_utils
 
 from liere_jax import spec as spec_lib
 from liere_jax.model import to_loop_params, to_scan_params
@@ -270,28 +273,40 @@ def save_params(workdir: str, config: ml_collections.ConfigDict, params, step: i
 
 
 def _first_readable(mngr: ocp.CheckpointManager, steps, read, fix: str):
-  """(step, read(step)) of the first of `steps` that reads. A step that cannot be read as
-  written is set aside with one logged line; none left raises CheckpointError ending in `fix`."""
+  """(step, read(step)) of the first of `steps` that every process reads. A step that cannot
+  be read as written (here or in another process) is set aside with one logged line; none left
+  raises CheckpointError ending in `fix`."""
   _quiet_stale_reads()
   directory = str(mngr.directory)
   for i, step in enumerate(steps):
     try:
-      return step, read(step)
-    except _READ_ERRORS as error:
-      if _transient(error):
+      result, error = read(step), None
+    except _READ_ERRORS as e:
+      if _transient(e):
         raise
-      problem = _damage(mngr, step)
-      if problem is None:  # It reads as written: the reader's target does not fit.
-        raise CheckpointError(
-            f'{directory}/{step} does not fit the model and optimizer of this config '
-            f'({_first_line(error)}). Use the config it was written with, or a new --workdir.'
-        ) from None
+      result, error = None, e
+    if all_processes_agree(error is None):  # Every process resumes from the same step.
+      return step, result
+    problem = _damage(mngr, step) if error is not None else None
+    if error is not None and problem is None:  # It reads as written: the target does not fit.
+      raise CheckpointError(
+          f'{directory}/{step} does not fit the model and optimizer of this config '
+          f'({_first_line(error)}). Use the config it was written with, or a new --workdir.'
+      ) from None
+    problem = problem or 'another process could not read it'
     moved = _set_aside(directory, step)
     mngr.reload()
     then = f'using step {steps[i + 1]}' if i + 1 < len(steps) else 'no other step to use'
     logging.warning('Checkpoint step %d cannot be read: %s. %s; %s.', step, problem, moved, then)
   raise CheckpointError(f'No readable checkpoint left in {directory} (damaged ones are set '
                         f'aside as <step>{DAMAGED}<time>). {fix}')
+
+
+def all_processes_agree(ok: bool) -> bool:
+  """True when `ok` is true in every process (a collective: all processes call it alike)."""
+  if jax.process_count() == 1:
+    return ok
+  return bool(multihost_utils.process_allgather(np.int32(ok)).min())
 
 
 def _damage(mngr: ocp.CheckpointManager, step: int) -> Optional[str]:

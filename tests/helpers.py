@@ -3,6 +3,7 @@ command line, and running the programs as a user does (`python -m liere_jax.<pro
 import functools
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -68,6 +69,13 @@ def tiny_config_and_batch(batch_size):
   batch = {'image': rng.normal(size=(batch_size, 48, 48, 3)).astype(np.float32),
            'label': np.eye(4, dtype=np.float32)[rng.integers(0, 4, batch_size)]}
   return cfg, batch
+
+
+def free_port() -> int:
+  """A free TCP port on 127.0.0.1 (a jax.distributed coordinator for local processes)."""
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
 
 
 def xla_flags(devices: int) -> str:

@@ -16,6 +16,7 @@ from flax import nnx
 import liere_jax.configs
 from liere_jax import checkpoint, config_lib, train_lib
 from liere_jax.model import ViT, to_loop_params
+from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARROWS = os.path.join(os.path.dirname(liere_jax.configs.__file__), 'arrows.py')
@@ -107,6 +108,33 @@ def test_restore_sets_a_damaged_latest_aside_and_resumes_from_the_one_before(tmp
   mngr.wait_until_finished()
   mngr.close()
   assert checkpoint.load_params(str(tmp_path))[2] == 4
+
+
+def test_a_step_another_process_cannot_read_is_set_aside_by_all(tmp_path, caplog, monkeypatch):
+  """Processes resume from one step: step 4 reads here, but another process failed on it."""
+  _write_run(tmp_path)
+  ckpts = str(tmp_path / 'checkpoints')
+  calls = []
+  monkeypatch.setattr(checkpoint, 'all_processes_agree',
+                      lambda ok: calls.append(ok) or (ok and len(calls) > 1))
+  mngr = checkpoint.manager(str(tmp_path))
+  with caplog.at_level(logging.WARNING):
+    _, meta = checkpoint.restore(mngr, _abstract(_state(0)))
+  mngr.close()
+  assert meta['step'] == 2 and calls == [True, True]
+  (line,) = _warnings(caplog)
+  assert 'step 4 cannot be read: another process could not read it' in line, line
+  assert _damaged(ckpts, 4)
+
+
+def test_all_processes_agree_across_two_processes():
+  script = ('import sys, jax; from liere_jax import checkpoint; i = int(sys.argv[2]); '
+            'jax.distributed.initialize(sys.argv[1], 2, i); '
+            'print(checkpoint.all_processes_agree(i == 0), checkpoint.all_processes_agree(True))')
+  addr = f'127.0.0.1:{helpers.free_port()}'
+  procs = [helpers.python(['-c', script, addr, str(i)], wait=False) for i in range(2)]
+  outs = [p.communicate(timeout=120)[0] for p in procs]
+  assert [out.strip().splitlines()[-1] for out in outs] == ['False True'] * 2, outs
 
 
 def test_no_readable_checkpoint_stops_in_one_line_with_the_fix(tmp_path, caplog):

@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import socket
 import time
 
 import jax
@@ -16,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from liere_jax import checkpoint, config_lib, data, evaluation, run_spec, train_lib
 from liere_jax.data import pipeline
 import liere_jax.configs
-from tests.helpers import ROOT, copy_run, load_config, python, run_tiny as run
+from tests.helpers import ROOT, copy_run, free_port, load_config, python, run_tiny as run
 from tests.helpers import tiny_config_and_batch
 
 
@@ -52,17 +51,11 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
   assert_trees(params(tmp_path / 'ref'), params(work))
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def test_two_processes_match_one(tmp_path):
   rc, out = run('train', tmp_path / 'one', '--config.total_steps=3',
                 '--config.checkpoint_every=3', devices=2)
   assert rc == 0, out
-  addr = f'127.0.0.1:{_free_port()}'
+  addr = f'127.0.0.1:{free_port()}'
   procs = [run('train', tmp_path / 'two', '--config.total_steps=3',
                '--config.checkpoint_every=3', f'--coordinator_address={addr}',
                '--num_processes=2', f'--process_id={i}', wait=False) for i in range(2)]
