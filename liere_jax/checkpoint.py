@@ -18,34 +18,19 @@ says what to do. In a multi-process run a step counts as read only when every pr
 so all of them resume from the same step.
 """
 import json
-import logging as std_logging
 import os
-import re
-import sys
-import time
 from typing import Optional
 
 import jax
 import ml_collections
-import numpy as np
 import orbax.checkpoint as ocp
-from absl import logging
-from jax.experimental import multihost_utils
 
 from liere_jax import spec as spec_lib
+from liere_jax.checkpoint_damage import (DAMAGED, CheckpointError, first_readable,
+                                         set_aside_unreadable_metrics, stored_target)
 from liere_jax.model import to_loop_params, to_scan_params
 
 CONFIG_FILE = 'config.json'
-DAMAGED = '.damaged-'  # checkpoints/4 -> checkpoints/4.damaged-20250101-120000
-# Status codes of read errors that say nothing about the files themselves (not damage).
-_TRANSIENT = ('UNAVAILABLE', 'DEADLINE_EXCEEDED', 'RESOURCE_EXHAUSTED', 'PERMISSION_DENIED',
-              'CANCELLED', 'ABORTED')
-_READ_ERRORS = (ValueError, KeyError, EOFError, FileNotFoundError, NotADirectoryError,
-                IsADirectoryError)
-
-
-class CheckpointError(ValueError):
-  """A run directory or checkpoint that cannot be used; the message is one line with the fix."""
 
 
 def config_to_json(config: ml_collections.ConfigDict) -> str:
@@ -167,7 +152,7 @@ def manager(workdir: str, name: str = 'checkpoints', keep: int = 2,
   try:
     return make()
   except ValueError:  # The best manager reads every step's metrics when it starts.
-    if not _set_aside_unreadable_metrics(directory):
+    if not set_aside_unreadable_metrics(directory):
       raise
     return make()
 
@@ -201,7 +186,7 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, step: Optional[int] = N
     return jax.jit(to_scan_params, out_shardings=shardings)(out.state), out.meta
   fix = ('Run the same command again to start over from step 0, or use a new --workdir.'
          if step is None else 'Restore another step.')
-  return _first_readable(mngr, steps, read, fix)[1]
+  return first_readable(mngr, steps, read, fix)[1]
 
 
 def load_params(workdir: str, step: Optional[int] = None, best: bool = False):
@@ -235,20 +220,12 @@ def load_params(workdir: str, step: Optional[int] = None, best: bool = False):
 
     def read(s):
       item = mngr.restore(s, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(_target(mngr, s))))
+          state=ocp.args.StandardRestore(stored_target(mngr, s))))
       return item.state
-    step, state = _first_readable(mngr, order, read, fix)
+    step, state = first_readable(mngr, order, read, fix)
   finally:
     mngr.close()
   return config, _int_keys(state['params']), step
-
-
-def _target(mngr: ocp.CheckpointManager, step: int):
-  """The stored state's shapes and dtypes, on this process's first device (whatever topology
-  wrote the checkpoint)."""
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                      mngr.item_metadata(step)['state'])
 
 
 def _int_keys(tree):
@@ -267,159 +244,3 @@ def save_params(workdir: str, config: ml_collections.ConfigDict, params, step: i
   save(mngr, step, {'params': to_loop_params(params)}, {'step': step, 'data_position': step, 'imported': True})
   mngr.wait_until_finished()
   mngr.close()
-
-
-# Damaged checkpoints.
-
-
-def _first_readable(mngr: ocp.CheckpointManager, steps, read, fix: str):
-  """(step, read(step)) of the first of `steps` that every process reads. A step that cannot
-  be read as written (here or in another process) is set aside with one logged line; none left
-  raises CheckpointError ending in `fix`."""
-  _quiet_stale_reads()
-  directory = str(mngr.directory)
-  for i, step in enumerate(steps):
-    try:
-      result, error = read(step), None
-    except _READ_ERRORS as e:
-      if _transient(e):
-        raise
-      result, error = None, e
-    if all_processes_agree(error is None):  # Every process resumes from the same step.
-      return step, result
-    problem = _damage(mngr, step) if error is not None else None
-    if error is not None and problem is None:  # It reads as written: the target does not fit.
-      raise CheckpointError(
-          f'{directory}/{step} does not fit the model and optimizer of this config '
-          f'({_first_line(error)}). Use the config it was written with, or a new --workdir.'
-      ) from None
-    problem = problem or 'another process could not read it'
-    moved = _set_aside(directory, step)
-    mngr.reload()
-    then = f'using step {steps[i + 1]}' if i + 1 < len(steps) else 'no other step to use'
-    logging.warning('Checkpoint step %d cannot be read: %s. %s; %s.', step, problem, moved, then)
-  raise CheckpointError(f'No readable checkpoint left in {directory} (damaged ones are set '
-                        f'aside as <step>{DAMAGED}<time>). {fix}')
-
-
-def all_processes_agree(ok: bool) -> bool:
-  """True when `ok` is true in every process (a collective: all processes call it alike)."""
-  if jax.process_count() == 1:
-    return ok
-  return bool(multihost_utils.process_allgather(np.int32(ok)).min())
-
-
-def _damage(mngr: ocp.CheckpointManager, step: int) -> Optional[str]:
-  """'<file>: <reason>' when `step` cannot be read with its own shapes, else None."""
-  directory = os.path.join(str(mngr.directory), str(step))
-  try:
-    items = {'state': ocp.args.StandardRestore(_target(mngr, step))}
-    if os.path.isdir(os.path.join(directory, 'meta')):
-      items['meta'] = ocp.args.JsonRestore()
-    mngr.restore(step, args=ocp.args.Composite(**items))
-  except _READ_ERRORS as error:
-    if _transient(error):
-      raise
-    return _describe(directory, error)
-  return None
-
-
-def _transient(error: Exception) -> bool:
-  return isinstance(error, ValueError) and str(error).startswith(_TRANSIENT)
-
-
-def _first_line(error: Exception, limit: int = 300) -> str:
-  """`error` in one line, without TensorStore's spec and Orbax's advice on partial restores."""
-  text = str(error).split(' [tensorstore_spec', 1)[0]
-  text = re.split(r'\s*(?:If this mismatch is intentional|Truncating/padding is disabled)', text)[0]
-  return ' '.join(line.strip() for line in text.splitlines() if line.strip())[:limit] or (
-      type(error).__name__)
-
-
-def _describe(directory: str, error: Exception) -> str:
-  """'<file>: <reason>' for a read error of the checkpoint in `directory`."""
-  text = _first_line(error, limit=2000)
-  # TensorStore: 'CODE: Error opening ...: Error reading ... local file "FILE": reason'.
-  parts = re.split(r': (?=(?:[^"]*"[^"]*")*[^"]*$)', text)  # At ': ' outside quotes.
-  at = [i for i, part in enumerate(parts) if 'file "' in part]
-  if at:
-    path = re.findall(r'file "([^"]+)"', parts[at[-1]])[-1]
-    reason = ': '.join(parts[at[-1] + 1:]) or parts[at[-1]]
-    code = f' ({parts[0]})' if re.fullmatch(r'[A-Z_]+', parts[0]) else ''
-    return f'{path}: {reason[:300]}{code}'
-  for root, _, names in sorted(os.walk(directory)):
-    for name in sorted(names):
-      path = os.path.join(root, name)
-      if os.path.basename(root) == 'd' or name.endswith(('.ocdbt', '.txt')):
-        continue  # Array data and OCDBT manifests are binary.
-      try:
-        with open(path) as f:
-          json.load(f)
-      except ValueError as e:
-        return f'{path}: invalid JSON ({e})'
-  if not os.path.isdir(os.path.join(directory, 'state')):
-    return f'{os.path.join(directory, "state")}: missing'
-  return f'{directory}: {type(error).__name__}: {text}'
-
-
-def _set_aside(directory: str, step: int) -> str:
-  """Renames `directory`/`step` to `step`.damaged-<time> (process 0); says what happened."""
-  src = os.path.join(directory, str(step))
-  dst = f'{src}{DAMAGED}{time.strftime("%Y%m%d-%H%M%S")}'
-  n = 1
-  while os.path.exists(dst):
-    dst, n = f'{src}{DAMAGED}{time.strftime("%Y%m%d-%H%M%S")}-{n}', n + 1
-  if jax.process_index() != 0:
-    return 'Process 0 sets it aside'
-  try:
-    os.rename(src, dst)
-  except OSError as e:
-    return f'Could not move it aside ({e.strerror}); it stays at {src}'
-  return f'Moved it to {dst}'
-
-
-def _set_aside_unreadable_metrics(directory: str) -> bool:
-  """Sets aside the steps of `directory` whose metrics file is not JSON; True if any."""
-  found = False
-  for name in sorted(os.listdir(directory), key=lambda d: -int(d) if d.isdigit() else 0):
-    path = os.path.join(directory, name, 'metrics', 'metrics')
-    if not name.isdigit() or not os.path.isfile(path):
-      continue
-    try:
-      with open(path) as f:
-        json.load(f)
-    except ValueError as e:
-      moved = _set_aside(directory, int(name))
-      logging.warning('Checkpoint step %s cannot be read: %s: invalid JSON (%s). %s.', name,
-                      path, e, moved)
-      found = True
-  return found
-
-
-def _drop_closed_loop_reports(unraisable):
-  """Reads still in flight when an Orbax read fails report into its closed event loop."""
-  if not (isinstance(unraisable.exc_value, RuntimeError)
-          and str(unraisable.exc_value) == 'Event loop is closed'):
-    _drop_closed_loop_reports.next_hook(unraisable)
-
-
-class _DropFailedReadTasks(std_logging.Filter):
-  """asyncio's 'Task exception was never retrieved' for the other reads of a failed restore."""
-
-  def filter(self, record):
-    return not (record.getMessage().startswith('Task exception was never retrieved')
-                and record.exc_info and isinstance(record.exc_info[1], ValueError))
-
-
-_DROP_FAILED_READ_TASKS = _DropFailedReadTasks()
-
-
-def _quiet_stale_reads():
-  """Installs _drop_closed_loop_reports in front of sys.unraisablehook and the asyncio filter
-  (once each)."""
-  if sys.unraisablehook is not _drop_closed_loop_reports:
-    _drop_closed_loop_reports.next_hook = sys.unraisablehook
-    sys.unraisablehook = _drop_closed_loop_reports
-  asyncio_log = std_logging.getLogger('asyncio')
-  if _DROP_FAILED_READ_TASKS not in asyncio_log.filters:
-    asyncio_log.addFilter(_DROP_FAILED_READ_TASKS)

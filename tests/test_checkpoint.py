@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 import liere_jax.configs
-from liere_jax import checkpoint, config_lib, train_lib
+from liere_jax import checkpoint, checkpoint_damage, config_lib, train_lib
 from liere_jax.model import ViT, to_loop_params
 from tests import helpers
 
@@ -115,7 +115,7 @@ def test_a_step_another_process_cannot_read_is_set_aside_by_all(tmp_path, caplog
   _write_run(tmp_path)
   ckpts = str(tmp_path / 'checkpoints')
   calls = []
-  monkeypatch.setattr(checkpoint, 'all_processes_agree',
+  monkeypatch.setattr(checkpoint_damage, 'all_processes_agree',
                       lambda ok: calls.append(ok) or (ok and len(calls) > 1))
   mngr = checkpoint.manager(str(tmp_path))
   with caplog.at_level(logging.WARNING):
@@ -128,9 +128,10 @@ def test_a_step_another_process_cannot_read_is_set_aside_by_all(tmp_path, caplog
 
 
 def test_all_processes_agree_across_two_processes():
-  script = ('import sys, jax; from liere_jax import checkpoint; i = int(sys.argv[2]); '
+  script = ('import sys, jax; from liere_jax import checkpoint_damage; i = int(sys.argv[2]); '
             'jax.distributed.initialize(sys.argv[1], 2, i); '
-            'print(checkpoint.all_processes_agree(i == 0), checkpoint.all_processes_agree(True))')
+            'print(checkpoint_damage.all_processes_agree(i == 0), '
+            'checkpoint_damage.all_processes_agree(True))')
   addr = f'127.0.0.1:{helpers.free_port()}'
   procs = [helpers.python(['-c', script, addr, str(i)], wait=False) for i in range(2)]
   outs = [p.communicate(timeout=120)[0] for p in procs]
