@@ -25,7 +25,7 @@ def load_config(spec: str, overrides: dict):
 
 def with_args(spec: str, extra: str) -> str:
   """'configs/x.py:a=1' + 'b=2' -> 'configs/x.py:a=1,b=2' (later keys win in parse_arg).
-  Items of `extra` that start with 'config.' are overrides (split_vs), not arguments."""
+  Items of `extra` that start with 'config.' are overrides (vs_overrides), not arguments."""
   path, sep, arg = spec.partition(':')
   args = [s for s in arg.split(',') if s] if sep else []
   new = [s for s in extra.split(',') if s and not s.startswith('config.')]
