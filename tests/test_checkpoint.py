@@ -134,7 +134,11 @@ def test_all_processes_agree_across_two_processes():
             'checkpoint_damage.all_processes_agree(True))')
   addr = f'127.0.0.1:{helpers.free_port()}'
   procs = [helpers.python(['-c', script, addr, str(i)], wait=False) for i in range(2)]
-  outs = [p.communicate(timeout=120)[0] for p in procs]
+  try:
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+  finally:
+    for p in procs:
+      p.kill()  # A peer that hangs must not outlive the test.
   assert [out.strip().splitlines()[-1] for out in outs] == ['False True'] * 2, outs
 
 

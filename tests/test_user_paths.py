@@ -7,10 +7,9 @@ on datasets prepared by `liere_jax.data.prepare` from tiny files in the original
 videos and split lists; the command for cifar100, its function in-process for the others), then
 `eval.py --workdir DIR` (the run's own config.json), then `python -m liere_jax.convert to_torch`
 (the command in the first row, its `call` in-process in the others), then the export loaded
-into the PyTorch port and
-its logits compared with the JAX model's on a batch of the eval pipeline: within 1e-4 in float32
-(with the trained head, and with a random head so the comparison sees the whole body); finite
-and loosely close in bfloat16.
+into the PyTorch port and its logits compared with the JAX model's on a batch of the eval
+pipeline: within 1e-4 in float32 (with the trained head, and with a random head so the
+comparison sees the whole body); finite and loosely close in bfloat16.
 """
 import dataclasses
 import functools
