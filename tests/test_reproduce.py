@@ -88,6 +88,16 @@ def test_the_cli_works_from_a_copy_of_the_library(tmp_path):
   assert runner.commit(str(lib / 'liere_jax')) == ''  # No checkout: no commit recorded.
 
 
+def test_the_programs_get_huge_pages_unless_the_user_set_tunables(monkeypatch):
+  monkeypatch.delenv('GLIBC_TUNABLES', raising=False)
+  environment = runner._environment  # pylint: disable=protected-access
+  env = environment()
+  assert env['GLIBC_TUNABLES'] == runner.MALLOC_TUNABLES == 'glibc.malloc.hugetlb=1'
+  assert env['PYTHONPATH'].split(os.pathsep)[0] == os.path.dirname(runner.LIBRARY)
+  monkeypatch.setenv('GLIBC_TUNABLES', 'glibc.malloc.hugetlb=0')
+  assert environment()['GLIBC_TUNABLES'] == 'glibc.malloc.hugetlb=0'
+
+
 def test_a_dry_run_shows_the_larger_grids_budget():
   lines = []
   rows = reproduce.run_suite('table3', '/nonexistent/runs', (), dry_run=True, log=lines.append)
@@ -137,6 +147,7 @@ def test_a_suite_trains_evaluates_skips_when_done_and_reports(tmp_path, monkeypa
   monkeypatch.setattr(runner.subprocess, 'run',
                       lambda args, **k: calls.append(args[2]) or real_run(args, **k))
   (row2,) = reproduce.run_suite('tiny2', runs, SHRINK, log=lines.append)
+  monkeypatch.setattr(runner.subprocess, 'run', real_run)  # matplotlib's first import runs one.
   assert calls == ['liere_jax.eval'] and row2['resolutions'] == {}
 
   out = tmp_path / 'out'

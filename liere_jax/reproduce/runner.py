@@ -149,11 +149,19 @@ def _main_steps() -> int:
   return arrows.get_config().total_steps
 
 
+# XLA:CPU allocates a step's temporaries anew every step (at 276 px ~10 GB, the attention
+# scores); glibc serves each from a fresh mmap, so every step page-faults them in again, and at
+# 276 px the kernel took ~45% of the CPU time. Huge pages (transparent, on request) cut those
+# faults ~130x; docs/reproduce.md has the measurement. A value the user set is kept; other libcs
+# and accelerators ignore it.
+MALLOC_TUNABLES = 'glibc.malloc.hugetlb=1'
+
+
 def _environment() -> dict:
-  """The programs import the library this process imported."""
+  """The programs import the library this process imported, with MALLOC_TUNABLES."""
   path = os.pathsep.join(p for p in (os.path.dirname(LIBRARY), os.environ.get('PYTHONPATH'))
                          if p)
-  return dict(os.environ, PYTHONPATH=path)
+  return {'GLIBC_TUNABLES': MALLOC_TUNABLES, **os.environ, 'PYTHONPATH': path}
 
 
 def run_suite(name: str, runs_dir: str, extra: Tuple[str, ...], dry_run: bool = False,
