@@ -92,7 +92,8 @@ def test_the_programs_get_huge_pages_unless_the_user_set_tunables(monkeypatch):
   monkeypatch.delenv('GLIBC_TUNABLES', raising=False)
   environment = runner._environment  # pylint: disable=protected-access
   env = environment()
-  assert env['GLIBC_TUNABLES'] == runner.MALLOC_TUNABLES == 'glibc.malloc.hugetlb=1'
+  assert env['GLIBC_TUNABLES'] == runner.MALLOC_TUNABLES
+  assert runner.MALLOC_TUNABLES.startswith('glibc.malloc.hugetlb=1:')
   assert env['PYTHONPATH'].split(os.pathsep)[0] == os.path.dirname(runner.LIBRARY)
   monkeypatch.setenv('GLIBC_TUNABLES', 'glibc.malloc.hugetlb=0')
   assert environment()['GLIBC_TUNABLES'] == 'glibc.malloc.hugetlb=0'

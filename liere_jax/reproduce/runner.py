@@ -149,12 +149,13 @@ def _main_steps() -> int:
   return arrows.get_config().total_steps
 
 
-# XLA:CPU allocates a step's temporaries anew every step (at 276 px ~10 GB, the attention
-# scores); glibc serves each from a fresh mmap, so every step page-faults them in again, and at
-# 276 px the kernel took ~45% of the CPU time. Huge pages (transparent, on request) cut those
-# faults ~130x; docs/reproduce.md has the measurement. A value the user set is kept; other libcs
-# and accelerators ignore it.
-MALLOC_TUNABLES = 'glibc.malloc.hugetlb=1'
+# XLA:CPU allocates a step's temporaries anew every step (~10 GB at 276 px, the attention
+# scores), and with glibc's defaults every step page-faults them in again: 2.1M minor faults a
+# step at 276 px, ~45% of the CPU time in the kernel. Huge pages on request cut the faults ~130x,
+# and with no mmap and no trim freed memory stays in the heap: 276 px runs went from 8.2-8.8 to
+# 10.4-12.1 images/s (docs/reproduce.md). A value the user set is kept; other libcs ignore it.
+MALLOC_TUNABLES = ('glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:'
+                   'glibc.malloc.trim_threshold=68719476736')
 
 
 def _environment() -> dict:
