@@ -5,16 +5,19 @@
 # each reproduce run in RUNS as a .tgz. OFFICIAL: a checkout of github.com/StanfordMIMI/LieRE
 # for the official train step beside ours. Environment: PY (python3), DEADLINE (seconds for the
 # whole script, 560), BATCH (ViT-B/16 bench step batch, 128), PES (encodings timed against abs),
-# RUNS (table3 runs to train and evaluate first; none by default), EXPM_ARGS (--repeats 3).
+# RUNS (table3 runs to train and evaluate first; none by default), EXPM_ARGS (--repeats 3);
+# PES= or EXPM_ARGS= (empty) skips those sections. With OFFICIAL, the official step runs in a
+# second process beside ours: on one 80 GB H100 it ran out of memory at batch 128
+# (docs/benchmarks.md).
 set -u
 OUT=${1:?usage: scripts/gpu_figures.sh OUT [OFFICIAL]}
 OFFICIAL=${2:-}
 PY=${PY:-python3}
 DEADLINE=${DEADLINE:-560}
 BATCH=${BATCH:-128}
-PES=${PES:-liere8 paper_rope_mixed rope_mixed liere64}
+PES=${PES-liere8 paper_rope_mixed rope_mixed liere64}
 RUNS=${RUNS:-}
-EXPM_ARGS=${EXPM_ARGS:---repeats 3}
+EXPM_ARGS=${EXPM_ARGS---repeats 3}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 # bench expm times torch.matrix_exp in the same process: JAX must not take 75% of the GPU.
@@ -30,9 +33,9 @@ section() {
   if ((left < 30)); then echo "== $name: skipped, ${left}s left"; return 1; fi
   ((limit > left)) && limit=$left
   echo "== $name (limit ${limit}s, at $((SECONDS - START))s): $*"
-  timeout "$limit" "$@" 2>&1 | tee "$OUT/.section" | grep -v '^[[{]'
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/.section" | grep -v -E '^(\{"|\[\{)'
   local rc=${PIPESTATUS[0]} json
-  json=$(grep '^[[{]' "$OUT/.section" | tail -n 1)
+  json=$(grep -E '^(\{"|\[\{)' "$OUT/.section" | tail -n 1)
   [[ -n $json ]] && echo "{\"section\": \"$name\", \"result\": $json}" >> "$OUT/results.jsonl"
   echo "== $name: rc=$rc in $((SECONDS - START))s"
   return $rc
@@ -50,7 +53,7 @@ for run in $RUNS; do
       --out /tmp/gpu_figures_report && tar czf "$OUT/$run.tgz" -C runs/reproduce "$run"
 done
 
-section expm 150 $PY -m liere_jax.bench expm $EXPM_ARGS --json
+[[ -n $EXPM_ARGS ]] && section expm 150 $PY -m liere_jax.bench expm $EXPM_ARGS --json
 
 for pe in $PES; do
   official=()
