@@ -73,7 +73,10 @@ def make_optimizer(optimizer):
   """(tx, schedule) of a run_spec.OptimizerSpec (or a RunSpec or config): Adam(W) with linear
   warmup and cosine decay, optional global-norm clipping."""
   opt = run_spec.resolve_optimizer(optimizer)
-  schedule = optax.warmup_cosine_decay_schedule(0.0, opt.lr, opt.warmup_steps, opt.decay_steps)
+  if opt.warmup_steps:
+    schedule = optax.warmup_cosine_decay_schedule(0.0, opt.lr, opt.warmup_steps, opt.decay_steps)
+  else:  # The same values, without optax's log line about a zero-step warmup.
+    schedule = optax.cosine_decay_schedule(opt.lr, opt.decay_steps)
   adam = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay)
   tx = optax.chain(optax.clip_by_global_norm(opt.grad_clip), adam) if opt.grad_clip else adam
   return tx, schedule

@@ -293,3 +293,17 @@ def test_the_run_spec_is_resolved_once_and_names_a_bad_field():
     with pytest.raises(ValueError, match='^' + re.escape(message)) as e:
       run_spec.resolve({**cfg.to_dict(), key: value}, 8)
     assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('warmup', [0, 50])
+def test_the_schedule_is_linear_warmup_then_cosine_to_zero(warmup):
+  config = load_config('configs/arrows.py')
+  config.warmup_steps = warmup
+  _, schedule = train_lib.make_optimizer(config)
+  lr, total = config.lr, config.total_steps
+  for step in (0, 1, 25, warmup, 120, 299, total):
+    if step < warmup:
+      want = lr * step / warmup
+    else:
+      want = lr * 0.5 * (1 + np.cos(np.pi * (step - warmup) / (total - warmup)))
+    assert float(schedule(step)) == pytest.approx(want, rel=1e-5, abs=1e-9), step
