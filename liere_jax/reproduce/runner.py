@@ -94,11 +94,11 @@ def _walls(workdir: str) -> dict:
   return {}
 
 
-def _add_wall(workdir: str, key: str, seconds: float):
+def _add_wall(workdir: str, key: str, seconds: float, code: str):
   walls = _walls(workdir)
   walls[key] = walls.get(key, 0.) + seconds
   walls['machine'] = machine()
-  walls.setdefault('commit', commit())  # The code the run was trained at.
+  walls.setdefault('commit', code)  # The code the run was trained at: HEAD when it started.
   with open(os.path.join(workdir, 'reproduce_wall.json'), 'w') as f:
     json.dump(walls, f, indent=1)
 
@@ -188,7 +188,7 @@ def run_suite(name: str, runs_dir: str, extra: Tuple[str, ...], dry_run: bool = 
         log('  ' + command(args))
       continue
     os.makedirs(workdir, exist_ok=True)
-    start = time.time()
+    start, code = time.time(), commit()
     steps = [run.train_args(workdir, extra + ('--progress=false',), config=config_file()),
              shown[1]]
     for key, args, shown_args in zip(('train_s', suite.evaluation.out + '_s'), steps, shown):
@@ -202,7 +202,7 @@ def run_suite(name: str, runs_dir: str, extra: Tuple[str, ...], dry_run: bool = 
         raise RuntimeError(f'{command(shown_args)} failed (exit {proc.returncode}); see '
                            f'{logf.name}. Fix it and run the suite again: finished runs are '
                            'kept.')
-      _add_wall(workdir, key, time.time() - t0)
+      _add_wall(workdir, key, time.time() - t0, code)
     spent += time.time() - start
     cost_done += _cost(run)
   return rows(name, runs_dir, extra)
