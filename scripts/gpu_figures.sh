@@ -18,6 +18,8 @@ RUNS=${RUNS:-}
 EXPM_ARGS=${EXPM_ARGS---repeats 3}
 OFFICIAL_BATCH=${OFFICIAL_BATCH:-64}
 mkdir -p "$OUT"
+OUT=$(realpath "$OUT")  # Both paths may be relative to where the script was called from.
+[[ -n $OFFICIAL ]] && OFFICIAL=$(realpath "$OFFICIAL")
 cd "$(dirname "$0")/.."
 # bench expm times torch.matrix_exp in the same process: JAX must not take 75% of the GPU.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1

@@ -99,6 +99,21 @@ def test_the_programs_get_huge_pages_unless_the_user_set_tunables(monkeypatch):
   assert environment()['GLIBC_TUNABLES'] == 'glibc.malloc.hugetlb=0'
 
 
+def test_a_run_records_the_commit_it_started_at(tmp_path, monkeypatch):
+  """HEAD can move while a run trains for hours: the wall file keeps the commit at its start."""
+  suite = reproduce.Suite('test', (reproduce.Run('liere8'),), reproduce.Eval('eval', (), 16),
+                          tables.report_fig7, tables.headline_fig7)
+  monkeypatch.setitem(reproduce.SUITES, 'fake', suite)
+  heads = iter(['start', 'after_train', 'after_eval'])
+  monkeypatch.setattr(runner, 'commit', lambda *a: next(heads))
+  monkeypatch.setattr(runner.subprocess, 'run', lambda *a, **k: subprocess.CompletedProcess(a, 0))
+  monkeypatch.setattr(runner, 'machine', lambda: 'test')
+  reproduce.run_suite('fake', str(tmp_path), (), log=lambda s: None)
+  (workdir,) = tmp_path.iterdir()
+  walls = json.loads((workdir / 'reproduce_wall.json').read_text())
+  assert walls['commit'] == 'start' and set(walls) >= {'train_s', 'eval_s'}
+
+
 def test_a_dry_run_shows_the_larger_grids_budget():
   lines = []
   rows = reproduce.run_suite('table3', '/nonexistent/runs', (), dry_run=True, log=lines.append)
