@@ -10,7 +10,7 @@ import pytest
 
 import liere_jax
 from liere_jax import reproduce
-from liere_jax.reproduce import runner, tables
+from liere_jax.reproduce import reports, runner, tables
 
 # A run small enough for CI: the suite's own commands, shrunk by config overrides only.
 SHRINK = ('--config.total_steps=2', '--config.batch_size=8', '--config.eval_batch_size=16',
@@ -232,10 +232,25 @@ def test_every_suite_report_and_headline_builds_from_rows(tmp_path):
     md = reproduce.write_report(name, rows, str(tmp_path))
     text = open(md).read()
     assert all(r['command'] in text for r in rows), name
-    assert f'{len(rows)} min of train + eval wall time' in text, name  # 60 s a row.
+    runs = f"{len(rows)} run{'s' if len(rows) > 1 else ''}"
+    assert f'train + eval wall time: {len(rows)} min on test ({runs})' in text, name  # 60 s a row.
     assert (tmp_path / f'{name}.png').exists(), name
     ours, paper = suite.headline(rows)
     assert ours and paper, name
+
+
+def test_wall_time_is_summed_per_machine(tmp_path):
+  """A suite trained partly on a GPU reports the minutes of each machine apart, and its runs
+  table says where each run ran."""
+  runs = reproduce.SUITES['table5'].runs
+  rows = [_row(runs[0], 1., wall_s=600., machine='cpu'),
+          _row(runs[1], 1., wall_s=1200., machine='cpu'), _row(runs[2], 1., wall_s=150., machine='gpu')]
+  assert reports.wall_by_machine(rows) == '30 min on cpu (2 runs); 2 min on gpu (1 run)'
+  text = open(reproduce.write_report('table5', rows, str(tmp_path))).read()
+  assert '| run | train + eval wall | machine | commit | command |' in text
+  assert f'| {runs[2].name} | 2.5 min | gpu | abc1234 |' in text
+  one = open(reproduce.write_report('table5', rows[:2], str(tmp_path))).read()
+  assert '| run | train + eval wall | commit | command |' in one
 
 
 def test_table3_groups_the_larger_grids_by_encoding_with_seed_means():
@@ -282,8 +297,8 @@ def test_the_index_has_a_line_per_suite_and_keeps_the_findings(tmp_path):
   text = open(path).read()
   line = next(l for l in text.splitlines() if l.startswith('| [table7](table7.md)'))
   assert 'LieRE8 +10.0 points' in line and 'LieRE8 -1.18 points (p = 0.07)' in line
-  assert '| 8 of 8 | 8 min |' in line
-  assert '| [fig4](fig4.md): Paper Fig. 4 | not run yet | - | 0 of 12 | 0 min |' in text
+  assert '| 8 of 8 | 8 min on test (8 runs) |' in line
+  assert '| [fig4](fig4.md): Paper Fig. 4 | not run yet | - | 0 of 12 | - |' in text
   assert text.count('| [') == len(reproduce.SUITES)
 
   written = text.replace(reproduce.reports.PLACEHOLDER, 'LieRE holds up at 168 px.')

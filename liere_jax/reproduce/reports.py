@@ -11,10 +11,29 @@ PLACEHOLDER = ('Which of the paper\'s findings reproduce here, which do not, and
                'hand; `--index` keeps the text between these markers.')
 
 
+def _machines(rows) -> List[str]:
+  return sorted({r.get('machine') or 'unknown' for r in rows})
+
+
+def wall_by_machine(rows) -> str:
+  """Train + eval wall time summed per machine ('1171 min on <cpu> (38 runs); 2 min on <gpu>
+  (1 run)'): minutes on a GPU and on 2 CPU cores do not add up to one figure."""
+  parts = []
+  for m in _machines(rows):
+    mine = [r for r in rows if (r.get('machine') or 'unknown') == m]
+    parts.append(f"{sum(r.get('wall_s', 0.) for r in mine) / 60:.0f} min on {m} "
+                 f"({len(mine)} run{'s' if len(mine) > 1 else ''})")
+  return '; '.join(parts)
+
+
 def _commands(rows) -> str:
-  lines = ['| run | train + eval wall | commit | command |', '|---|---|---|---|']
+  """The runs table; with a machine column when the runs ran on more than one."""
+  several = len(_machines(rows)) > 1
+  lines = ['| run | train + eval wall | ' + ('machine | ' if several else '') + 'commit | command |',
+           '|---|---|---|---|' + ('---|' if several else '')]
   for r in rows:
-    lines.append(f"| {r['run']} | {r['wall_s'] / 60:.1f} min | {r.get('commit') or '-'} | "
+    where = f"{r.get('machine') or 'unknown'} | " if several else ''
+    lines.append(f"| {r['run']} | {r['wall_s'] / 60:.1f} min | {where}{r.get('commit') or '-'} | "
                  f"`{r['command']}` |")
   return '\n'.join(lines)
 
@@ -39,14 +58,12 @@ def write_report(name: str, rows: List[dict], out_dir: str) -> str:
     fig.savefig(os.path.join(out_dir, png), dpi=110)
     plt.close(fig)
     images.append(png)
-  machines = sorted({r['machine'] for r in rows if r.get('machine')})
-  total = sum(r['wall_s'] for r in rows)
   text = [f'# {name}', '', suite.doc, '',
           f'Reproduce: `python -m liere_jax.reproduce --suite {name}` (every run below is an '
           'ordinary liere_jax.train / liere_jax.eval workdir; rebuild this page with '
           '`--report`).', '', body, ''] + [f'![{name}]({png})' for png in images] + [
-              '', f'## Runs ({len(rows)} of {len(suite.runs)}; {total / 60:.0f} min of train + '
-              f"eval wall time on {'; '.join(machines) or 'unknown'})", '', _commands(rows), '']
+              '', f'## Runs ({len(rows)} of {len(suite.runs)}; train + eval wall time: '
+              f'{wall_by_machine(rows)})', '', _commands(rows), '']
   path = os.path.join(out_dir, f'{name}.md')
   with open(path, 'w') as f:
     f.write('\n'.join(text))
@@ -84,9 +101,8 @@ def write_index(out_dir: str) -> str:
       with open(os.path.join(out_dir, f'{name}.json')) as f:
         rows = json.load(f)
     ours, paper = suite.headline(rows) if rows else ('not run yet', '-')
-    wall = sum(r.get('wall_s', 0.) for r in rows) / 60
     lines.append(f"| [{name}]({name}.md): {suite.doc.split(':')[0]} | {ours} | {paper} | "
-                 f'{len(rows)} of {len(suite.runs)} | {wall:.0f} min |')
+                 f'{len(rows)} of {len(suite.runs)} | {wall_by_machine(rows) or "-"} |')
   lines += ['', '## Findings', '', findings, '']
   os.makedirs(out_dir, exist_ok=True)
   with open(path, 'w') as f:
