@@ -72,8 +72,8 @@ class Suite:
 # (LieRE8 45.4%); with 600 (warmup, batch, lr unchanged) LieRE8 left it at step ~300 and reached
 # 99.9 / 99.6% in seeds 0 / 1 (docs/results/table3.md). 276 px: 600 is what a CPU affords
 # (~95-130 min a run), not a converging budget: LieRE8 seed 0 left the plateau at ~520, ended at
-# 64.3%, seed 1 at 57.0%; exits at ~120 / ~300 / ~520 steps for 81 / 196 / 529 tokens suggest
-# >= 1200 steps.
+# 64.3%, seed 1 at 57.0%. With 1200 steps (outside the suite, on a GPU) seed 0 left it at 380
+# and reached 99.95% (docs/results/README.md).
 BUDGET: Dict[int, Tuple[Tuple[str, str], ...]] = {
     14: (('total_steps', '600'),),
     23: (('total_steps', '600'),),
