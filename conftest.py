@@ -2,7 +2,8 @@
 the repo on sys.path, and JAX's persistent compilation cache for the session.
 
 The cache is a directory of this session (removed at its end) that the tests' subprocesses
-(train, eval, the converters, the benchmarks) inherit through the environment: a program compiled
+(train, eval, the converters, the benchmarks) and pytest-xdist workers (scripts/test.sh runs two)
+inherit through the environment: a program compiled
 once, e.g. the tiny model's train step that many train.py runs share, is read back instead of
 compiled again. Entries are keyed by the program, its compile options, the XLA flags and the JAX
 version, so a hit runs the same executable a compile would give. To keep the cache across
