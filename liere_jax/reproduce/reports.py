@@ -11,8 +11,12 @@ PLACEHOLDER = ('Which of the paper\'s findings reproduce here, which do not, and
                'hand; `--index` keeps the text between these markers.')
 
 
+def _machine(row) -> str:
+  return row.get('machine') or 'unknown'
+
+
 def _machines(rows) -> List[str]:
-  return sorted({r.get('machine') or 'unknown' for r in rows})
+  return sorted({_machine(r) for r in rows})
 
 
 def wall_by_machine(rows) -> str:
@@ -20,7 +24,7 @@ def wall_by_machine(rows) -> str:
   (1 run)'): minutes on a GPU and on 2 CPU cores do not add up to one figure."""
   parts = []
   for m in _machines(rows):
-    mine = [r for r in rows if (r.get('machine') or 'unknown') == m]
+    mine = [r for r in rows if _machine(r) == m]
     parts.append(f"{sum(r.get('wall_s', 0.) for r in mine) / 60:.0f} min on {m} "
                  f"({len(mine)} run{'s' if len(mine) > 1 else ''})")
   return '; '.join(parts)
@@ -32,7 +36,7 @@ def _commands(rows) -> str:
   lines = ['| run | train + eval wall | ' + ('machine | ' if several else '') + 'commit | command |',
            '|---|---|---|---|' + ('---|' if several else '')]
   for r in rows:
-    where = f"{r.get('machine') or 'unknown'} | " if several else ''
+    where = f'{_machine(r)} | ' if several else ''
     lines.append(f"| {r['run']} | {r['wall_s'] / 60:.1f} min | {where}{r.get('commit') or '-'} | "
                  f"`{r['command']}` |")
   return '\n'.join(lines)
