@@ -210,12 +210,19 @@ def stack_blocks(blocks: Sequence[nnx.Module]) -> nnx.Module:
 def reseed(model: nnx.Module, **stream_keys):
   """nnx.reseed (RNG streams named by `stream_keys`: key or int) for either layout: the
   streams take keys fold_in(key, 0), fold_in(key, 1), ... in graph order, a stacked stream one
-  per layer, so a scanned model gets the loop model's keys (and dropout masks)."""
+  per layer, so a scanned model gets the loop model's keys (and dropout masks).
+
+  A model built with `nnx.Rngs(seed)` (one 'default' stream) has its dropout and jitter
+  streams tagged 'default' (`rngs['dropout']` falls back to it; the parameters are drawn at
+  init, so these are the model's only streams): `dropout=` reseeds them too."""
   counts = dict.fromkeys(stream_keys, 0)
   keys = {tag: jax.random.key(k) if isinstance(k, int) else k for tag, k in stream_keys.items()}
   for _, stream in nnx.iter_graph(model):
-    if isinstance(stream, nnx.RngStream) and stream.key.tag in keys:
-      tag, shape = stream.key.tag, stream.key.shape
+    if not isinstance(stream, nnx.RngStream):
+      continue
+    tag = 'dropout' if stream.key.tag == 'default' and 'default' not in keys else stream.key.tag
+    if tag in keys:
+      shape = stream.key.shape
       n = math.prod(shape)
       index = jnp.arange(counts[tag], counts[tag] + n, dtype=jnp.uint32)
       new = jax.vmap(jax.random.fold_in, (None, 0))(keys[tag], index).reshape(shape)

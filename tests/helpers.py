@@ -113,3 +113,45 @@ def copy_run(workdir, to):
   """A copy of a run's workdir (config, checkpoints, metrics) to change or resume."""
   shutil.copytree(str(workdir), str(to))
   return to
+
+
+def train_rng_grad_norms(cfg, batch, cases, fresh=()):
+  """The gradient norm of one training step from the same parameters (init seed 0) and batch,
+  for each (seed, step) of `cases`, by one Trainer per seed (a new one for the cases whose
+  index is in `fresh`, as a resumed run builds).
+
+  Only the training RNG (dropout masks, position jitter) depends on (seed, step) here, so
+  equal norms mean equal randomness: a test compares them across seeds and steps.
+  """
+  import jax
+  import jax.numpy as jnp
+  from liere_jax import train_lib
+  trainers, norms = {}, []
+  for i, (seed, step) in enumerate(cases):
+    if seed not in trainers or i in fresh:
+      cfg.seed = seed
+      trainers[seed] = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1]))
+    trainer = trainers[seed]
+    state = trainer.init_state(0)
+    state['step'] = jnp.asarray(step, jnp.int32)
+    _, metrics = trainer.train_step(state, trainer.global_batch(batch))
+    norms.append(float(metrics['grad_norm']))
+  return norms
+
+
+def assert_training_randomness_is_a_function_of_seed_and_step(switch, resumed=False):
+  """On the tiny arrows run with `switch(cfg, on)` turning a random option on (dropout, position
+  jitter): turning it on changes the step, and its randomness is the same for the same
+  (seed, step) (from a new Trainer, as after a resume, if `resumed`) and differs from step to
+  step and from seed to seed."""
+  cfg, batch = tiny_config_and_batch(8)
+  switch(cfg, False)
+  off = train_rng_grad_norms(cfg, batch, [(0, 3)])
+  switch(cfg, True)
+  same, again, later, other_seed = train_rng_grad_norms(cfg, batch,
+                                                        [(0, 3), (0, 3), (0, 4), (1, 3)],
+                                                        fresh={1} if resumed else ())
+  assert [same] != off, 'the option does not change the step'
+  assert same == again, 'the training RNG is not the same for the same (seed, step)'
+  assert later != same, 'the training RNG ignores the step'
+  assert other_seed != same, 'the training RNG ignores the seed'

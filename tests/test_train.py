@@ -16,6 +16,7 @@ from liere_jax import checkpoint, config_lib, data, evaluation, run_spec, train_
 from liere_jax.data import pipeline
 import liere_jax.configs
 from tests.helpers import ROOT, copy_run, free_port, load_config, python, run_tiny as run
+from tests.helpers import assert_training_randomness_is_a_function_of_seed_and_step
 from tests.helpers import tiny_config_and_batch
 
 
@@ -228,15 +229,10 @@ def test_non_finite_state_stops_and_keeps_the_last_good_checkpoint(tiny_run, tmp
   assert np.isfinite(float(trainer.loss_step(p, trainer.global_batch(batch))))
 
 
-def test_dropout_trains_deterministically_and_changes_the_step():
-  cfg, batch = tiny_config_and_batch(8)
-  losses = {}
-  for dropout in (0.0, 0.5, 0.5):
-    cfg.model.dropout = dropout
-    trainer = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1]))
-    state, metrics = trainer.train_step(trainer.init_state(0), trainer.global_batch(batch))
-    losses.setdefault(dropout, []).append(float(metrics['grad_norm']))
-  assert losses[0.5][0] == losses[0.5][1] and losses[0.5][0] != losses[0.0][0]
+def test_dropout_changes_the_step_and_its_masks_are_a_function_of_seed_and_step():
+  """...the same for the same (seed, step) from a new Trainer too, as after a resume."""
+  assert_training_randomness_is_a_function_of_seed_and_step(
+      lambda cfg, on: cfg.model.update(dropout=0.5 if on else 0.0), resumed=True)
 
 
 def _tiny_spec(pe, num_eval=24):
