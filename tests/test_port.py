@@ -466,6 +466,16 @@ def _official_rope_vit():
   return importlib.import_module(f'{name}.rope_vit').RoPEViT
 
 
+def _official_rope_vit_or_skip():
+  """The official RoPEViT class; skips the test (with the reason) when there is none."""
+  rope_vit = _official_rope_vit()
+  if rope_vit is None:
+    pytest.skip('needs the official code: set LIERE_OFFICIAL_CHECKOUT to a StanfordMIMI/LieRE '
+                'checkout (and install einops); tests/test_official_fixtures.py checks its '
+                'numbers in every run')
+  return rope_vit
+
+
 def _case_id(c):
   return ','.join(f'{k}={v}' for k, v in c.items())
 
@@ -505,9 +515,7 @@ def _official_logits(rope_vit, state, kw, x):
 
 @pytest.mark.parametrize('case', OFFICIAL_CASES, ids=_case_id)
 def test_official_rope_vit_parity(case, capsys):
-  rope_vit = _official_rope_vit()
-  if rope_vit is None:
-    pytest.skip('set LIERE_OFFICIAL_CHECKOUT to a StanfordMIMI/LieRE checkout (needs einops)')
+  rope_vit = _official_rope_vit_or_skip()
   jm, cfg = _official_jax_model(**case)
   state, kw = convert.official_layout(_params(jm), cfg)
   x = _inputs(len(cfg.patch), cfg.input_size[0])
@@ -516,19 +524,27 @@ def test_official_rope_vit_parity(case, capsys):
   assert diff <= OFFICIAL_TOL, f'{case}: official logits differ by {diff:.2e}'
 
 
-def test_per_layer_export_warns_and_import_reproduces_the_layer0_bug():
+def _per_layer_export_and_import():
+  """A per-layer LieRE8 model exported to the official layout and imported back (both warn):
+  the model, its config, the official state and kwargs, and the imported generators."""
   jm, cfg = _official_jax_model(pe='liere8', share='none')
   with pytest.warns(convert.Layer0BugWarning, match="layer 0's rotations in every layer"):
     state, kw = convert.official_layout(_params(jm), cfg)
-  assert state['position_encoder.generator_raw_params'].shape == (2, 2, 2 * 8, 8, 8)
-  assert kw['rotary_embedding_per_layer'] and kw['rotary_embedding_per_head']
   with pytest.warns(convert.Layer0BugWarning, match='importing layer 0'):
     back = convert.from_official_layout(state, cfg)
-  gen = back['pe']['generators']
+  return jm, cfg, state, kw, back['pe']['generators']
+
+
+def test_per_layer_export_warns_and_import_copies_layer_0_to_every_layer():
+  _, _, state, kw, gen = _per_layer_export_and_import()
+  assert state['position_encoder.generator_raw_params'].shape == (2, 2, 2 * 8, 8, 8)
+  assert kw['rotary_embedding_per_layer'] and kw['rotary_embedding_per_head']
   np.testing.assert_array_equal(gen[1], gen[0])  # What the official model computes.
-  rope_vit = _official_rope_vit()
-  if rope_vit is None:
-    return
+
+
+def test_the_official_model_computes_the_layer0_bug_as_the_import_models_it():
+  rope_vit = _official_rope_vit_or_skip()
+  jm, _, state, kw, gen = _per_layer_export_and_import()
   x = _inputs(2, 16)
   y_official = _official_logits(rope_vit, state, kw, x)
   y_ours = _jax_logits(jm, x)
@@ -558,26 +574,34 @@ def test_official_export_refuses_what_it_cannot_represent(kw, message):
     convert.official_layout(_params(jm), cfg)
 
 
-def test_official_cli_round_trip(tmp_path):
-  """to_official (.pt + .json) -> from_official, through files and torch.load."""
+def _cli_export(tmp_path):
+  """A LieRE8 run exported by `convert to_official`: the model, the .pt path, its state."""
   jm, cfg = _official_jax_model(pe='liere8', share='layers')
   workdir = _save_run(tmp_path, 'run', jm, cfg)
   out = str(tmp_path / 'official.pt')
   assert convert_cli.call(['to_official', '--workdir', workdir, '--out', out]) == 0
-  state = torch.load(out, weights_only=True)
+  return jm, out, torch.load(out, weights_only=True)
+
+
+def test_official_cli_round_trip(tmp_path):
+  """to_official (.pt + .json) -> from_official, through files and torch.load."""
+  jm, out, state = _cli_export(tmp_path)
   assert state['position_encoder.generator_raw_params'].shape == (2, 1, 2 * 8, 8, 8)
   back = str(tmp_path / 'back')
   assert convert_cli.call(['from_official', '--state_dict', out, '--config',
                            str(tmp_path / 'official.json'), '--out_workdir', back]) == 0
   _assert_bit_identical(_params(jm), checkpoint.load_params(back)[1])
-  rope_vit = _official_rope_vit()
-  if rope_vit is not None:
-    with open(str(tmp_path / 'official.json')) as f:
-      kw = json.load(f)['rope_vit_kwargs']
-    x = _inputs(2, 16)
-    diff = float(np.abs(_official_logits(rope_vit, {k: v.numpy() for k, v in state.items()},
-                                         kw, x) - _jax_logits(jm, x)).max())
-    assert diff <= OFFICIAL_TOL
+
+
+def test_the_official_model_reads_a_cli_export_with_our_logits(tmp_path):
+  rope_vit = _official_rope_vit_or_skip()
+  jm, _, state = _cli_export(tmp_path)
+  with open(str(tmp_path / 'official.json')) as f:
+    kw = json.load(f)['rope_vit_kwargs']
+  x = _inputs(2, 16)
+  diff = float(np.abs(_official_logits(rope_vit, {k: v.numpy() for k, v in state.items()},
+                                       kw, x) - _jax_logits(jm, x)).max())
+  assert diff <= OFFICIAL_TOL
 
 
 @pytest.mark.parametrize('pe', ['paper_visionllama', 'paper_rope_mixed'])
