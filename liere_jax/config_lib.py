@@ -58,6 +58,9 @@ def model_config(*, pe: str, variant, patch, input_size, channels, num_classes, 
   m.pe.share = 'none'
   m.pe.init_scale = 2 * math.pi
   m.pe.expm = 'fast'
+  # Products of the exponential: 'auto' (float32 on CPU, tensor-core presets on GPU / TPU) or
+  # 'highest' (float32 everywhere); liere_jax.expm.
+  m.pe.expm_precision = 'auto'
   m.pe.jitter = 0.0  # Training-time position noise (ComRoPE's perturbation intensity); 0 = off.
   return m
 

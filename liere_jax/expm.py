@@ -1,37 +1,57 @@
 """Matrix exponential of stacks of skew-symmetric matrices, the core of LieRE.
 
-`expm(a, method)` is the entry point (liere_jax.rotations calls it for the exponentials it needs):
+`expm(a, method, precision)` is the entry point (liere_jax.rotations calls it):
   scipy:       `jax.vmap(jax.scipy.linalg.expm)`, the reference. Under vmap its norm-dependent
                Pade order and squarings become selects, so every matrix pays for all of them,
                and its backward pass keeps every intermediate.
   scipy_remat: the same under `jax.checkpoint`, per chunk of 16 MiB of matrices inside
-               `lax.map`: recomputed in the backward pass, which then holds one chunk's
-               intermediates rather than the whole stack's.
+               `lax.map`: the backward pass holds one chunk's intermediates at a time.
   fast:        b = 2 in closed form (a rotation by the angle a[0, 1]); otherwise scaling and
-               squaring with ONE scale per chunk of matrices (a scalar, so the squarings are real
-               branches, not selects) from a spectral-radius bound, a degree-12 Taylor
-               polynomial in 5 matmuls (Paterson-Stockmeyer), a final Newton-Schulz step, chunks
-               under `jax.checkpoint` inside `lax.map` so the backward pass holds one chunk's
-               intermediates at a time. On CPU the chunks are small (64 KiB of matrices, e.g. 4
-               of 64x64, so the working set stays in cache and the scale fits each chunk);
-               elsewhere 16 MiB (accelerators want large batches).
-All matmuls run in float32 at HIGHEST precision: a bf16 pass breaks orthogonality.
+               squaring from a spectral-radius bound, a degree-12 Taylor polynomial in 5 products
+               (Paterson-Stockmeyer) and a final Newton-Schulz step, in one of two forms chosen
+               per platform when the program is lowered (`jax.lax.platform_dependent`, so a
+               program lowered here for 'cuda' or 'tpu' takes that platform's form):
+    fast_cond    (CPU): ONE scale per chunk of 64 KiB of matrices (a scalar, so the squarings
+                 are real branches, `lax.cond`), chunks under `jax.checkpoint` inside `lax.map`.
+                 On a GPU each branch is a host round trip (XLA copies the predicate to the
+                 host): 72 per chunk with the backward pass.
+    fast_select  (GPU, TPU): a scale per matrix and SELECT_CAP squarings applied by select: no
+                 control flow at all. One piece, no remat, while its residuals stay under
+                 REMAT_ABOVE_BYTES; past that, chunks under `jax.checkpoint` (a `lax.map` with a
+                 static trip count).
+               Either form can be asked for by name on every platform (benchmarks, A/B).
+Products run at `precision` (`products`): 'highest' is float32 everywhere; 'auto' keeps it on
+CPU and uses six bf16 passes on accelerators (tensor cores; a TPU's HIGHEST), which keep
+float32's error (docs/benchmarks.md; `liere_jax.dots` emulates the presets on CPU).
 
-`fast_expm(a, taylor)` is `fast` with another Taylor scheme (a `Taylor`; liere_jax.bench times
-one), and `chunks` / `squarings` say how `fast` splits a stack and scales each chunk.
+`fast_expm(a, taylor, form, precision)` is `fast` with another Taylor scheme (a `Taylor`;
+liere_jax.bench times one) or a fixed form; `chunks` / `squarings` say how `fast_cond` splits a
+stack and scales each chunk.
 """
 
+import contextlib
+import contextvars
 import functools
-from typing import Callable, Dict, NamedTuple, Optional
+from typing import Callable, Dict, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-METHODS = ('fast', 'scipy', 'scipy_remat')
-_HI = jax.lax.Precision.HIGHEST
-_MAX_SQUARINGS = 24  # Scaled norms up to 2**24: far beyond any position range in use.
-_CHUNK_BYTES = 16 * 2**20  # Matrices per chunk of the fast path, in bytes (GPU, TPU).
+from liere_jax import dots as dots_lib
+
+METHODS = ('fast', 'fast_cond', 'fast_select', 'scipy', 'scipy_remat')
+FORMS = ('auto', 'cond', 'select')
+PRECISIONS = ('auto', 'highest')
+_MAX_SQUARINGS = 24  # fast_cond: scaled norms up to 2**24, far beyond any position range in use.
+# fast_select: every matrix pays for SELECT_CAP squarings. 16 covers spectral radii up to 2**16:
+# the init's largest is 2**11 for LieRE64 at 4x the position range of our configs, and 2**9 at
+# it. Beyond the cap the squarings stop there and the error grows (test_expm_precision).
+SELECT_CAP = 16
+# fast_select without remat while its residuals (about SELECT_CAP + 10 stacks) fit this; an
+# accelerator's memory holds the 6.6 GB of ImageNet LieRE64's lattice exponentials many times.
+REMAT_ABOVE_BYTES = 16 * 2**30
+_CHUNK_BYTES = 16 * 2**20  # Matrices per chunk on accelerators, in bytes (fast_cond, remat).
 _CHUNK_BYTES_CPU = 2**16  # On CPU: small enough that a chunk's intermediates stay in cache.
 _TAYLOR = [1.0 / float(np.prod(np.arange(1, k + 1))) for k in range(13)]  # 1/k!, k <= 12.
 
@@ -51,13 +71,13 @@ class Taylor(NamedTuple):
   products: int
 
 
-def expm(a: jax.Array, method: str = 'fast') -> jax.Array:
+def expm(a: jax.Array, method: str = 'fast', precision='auto') -> jax.Array:
   """exp(a) for a: [..., b, b] skew-symmetric; returns float32 [..., b, b] rotations."""
   if method not in METHODS:
     raise ValueError(f"expm method={method!r} is unknown; use one of {METHODS} "
                      "(e.g. --config.model.pe.expm=fast).")
-  if method == 'fast':
-    return fast_expm(a)
+  if method.startswith('fast'):
+    return fast_expm(a, form=method.partition('_')[2] or 'auto', precision=precision)
   flat, shape = _stack(a)
   fn = jax.vmap(jax.scipy.linalg.expm)
   with jax.default_matmul_precision('highest'):
@@ -66,13 +86,26 @@ def expm(a: jax.Array, method: str = 'fast') -> jax.Array:
   return out.reshape(shape)
 
 
-def fast_expm(a: jax.Array, taylor: Optional[Taylor] = None) -> jax.Array:
-  """expm(a, 'fast') with the Taylor scheme `taylor` (default: TAYLOR12, the library's)."""
+def fast_expm(a: jax.Array, taylor: Optional[Taylor] = None, form: str = 'auto',
+              precision='auto') -> jax.Array:
+  """expm(a, 'fast') with the Taylor scheme `taylor` (default: TAYLOR12, the library's), in
+  `form` (FORMS: 'auto' by platform), at `precision` (`products`)."""
+  if form not in FORMS:
+    raise ValueError(f'fast_expm form={form!r} is unknown; use one of {FORMS}.')
   flat, shape = _stack(a)
   if shape[-1] == 2:
     return _rotation_2x2(flat).reshape(shape)
-  chunk_expm = jax.checkpoint(functools.partial(_chunk_expm, taylor or TAYLOR12))
-  return _map_chunks(chunk_expm, flat, _fast_budget()).reshape(shape)
+  if not flat.shape[0]:  # Nothing to exponentiate (e.g. every position at the origin).
+    return flat.reshape(shape)
+  taylor = taylor or TAYLOR12
+  cond = lambda budget: lambda x: _map_chunks(
+      jax.checkpoint(functools.partial(_cond_expm, taylor)), x, budget)
+  select = lambda x: _select_stack(taylor, x)
+  forms = {'cond': dict(cpu=cond(_CHUNK_BYTES_CPU), default=cond(_CHUNK_BYTES)),
+           'select': dict(default=select),
+           'auto': dict(cpu=cond(_CHUNK_BYTES_CPU), default=select)}[form]
+  with products(precision), jax.named_scope('liere_expm'):
+    return jax.lax.platform_dependent(flat, **forms).reshape(shape)
 
 
 def _stack(a):
@@ -96,7 +129,8 @@ def _fast_budget():
 
 
 def chunks(a: jax.Array) -> jax.Array:
-  """a [m, b, b] as `fast` splits it: [n_chunks, chunk, b, b], the last chunk zero-padded."""
+  """a [m, b, b] as `fast_cond` splits it on this backend: [n_chunks, chunk, b, b], the last
+  chunk zero-padded."""
   return _chunked(a, _fast_budget())
 
 
@@ -111,7 +145,7 @@ def _chunked(a, budget):
 
 def _map_chunks(fn, a, budget):
   """fn over chunks of about `budget` bytes of a [m, b, b], one after another (lax.map)."""
-  if not a.shape[0]:  # Nothing to exponentiate (e.g. every position at the origin).
+  if not a.shape[0]:
     return a
   parts = _chunked(a, budget)
   if parts.shape[0] == 1:
@@ -121,80 +155,139 @@ def _map_chunks(fn, a, budget):
 
 
 def squarings(chunk: jax.Array, taylor: Optional[Taylor] = None) -> jax.Array:
-  """The squarings `fast` (with `taylor`, default TAYLOR12) applies to a chunk [c, b, b]."""
+  """The squarings `fast_cond` (with `taylor`, default TAYLOR12) applies to a chunk [c, b, b]."""
   taylor = taylor or TAYLOR12
-  return _squarings(taylor.powers(chunk), taylor.theta)
+  return jnp.max(_squarings(taylor.powers(chunk), taylor.theta, _MAX_SQUARINGS))
 
 
-def _squarings(powers, theta):
-  """Squarings for a chunk, from the highest power a^k of its unscaled matrices (a scalar):
-  the scaled spectral radius ends at most theta."""
+def _squarings(powers, theta, cap):
+  """Squarings per matrix [c], from the highest power a^k of the unscaled matrices: the scaled
+  spectral radius ends at most theta (up to 2**cap)."""
   # A skew-symmetric matrix is normal: the Taylor remainder at x is bounded through rho(x) in
   # the 2-norm, and rho(a) <= ||a^k||_1^(1/k) <= ||a||_1 (tighter than the 1-norm, and free:
   # the powers are needed anyway).
   k = max(powers)
-  norm = jax.lax.stop_gradient(jnp.max(jnp.sum(jnp.abs(powers[k]), axis=-2))) ** (1 / k) / theta
-  return jnp.clip(jnp.ceil(jnp.log2(jnp.maximum(norm, 1e-30))), 0,
-                  _MAX_SQUARINGS).astype(jnp.int32)
+  norm = jax.lax.stop_gradient(jnp.max(jnp.sum(jnp.abs(powers[k]), axis=-2), axis=-1))
+  norm = norm ** (1 / k) / theta
+  return jnp.clip(jnp.ceil(jnp.log2(jnp.maximum(norm, 1e-30))), 0, cap).astype(jnp.int32)
 
 
-@jax.custom_vjp
-def _mm(x, y):
-  """Batched x @ y at HIGHEST precision, with a VJP that avoids XLA CPU's slow form.
+def _scaled_polynomial(taylor, powers, s):
+  """The Taylor polynomial at a * 2^-s (s per matrix [c] or one scalar)."""
+  scale = jnp.exp2(-s.astype(jnp.float32)).reshape(s.shape + (1, 1))
+  return taylor.polynomial({k: p * scale**k for k, p in powers.items()})
+
+
+def _newton_schulz(r):
+  """One Newton-Schulz step to the nearest orthogonal matrix: squaring doubles the rounding
+  error each time; this removes the part of it that breaks orthogonality."""
+  return 1.5 * r - 0.5 * matmul(r, matmul(jnp.swapaxes(r, -1, -2), r))
+
+
+def _cond_expm(taylor, a):
+  """fast_cond on one chunk a [c, b, b]: one scale for the whole chunk."""
+  powers = taylor.powers(a)
+  s = jnp.max(_squarings(powers, taylor.theta, _MAX_SQUARINGS))
+  r = _scaled_polynomial(taylor, powers, s)
+  for i in range(_MAX_SQUARINGS):  # s is a scalar: each cond runs one branch.
+    r = jax.lax.cond(i < s, lambda y: matmul(y, y), lambda y: y, r)
+  return _newton_schulz(r)
+
+
+def _select_expm(taylor, a):
+  """fast_select on a [c, b, b]: a scale per matrix, SELECT_CAP squarings kept by select."""
+  powers = taylor.powers(a)
+  s = _squarings(powers, taylor.theta, SELECT_CAP)
+  r = _scaled_polynomial(taylor, powers, s)
+  for i in range(SELECT_CAP):
+    r = jnp.where((i < s)[:, None, None], matmul(r, r), r)
+  return _newton_schulz(r)
+
+
+def select_remat(taylor: Taylor, n_matrices: int, block: int) -> bool:
+  """Whether fast_select chunks and recomputes a stack: its residuals past REMAT_ABOVE_BYTES."""
+  return (taylor.products + SELECT_CAP + 10) * n_matrices * block**2 * 4 > REMAT_ABOVE_BYTES
+
+
+def _select_stack(taylor, a):
+  fn = functools.partial(_select_expm, taylor)
+  if select_remat(taylor, *a.shape[:2]):
+    return _map_chunks(jax.checkpoint(fn), a, _CHUNK_BYTES)
+  return fn(a)
+
+
+# Products: the precision of every matrix product of the exponential and of the lattice table,
+# set by `products(precision)` while they are traced.
+_PRECISION = contextvars.ContextVar('liere_expm_precision', default='auto')
+
+
+@contextlib.contextmanager
+def products(precision: Union[str, dots_lib.Dots]):
+  """The precision of `matmul` inside: 'auto' (by platform), 'highest' (float32), or a
+  `dots.Dots` pair on every platform (e.g. an emulated preset, for tests)."""
+  if isinstance(precision, str) and precision not in PRECISIONS:
+    raise ValueError(f'model.pe.expm_precision={precision!r} is unknown; use one of '
+                     f'{PRECISIONS} (e.g. --config.model.pe.expm_precision=auto).')
+  token = _PRECISION.set(precision)
+  try:
+    yield
+  finally:
+    _PRECISION.reset(token)
+
+
+def matmul(x: jax.Array, y: jax.Array) -> jax.Array:
+  """Batched x @ y at the `products` precision; the choice per platform is made when the
+  program is lowered."""
+  precision = _PRECISION.get()
+  if not isinstance(precision, str):
+    return _matmul(precision)(x, y)
+  if precision == 'highest':
+    return jax.lax.platform_dependent(x, y, cpu=_matmul(dots_lib.CPU),
+                                      default=_matmul(dots_lib.HIGHEST))
+  return jax.lax.platform_dependent(x, y, cpu=_matmul(dots_lib.CPU), cuda=_matmul(dots_lib.GPU),
+                                    rocm=_matmul(dots_lib.GPU), tpu=_matmul(dots_lib.TPU),
+                                    default=_matmul(dots_lib.HIGHEST))
+
+
+@functools.lru_cache(maxsize=None)
+def _matmul(d: dots_lib.Dots):
+  """x @ y with d.forward, and a VJP whose products use d.backward.
 
   The VJP needs x^T g; XLA folds the transpose into the dot as a contraction over the lhs's
   row axis, which on CPU runs several times slower than x @ y for small batched matrices.
-  Materialising x^T first (the barrier keeps XLA from folding it back) restores the fast form.
-  Other backends keep XLA's own choice.
+  Materialising x^T first (d.barrier: the barrier keeps XLA from folding it back) restores the
+  fast form there.
   """
-  return jnp.matmul(x, y, precision=_HI)
+  @jax.custom_vjp
+  def mm(x, y):
+    return d.forward(x, y)
 
+  def bwd(res, g):
+    x, y = res
+    xt = jnp.swapaxes(x, -1, -2)
+    if d.barrier:
+      xt = jax.lax.optimization_barrier(xt)
+    return d.backward(g, jnp.swapaxes(y, -1, -2)), d.backward(xt, g)
 
-def _mm_fwd(x, y):
-  return _mm(x, y), (x, y)
-
-
-def _mm_bwd(res, g):
-  x, y = res
-  xt = jnp.swapaxes(x, -1, -2)
-  if jax.default_backend() == 'cpu':
-    xt = jax.lax.optimization_barrier(xt)
-  return (jnp.matmul(g, jnp.swapaxes(y, -1, -2), precision=_HI),
-          jnp.matmul(xt, g, precision=_HI))
-
-
-_mm.defvjp(_mm_fwd, _mm_bwd)
-matmul = _mm  # For liere_jax.rotations' lattice powers and other Taylor schemes.
-
-
-def _chunk_expm(taylor, a):
-  """Scaling and squaring with one scale for the whole chunk; a: [c, b, b]."""
-  powers = taylor.powers(a)
-  s = _squarings(powers, taylor.theta)
-  scale = jnp.exp2(-s.astype(jnp.float32))
-  r = taylor.polynomial({k: p * scale**k for k, p in powers.items()})
-  for i in range(_MAX_SQUARINGS):  # s is a scalar: each cond runs one branch.
-    r = jax.lax.cond(i < s, lambda y: _mm(y, y), lambda y: y, r)
-  # One Newton-Schulz step to the nearest orthogonal matrix: squaring doubles the rounding
-  # error each time, this removes the part of it that breaks orthogonality.
-  return 1.5 * r - 0.5 * _mm(r, _mm(jnp.swapaxes(r, -1, -2), r))
+  mm.defvjp(lambda x, y: (mm(x, y), (x, y)), bwd)
+  return mm
 
 
 def _powers12(a):
-  a2 = _mm(a, a)
-  return {1: a, 2: a2, 4: _mm(a2, a2)}
+  a2 = matmul(a, a)
+  return {1: a, 2: a2, 4: matmul(a2, a2)}
 
 
 def _taylor12(x):
   """Degree 12 by Paterson-Stockmeyer from x, x^2, x^4 (one more product: x^3)."""
   x1, x2, x4 = x[1], x[2], x[4]
   eye = jnp.eye(x1.shape[-1], dtype=x1.dtype)
-  x3 = _mm(x2, x1)
+  x3 = matmul(x2, x1)
   c = _TAYLOR
   block = lambda j: c[j] * eye + c[j + 1] * x1 + c[j + 2] * x2 + c[j + 3] * x3
   r = block(8) + c[12] * x4
-  r = block(4) + _mm(x4, r)
-  return block(0) + _mm(x4, r)
+  r = block(4) + matmul(x4, r)
+  return block(0) + matmul(x4, r)
 
 
 # Degree 12 up to a scaled spectral radius of 1: remainder < 1/13! ~ 2e-10. Products: a^2, a^4,

@@ -9,6 +9,8 @@ exponential (R(m q) = R(q)^m, `lattice_plan`), and on a mesh each device compute
 (`split_over_data`).
 """
 
+import contextlib
+import contextvars
 import dataclasses
 from typing import Callable, Union
 
@@ -17,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from liere_jax.expm import expm, matmul
+from liere_jax.expm import expm, matmul, products
 
 
 def num_free(block: int) -> int:
@@ -33,7 +35,8 @@ def skew(params: jax.Array, block: int) -> jax.Array:
 
 
 def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
-                    method: Union[str, Callable] = 'fast', lattice: bool = True) -> jax.Array:
+                    method: Union[str, Callable] = 'fast', lattice: bool = True,
+                    precision='auto') -> jax.Array:
   """R(p) per layer, head and token.
 
   Positions known at trace time (numpy, a concrete array, or a constant under jit) that lie on
@@ -51,14 +54,16 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
     method: the exponential, one of liere_jax.expm.METHODS, or a function [..., b, b] ->
       [..., b, b] (e.g. expm.fast_expm with another Taylor scheme).
     lattice: take the lattice path where the positions allow it.
+    precision: of the exponential's and the lattice table's products (expm.products).
   Returns:
     [L, H, T, n_blocks, b, b] float32 rotations.
   """
-  exp = method if callable(method) else lambda a: expm(a, method)
+  exp = method if callable(method) else lambda a: expm(a, method, precision)
   plan = lattice_plan(positions) if lattice and block > 2 else None
   if plan is None:
     return split_over_data(exp, liere_generators(generators, positions, block))
-  return _lattice_rotations(generators, plan, block, exp)
+  with products(precision):
+    return _lattice_rotations(generators, plan, block, exp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +178,7 @@ def _lattice_rotations(generators, plan: LatticePlan, block: int, exp):
   # Slot ranges of the parts of the table: I, the primitives, then one part per level.
   bounds = np.cumsum([0, 1, n_prim] + [len(lhs) for lhs, _ in plan.levels])
 
+  @jax.named_scope('liere_lattice')
   def powers(rot):  # [G, P, k, b, b] -> [G, n_slots, k, b, b]: the table of every slot
     parts = [jnp.broadcast_to(jnp.eye(block, dtype=rot.dtype), rot[:, :1].shape), rot]
     for lhs, rhs in plan.levels:
@@ -258,6 +264,25 @@ def angle_rotations(angles: jax.Array) -> jax.Array:
   return jnp.stack([jnp.stack([c, -s], -1), jnp.stack([s, c], -1)], -2)
 
 
+# How rotate applies the blocks (APPLY_FORMS; a context so that benchmarks can set it for one
+# side of an A/B: liere_jax.bench step --vs apply=einsum).
+APPLY_FORMS = ('auto', 'einsum')
+_APPLY = contextvars.ContextVar('liere_rotate_apply', default='auto')
+
+
+@contextlib.contextmanager
+def apply_form(form: str):
+  """rotate's form inside: 'auto' (below) or 'einsum' (every block size through one einsum
+  with the rotations as the left operand: the form before the GPU measurements)."""
+  if form not in APPLY_FORMS:
+    raise ValueError(f'apply form {form!r} is unknown; use one of {APPLY_FORMS}.')
+  token = _APPLY.set(form)
+  try:
+    yield
+  finally:
+    _APPLY.reset(token)
+
+
 def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
   """Applies per-token block rotations to queries or keys.
 
@@ -266,19 +291,25 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
     rot: [H or 1, T, k, b, b] float32; the first k * b dims of each head rotate, the rest pass
       through.
   Returns:
-    x rotated (x' = R x per block), in x's dtype. The product runs in x's dtype (float32 at
-    highest precision; bf16 models multiply bf16-rounded rotations, accumulating in float32).
+    x rotated (x' = R x per block), in x's dtype, with float32 products and sums (bf16 models
+    rotate by bf16-rounded rotations).
+
+  x keeps its [B, T, H, d] layout. Blocks up to 8 are applied elementwise (a multiply and a
+  sum over the block that XLA fuses into one pass over x: memory speed); larger ones as a
+  batched product with x on the left, so that (t, h, block) are the batch and the block's own
+  axis stays minor on both sides.
   """
   k, b = rot.shape[-3], rot.shape[-1]
-  h = x.shape[2]
-  rot = jnp.swapaxes(jnp.broadcast_to(rot, (h,) + rot.shape[1:]), 0, 1).astype(x.dtype)
+  rot = jnp.swapaxes(rot, 0, 1).astype(x.dtype)  # [T, H or 1, k, b, b]
   xr = x[..., :k * b].reshape(*x.shape[:-1], k, b)  # [B, T, H, k, b]
-  if b == 2:  # elementwise beats a batched 2x2 matmul.
-    out = jnp.stack([rot[..., 0, 0] * xr[..., 0] + rot[..., 0, 1] * xr[..., 1],
-                     rot[..., 1, 0] * xr[..., 0] + rot[..., 1, 1] * xr[..., 1]], -1)
+  old = _APPLY.get() == 'einsum'
+  if b == 2 or (b <= 8 and not old):
+    out = jnp.sum(rot.astype(jnp.float32) * xr.astype(jnp.float32)[..., None, :], axis=-1)
   else:
     precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else None
-    out = jnp.einsum('thkij,bthkj->bthki', rot, xr, precision=precision,
-                     preferred_element_type=jnp.float32)
+    rot = jnp.broadcast_to(rot, xr.shape[1:] + (b,))
+    out = jnp.einsum(*(('thkij,bthkj->bthki', rot, xr) if old else
+                       ('bthkj,thkij->bthki', xr, rot)),
+                     precision=precision, preferred_element_type=jnp.float32)
   out = out.reshape(*x.shape[:-1], k * b).astype(x.dtype)
   return jnp.concatenate([out, x[..., k * b:]], axis=-1) if k * b < x.shape[-1] else out

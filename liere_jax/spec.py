@@ -34,11 +34,11 @@ INIT_EMBED_STD = {'jax': 0.02, 'official': 1.0}
 MODEL_FIELDS = ('variant', 'width', 'depth', 'heads', 'mlp_dim', 'patch', 'input_size',
                 'channels', 'num_classes', 'pool', 'dropout', 'dropout_sites', 'qkv_bias', 'init',
                 'dtype', 'remat', 'scan_layers', 'pe')
-PE_FIELDS = ('name', 'positions', 'share', 'init_scale', 'expm', 'jitter')
+PE_FIELDS = ('name', 'positions', 'share', 'init_scale', 'expm', 'expm_precision', 'jitter')
 # Fields added after runs and exports existed, with the value that reproduces those runs.
 MODEL_ADDED = {'remat': 'none', 'scan_layers': False, 'dropout_sites': ('embed', 'attn', 'mlp'),
                'init': 'jax'}
-PE_ADDED = {'jitter': 0.0}
+PE_ADDED = {'jitter': 0.0, 'expm_precision': 'highest'}
 REMAT = ('none', 'block')
 # model.scan_layers=None (the configs' default) scans models this deep and loops shallower ones.
 # Measured train steps, scan / loop (docs/design.md, "Depth"): ViT-L 0.82x (compile 0.47x, peak
@@ -46,12 +46,13 @@ REMAT = ('none', 'block')
 SCAN_FROM_DEPTH = 24
 # The model.pe options that only some encodings read (registry.Facts.options), at the values
 # liere_jax.config_lib.model_config writes; any other value is refused for the others.
-PE_OPTION_DEFAULTS = {'share': 'none', 'init_scale': 2 * math.pi, 'expm': 'fast'}
+PE_OPTION_DEFAULTS = {'share': 'none', 'init_scale': 2 * math.pi, 'expm': 'fast',
+                      'expm_precision': 'auto'}
 # ModelSpec fields that leave the parameter tree (names and shapes) as it is: a resumed run may
 # change them (ModelSpec.tree_fields). The variant is in width, depth, heads and mlp_dim.
 NOT_TREE_FIELDS = ('variant', 'dtype', 'remat', 'scan_layers', 'dropout', 'dropout_sites',
                    'init', 'layer_norm_eps')
-NOT_TREE_PE_FIELDS = ('positions', 'init_scale', 'expm', 'jitter')
+NOT_TREE_PE_FIELDS = ('positions', 'init_scale', 'expm', 'expm_precision', 'jitter')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,7 @@ class PESpec:
   heads: int  # ... and over heads: heads, or 1 when shared over heads.
   init_scale: float  # LieRE generators ~ U[0, 1) * init_scale.
   expm: str  # The exponential (liere_jax.expm.METHODS).
+  expm_precision: str  # Its products (liere_jax.expm.PRECISIONS).
   jitter: float  # Training: patch positions += clip(N(0, 1) * jitter / 2, -1/2, 1/2) patches.
 
 
@@ -248,6 +250,9 @@ def _resolve_pe(pe: dict, *, width: int, depth: int, heads: int, n_dims: int) ->
   if pe['expm'] not in expm.METHODS:
     raise ValueError(f"model.pe.expm={pe['expm']!r} is unknown; use one of {expm.METHODS} "
                      '(e.g. --config.model.pe.expm=fast).')
+  if pe['expm_precision'] not in expm.PRECISIONS:
+    raise ValueError(f"model.pe.expm_precision={pe['expm_precision']!r} is unknown; use one of "
+                     f'{expm.PRECISIONS} (e.g. --config.model.pe.expm_precision=auto).')
   init_scale = float(pe['init_scale'])
   if not init_scale > 0:
     raise ValueError(f'model.pe.init_scale={init_scale} must be positive (LieRE: 2 pi).')
@@ -260,4 +265,5 @@ def _resolve_pe(pe: dict, *, width: int, depth: int, heads: int, n_dims: int) ->
   return PESpec(name=name, family=family, block=block, positions=positions, share=share,
                 layers=1 if share in ('layers', 'all') else depth,
                 heads=1 if share in ('heads', 'all') else heads,
-                init_scale=init_scale, expm=pe['expm'], jitter=jitter)
+                init_scale=init_scale, expm=pe['expm'],
+                expm_precision=pe['expm_precision'], jitter=jitter)

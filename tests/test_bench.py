@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from liere_jax import bench
+from liere_jax import bench, expm
 from tests import helpers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,10 +33,25 @@ def test_expm_bench_tiny_case_rows_and_fast_accuracy():
 
 
 def test_expm_bench_unknown_names_fail_clearly():
-  with pytest.raises(ValueError, match='Unknown case'):
+  with pytest.raises(ValueError, match="'nope' is neither a case .* nor a shape: MxB"):
     bench.bench_expm(['nope'], ['fast'])
+  with pytest.raises(ValueError, match='neither a case'):  # 48 does not divide 64
+    bench.bench_expm(['1x1x4x4/48'], ['fast'])
   with pytest.raises(ValueError, match='Unknown impl'):
     bench.bench_expm(['tiny'], ['pade'])
+
+
+def test_expm_bench_takes_a_shape_the_user_names():
+  """'MxB' is M matrices of B x B, 'LxHxGRID/B' a model's stack: the rows say so, with each
+  implementation's counted FLOPs (fast_select: SELECT_CAP squarings for every matrix)."""
+  assert bench.parse_case('12x3x4x5/8') == bench.Case(12, 3, (4, 5), 8)
+  assert bench.parse_case('2x3x2x4x5/16').n_matrices == 2 * 3 * 40 * 4
+  rows = bench.bench_expm(['10x16'], ['fast_select', 'fast_cond'], repeats=1,
+                          precision='highest', log=lambda s: None)
+  assert [(r['n_matrices'], r['size'], r['precision']) for r in rows] == [(10, 16, 'highest')] * 2
+  select, cond = rows
+  assert select['fwd_gflop'] * 1e9 == (5 + 2 + expm.SELECT_CAP) * 10 * 2 * 16**3
+  assert cond['fwd_gflop'] < select['fwd_gflop'] and max(r['max_abs_err'] for r in rows) < 1e-5
 
 
 def test_fast_flops_counts_squarings_from_the_spectral_radius():

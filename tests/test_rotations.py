@@ -173,7 +173,7 @@ def test_lattice_path_split_over_data(n, layers, heads, monkeypatch):
   (layer, head) stacks (n need not divide either)."""
   gens, pos = _lattice_case(8, layers, heads, grid=(6, 6))
   shapes, expm_ = [], rotations.expm
-  monkeypatch.setattr(rotations, 'expm', lambda a, m: shapes.append(a.shape) or expm_(a, m))
+  monkeypatch.setattr(rotations, 'expm', lambda a, *m: shapes.append(a.shape) or expm_(a, *m))
   g = jnp.asarray(np.random.default_rng(3).normal(size=(layers, heads, len(pos), 8, 8, 8)),
                   jnp.float32)
   loss = lambda p, lattice: jnp.sum(rotations.liere_rotations(p, pos, 8, lattice=lattice) * g)

@@ -53,8 +53,9 @@ Modules: expm.py (bench expm), rotations.py (bench rotations and the degree-18 s
 flops.py (counted FLOPs of the exponentials), step.py (bench step), peer.py (the official
 code's step), data.py (bench data), __main__.py (the command line).
 """
-from liere_jax.bench.expm import (CASES, DEFAULT_CASES, IMPLS, ROW_KEYS, Case, available_bytes,
-                                  bench_expm, case_inputs, expm_table, is_oom)
+from liere_jax.bench.expm import (ALL_IMPLS, CASES, DEFAULT_CASES, IMPLS, ROW_KEYS, Case,
+                                  available_bytes, bench_expm, case_inputs, expm_table, is_oom,
+                                  parse_case)
 from liere_jax.bench.data import bench_data, data_table
 from liere_jax.bench.flops import fast_flops, liere_flops
 from liere_jax.bench.peer import Official, OfficialError, official_kwargs, time_official
@@ -63,8 +64,9 @@ from liere_jax.bench.rotations import (ROTATION_CASES, ROTATION_VARIANTS, TAYLOR
 from liere_jax.bench.step import (bench_step, load_config, random_batches, step_table, vs_overrides,
                                   with_args)
 
-__all__ = ['CASES', 'DEFAULT_CASES', 'IMPLS', 'ROW_KEYS', 'Case', 'available_bytes',
-           'bench_expm', 'case_inputs', 'expm_table', 'is_oom', 'fast_flops', 'liere_flops',
+__all__ = ['ALL_IMPLS', 'CASES', 'DEFAULT_CASES', 'IMPLS', 'ROW_KEYS', 'Case', 'available_bytes',
+           'bench_expm', 'case_inputs', 'expm_table', 'is_oom', 'parse_case', 'fast_flops',
+           'liere_flops',
            'ROTATION_CASES', 'ROTATION_VARIANTS', 'TAYLOR18', 'TAYLORS', 'bench_rotations',
            'rotations_table', 'Official', 'OfficialError', 'official_kwargs', 'time_official',
            'bench_step', 'load_config', 'random_batches', 'step_table', 'vs_overrides', 'with_args',

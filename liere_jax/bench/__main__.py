@@ -7,17 +7,22 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from liere_jax import cli, config_lib
+from liere_jax.expm import PRECISIONS
 from liere_jax.bench.data import bench_data, data_table
-from liere_jax.bench.expm import DEFAULT_CASES, IMPLS, bench_expm, expm_table
+from liere_jax.bench.expm import DEFAULT_CASES, IMPLS, bench_expm, expm_table, parse_case
+from liere_jax.bench.lower import PLATFORMS, bench_lower
 from liere_jax.bench.peer import OfficialError
 from liere_jax.bench.rotations import bench_rotations, rotations_table
-from liere_jax.bench.step import bench_step, load_config, step_table, vs_overrides, with_args
+from liere_jax.bench.step import (bench_step, load_config, step_table, vs_apply, vs_overrides,
+                                  with_args)
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'step, data: config file[:args].',
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'step, data, lower: config '
+                                          'file[:args].',
                                           lock_config=False)
 _VS = flags.DEFINE_string('vs', None, 'step: arguments appended to the config argument string '
                           'for the baseline, e.g. pe=abs; items config.KEY=VALUE override the '
-                          "baseline's config only, e.g. config.model.scan_layers=False.")
+                          "baseline's config only, e.g. config.model.scan_layers=False; "
+                          'apply=einsum applies its rotations in the earlier form.')
 _STEPS = flags.DEFINE_integer('steps', 10, 'step: timed steps of each (after warm-up).')
 _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed calls of each before timing.')
 _BREAKDOWN = flags.DEFINE_bool('breakdown', False, 'step: also time the train step with the '
@@ -30,18 +35,25 @@ _OFFICIAL_PYTHON = flags.DEFINE_string('official_python', None, 'step: interpret
 _OFFICIAL_THREADS = flags.DEFINE_integer('official_threads', None,
                                          'step: torch threads; default: CPU count.')
 _CASE = flags.DEFINE_multi_string('case', None, 'expm, rotations: cases (default: expm all '
-                                   'but tiny, rotations all but tiny).')
-_IMPL = flags.DEFINE_multi_string('impl', None, 'expm: implementations (default: all).')
+                                   'but tiny, rotations all but tiny); expm also takes a shape: '
+                                   'MxB (4096x32: 4096 matrices of 32x32) or LxHxGRID/B '
+                                   '(12x12x14x14/8).')
+_IMPL = flags.DEFINE_multi_string('impl', None, 'expm: implementations (default: scipy, '
+                                   'scipy_remat, fast, torch; also fast_cond, fast_select).')
+_PRECISION = flags.DEFINE_string('precision', 'auto', 'expm: products of the JAX '
+                                 'implementations, auto or highest (model.pe.expm_precision).')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'expm, rotations: timed calls of each (after '
                                 'warm-up); data: rounds over the worker counts.')
 _WORKERS = flags.DEFINE_list('workers', ['0', '1', '2'], 'data: Grain worker process counts '
                               'to time (0 = threads of the main process only).')
 _BATCHES = flags.DEFINE_integer('batches', 10, 'data: timed batches of each (after warm-up); '
                                 'the batch is --config.batch_size.')
+_PLATFORM = flags.DEFINE_enum('platform', 'cuda', PLATFORMS, 'lower: the platform to lower '
+                              'the train step for.')
 _JSON = flags.DEFINE_bool('json', False, 'Print the result as JSON on the last line.')
 
 
-ACTIONS = ('expm', 'rotations', 'step', 'data')
+ACTIONS = ('expm', 'rotations', 'step', 'data', 'lower')
 
 
 def _platform():
@@ -50,8 +62,16 @@ def _platform():
 
 
 def _expm(log):
-  rows = bench_expm(_CASE.value or DEFAULT_CASES, _IMPL.value or IMPLS, _REPEATS.value,
-                    max(_WARMUP.value, 1) if _WARMUP.present else 1, log=log)
+  cases = _CASE.value or DEFAULT_CASES
+  try:
+    [parse_case(c) for c in cases]
+    if _PRECISION.value not in PRECISIONS:
+      raise ValueError(f'--precision={_PRECISION.value!r} is unknown; use one of {PRECISIONS}.')
+  except ValueError as e:
+    raise app.UsageError(str(e))
+  rows = bench_expm(cases, _IMPL.value or IMPLS, _REPEATS.value,
+                    max(_WARMUP.value, 1) if _WARMUP.present else 1,
+                    precision=_PRECISION.value, log=log)
   return _platform(), expm_table(rows), rows
 
 
@@ -78,14 +98,27 @@ def _data(log):
   return head, data_table(res), res
 
 
+def _lower(log):
+  if _CONFIG.value is None:
+    raise app.UsageError('lower needs --config CONFIG[:args].')
+  log(f'lowering the train step for {_PLATFORM.value}')
+  res, = bench_lower(_CONFIG.value, [_PLATFORM.value])
+  res['config'] = config_flags.get_config_filename(flags.FLAGS['config'])
+  table = '\n'.join(f'{k}: {res[k]}' for k in ('conditionals', 'platform_cases', 'while_loops',
+                                                'expm_dot_algorithms', 'expm_dots'))
+  return f"{res['config']} lowered for {res['platform']} on {_platform()}", table, res
+
+
 def _step(log):
   if _CONFIG.value is None or _VS.value is None:
     raise app.UsageError('step needs --config CONFIG[:args] and --vs ARGS.')
   spec = config_flags.get_config_filename(flags.FLAGS['config'])
   overrides = config_flags.get_override_values(flags.FLAGS['config'])
   spec_b = with_args(spec, _VS.value)
+  names = (spec, spec_b + ''.join(f',{s}' for s in _VS.value.split(',') if s.startswith('apply=')))
   try:
     baseline = load_config(spec_b, {**overrides, **vs_overrides(_VS.value)})
+    apply = vs_apply(_VS.value)
   except (ValueError, TypeError, KeyError, AttributeError) as e:
     raise app.UsageError(f'--vs {_VS.value!r}: {e}')
   official = None
@@ -93,9 +126,9 @@ def _step(log):
     official = dict(checkout=_OFFICIAL.value, python=_OFFICIAL_PYTHON.value,
                     threads=_OFFICIAL_THREADS.value)
   try:
-    res = bench_step(_CONFIG.value, baseline, names=(spec, spec_b), steps=_STEPS.value,
+    res = bench_step(_CONFIG.value, baseline, names=names, steps=_STEPS.value,
                      warmup=_WARMUP.value, breakdown=_BREAKDOWN.value, official=official,
-                     log=log)
+                     baseline_apply=apply, log=log)
   except OfficialError as e:
     sys.exit(f'bench step --official: {e}')
   res['overrides'] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in overrides.items()}
@@ -107,7 +140,8 @@ def _step(log):
 def main(argv):
   action = cli.subcommand(argv, ACTIONS, 'bench')
   log = lambda s: print(s, file=sys.stderr, flush=True)
-  run = {'expm': _expm, 'rotations': _rotations, 'step': _step, 'data': _data}[action]
+  run = {'expm': _expm, 'rotations': _rotations, 'step': _step, 'data': _data,
+         'lower': _lower}[action]
   head, table, result = run(log)
   print(head)
   print(table)

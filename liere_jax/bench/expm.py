@@ -4,6 +4,7 @@ SciPy. See liere_jax.bench."""
 import dataclasses
 import math
 import os
+import re
 import statistics
 import time
 from typing import Optional, Sequence
@@ -44,9 +45,26 @@ CASES = {
 }
 DEFAULT_CASES = ('cifar_vitb_liere64', 'imagenet_vitb16_liere64', 'imagenet_vitb16_liere8',
                  'imagenet_vitb16_liere2')
-IMPLS = ('scipy', 'scipy_remat', 'fast', 'torch')
+IMPLS = ('scipy', 'scipy_remat', 'fast', 'torch')  # The default set; also fast_cond, fast_select.
+ALL_IMPLS = IMPLS + ('fast_cond', 'fast_select')
 ROW_KEYS = ('case', 'impl', 'n_matrices', 'size', 'compile_s', 'fwd_s', 'fwd_bwd_s',
             'temp_bytes', 'max_abs_err', 'orth_err', 'grad_rel_err', 'status')
+
+
+def parse_case(name: str) -> Case:
+  """A CASES name, 'MxB' (M matrices of B x B: M positions of a 2D grid, one block per head)
+  or 'LxHxG1xG2[xG3]/B' (L layers x H heads x a 2D or 3D grid, blocks of B in 64 head dims)."""
+  if name in CASES:
+    return CASES[name]
+  m = re.fullmatch(r'(\d+)x(\d+)', name)
+  if m and int(m[1]) > 0 and int(m[2]) > 1:
+    return Case(1, 1, (int(m[1]),), int(m[2]), head_dim=int(m[2]))
+  m = re.fullmatch(r'(\d+)x(\d+)x(\d+(?:x\d+){1,2})/(\d+)', name)
+  if m and int(m[4]) > 1 and 64 % int(m[4]) == 0:
+    return Case(int(m[1]), int(m[2]), tuple(int(g) for g in m[3].split('x')), int(m[4]))
+  raise ValueError(f'--case {name!r} is neither a case ({", ".join(sorted(CASES))}) nor a '
+                   'shape: MxB (e.g. 4096x32) or LxHxGRID/B with B dividing 64 (e.g. '
+                   '12x12x14x14/8).')
 
 
 def case_inputs(case: Case, seed: int = 0):
@@ -55,8 +73,13 @@ def case_inputs(case: Case, seed: int = 0):
   from liere_jax.positions import grid_positions
   rng = np.random.default_rng(seed)
   k, f = case.head_dim // case.block, rotations.num_free(case.block)
-  gens = rng.uniform(0, 2 * np.pi, (case.layers, case.heads, 2, k, f)).astype(np.float32)
-  pos = grid_positions(case.grid, case.grid, 'normalized')  # [T, 2] in [0, 1]
+  if len(case.grid) == 1:  # M matrices: the first M points of a 2D grid.
+    side = math.isqrt(case.grid[0] - 1) + 1
+    pos = grid_positions((side, side), (side, side), 'normalized')[:case.grid[0]]
+  else:
+    pos = grid_positions(case.grid, case.grid, 'normalized')  # [T, n] in [0, 1]
+  gens = rng.uniform(0, 2 * np.pi, (case.layers, case.heads, pos.shape[1], k, f)).astype(
+      np.float32)
   coeffs = np.einsum('tn,lhnkf->lhtkf', pos, gens).astype(np.float32)
   a = np.asarray(rotations.skew(jnp.asarray(coeffs), case.block)).reshape(
       -1, case.block, case.block)
@@ -129,11 +152,11 @@ def _reference_errors(a64, r, grad, g):
 class _JaxImpl:
   """One liere_jax.expm method, jitted: forward and gradient of sum(R * G)."""
 
-  def __init__(self, method):
+  def __init__(self, method, precision='auto'):
     from liere_jax.expm import expm
     self.name = method
-    self.fwd = jax.jit(lambda a: expm(a, method))
-    self.fwd_bwd = jax.jit(jax.grad(lambda a, g: jnp.sum(expm(a, method) * g)))
+    self.fwd = jax.jit(lambda a: expm(a, method, precision))
+    self.fwd_bwd = jax.jit(jax.grad(lambda a, g: jnp.sum(expm(a, method, precision) * g)))
 
   def prepare(self, a, g, row):
     """Compiles both and reads XLA's memory analysis: a function whose temp + output buffers
@@ -225,27 +248,29 @@ def _to_numpy(x, idx):
   return np.asarray(x[jnp.asarray(idx)])
 
 
-def _make_impl(name):
+def _make_impl(name, precision):
   if name == 'torch':
     try:
       return _TorchImpl(), None
     except ImportError as e:
       return None, f'torch is not importable ({e})'
-  return _JaxImpl(name), None
+  return _JaxImpl(name, precision), None
 
 
 def bench_expm(cases: Sequence[str], impls: Sequence[str], repeats: int = 3, warmup: int = 1,
-               log=print):
-  """Rows (dicts with ROW_KEYS, plus compile_fwd_s, fwd_temp_bytes, note) per case and impl."""
-  for c in cases:
-    if c not in CASES:
-      raise ValueError(f'Unknown case {c!r}; use one of {sorted(CASES)}.')
+               precision='auto', log=print):
+  """Rows (dicts with ROW_KEYS, plus compile_fwd_s, fwd_temp_bytes, note) per case (parse_case)
+  and impl; the JAX impls' products at `precision` (liere_jax.expm.PRECISIONS)."""
+  from liere_jax.expm import PRECISIONS
+  parsed = {c: parse_case(c) for c in cases}
   for i in impls:
-    if i not in IMPLS:
-      raise ValueError(f'Unknown impl {i!r}; use one of {IMPLS}.')
+    if i not in ALL_IMPLS:
+      raise ValueError(f'Unknown impl {i!r}; use one of {ALL_IMPLS}.')
+  if precision not in PRECISIONS:
+    raise ValueError(f'--precision={precision!r} is unknown; use one of {PRECISIONS}.')
   rows = []
   for case_name in cases:
-    case = CASES[case_name]
+    case = parsed[case_name]
     a, g = case_inputs(case)
     norms = np.abs(a).sum(-2).max(-1)
     idx = np.unique(np.concatenate([
@@ -257,11 +282,12 @@ def bench_expm(cases: Sequence[str], impls: Sequence[str], repeats: int = 3, war
     for name in impls:
       row = dict.fromkeys(ROW_KEYS)
       row.update(case=case_name, impl=name, n_matrices=len(a), size=case.block, status='ok',
-                 compile_fwd_s=None, fwd_temp_bytes=None, note=None, fwd_gflop=None)
-      if name == 'fast':  # Counted, not from XLA (which counts a loop body once).
-        row['fwd_gflop'] = fast_flops(a) / 1e9
+                 compile_fwd_s=None, fwd_temp_bytes=None, note=None, fwd_gflop=None,
+                 precision=None if name == 'torch' else precision)
+      if name.startswith('fast'):  # Counted, not from XLA (which counts a loop body once).
+        row['fwd_gflop'] = fast_flops(a, form=name.partition('_')[2] or 'auto') / 1e9
       rows.append(row)
-      impl, why = _make_impl(name)
+      impl, why = _make_impl(name, precision)
       if impl is None:
         row.update(status='unavailable', note=why)
         continue
@@ -335,7 +361,7 @@ def expm_table(rows) -> str:
         f"{_fmt(r['max_abs_err'], '8.1e')} {_fmt(r['orth_err'], '8.1e')} "
         f"{_fmt(r['grad_rel_err'], '8.1e')}")
   notes = [f"  {r['case']} / {r['impl']}: {r['note']}" for r in rows if r.get('note')]
-  notes += [f"  {r['case']} / fast: {r['fwd_gflop']:.1f} GFLOP forward "
+  notes += [f"  {r['case']} / {r['impl']}: {r['fwd_gflop']:.1f} GFLOP forward "
             f"({r['fwd_gflop'] * 1e9 / (2 * r['size']**3 * r['n_matrices']):.1f} products per "
             f"matrix), {r['fwd_gflop'] / r['fwd_s']:.0f} GFLOP/s"
             for r in rows if r.get('fwd_gflop') and r.get('fwd_s')]

@@ -14,23 +14,28 @@ from liere_jax import expm, rotations
 _NEWTON_SCHULZ = 2  # Products of the final orthogonalisation step.
 
 
-def fast_flops(a, taylor: Optional[expm.Taylor] = None) -> int:
-  """Forward FLOPs of expm.fast_expm(a, taylor) (default: expm(a, 'fast')): per matrix the
-  scheme's fixed products, the Newton-Schulz step's and its chunk's squarings, 2 b^3 FLOPs each,
-  padding of the last chunk included (it is computed). 0 for b = 2 (closed form)."""
+def fast_flops(a, taylor: Optional[expm.Taylor] = None, form: str = 'auto') -> int:
+  """Forward FLOPs of expm.fast_expm(a, taylor, form) on this backend ('auto': fast_cond on CPU,
+  fast_select elsewhere): per matrix the scheme's fixed products, the Newton-Schulz step's and
+  the squarings (fast_cond: its chunk's, padding included; fast_select: SELECT_CAP), 2 b^3
+  FLOPs each. 0 for b = 2 (closed form)."""
   taylor = taylor or expm.TAYLOR12
   a = jnp.asarray(a, jnp.float32)
   b = a.shape[-1]
   if b == 2 or a.size == 0:
     return 0
+  fixed = taylor.products + _NEWTON_SCHULZ
+  if form == 'auto':
+    form = 'cond' if jax.default_backend() == 'cpu' else 'select'
+  if form == 'select':
+    return (fixed + expm.SELECT_CAP) * (a.size // b**2) * 2 * b**3
   chunks = expm.chunks(a.reshape(-1, b, b))
   s = jax.jit(lambda c: jax.lax.map(lambda x: expm.squarings(x, taylor), c))(chunks)
-  fixed = taylor.products + _NEWTON_SCHULZ
   return int((fixed + np.asarray(s, np.int64)).sum()) * chunks.shape[1] * 2 * b**3
 
 
 def liere_flops(generators, positions, block: int, n_devices: int = 1, lattice: bool = True,
-                taylor: Optional[expm.Taylor] = None):
+                taylor: Optional[expm.Taylor] = None, form: str = 'auto'):
   """Forward FLOPs of rotations.liere_rotations(..., 'fast'): the exponentials (fast_flops)
   plus, on the lattice path, 2 b^3 per power product. Returns (per device, on one device): the
   largest device's share when split over n_devices as rotations.split_over_data splits them,
@@ -41,9 +46,9 @@ def liere_flops(generators, positions, block: int, n_devices: int = 1, lattice: 
   groups, k = a.shape[0] * a.shape[1], a.shape[3]
   a = a.reshape(-1, block, block)
   per_group = 2 * block**3 * k * (plan.n_products if plan else 0)
-  whole = fast_flops(a, taylor) + groups * per_group
+  whole = fast_flops(a, taylor, form) + groups * per_group
   if n_devices == 1:
     return whole, whole
   share = -(-a.shape[0] // n_devices)
-  largest = max(fast_flops(a[i:i + share], taylor) for i in range(0, a.shape[0], share))
+  largest = max(fast_flops(a[i:i + share], taylor, form) for i in range(0, a.shape[0], share))
   return largest + -(-groups // n_devices) * per_group, whole

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections.config_flags import config_path
 
-from liere_jax import config_lib
+from liere_jax import config_lib, rotations
 from liere_jax.bench import peer
 from liere_jax.bench.expm import _fmt, _timed
 from liere_jax.bench.flops import liere_flops
@@ -25,10 +25,11 @@ def load_config(spec: str, overrides: dict):
 
 def with_args(spec: str, extra: str) -> str:
   """'configs/x.py:a=1' + 'b=2' -> 'configs/x.py:a=1,b=2' (later keys win in parse_arg).
-  Items of `extra` that start with 'config.' are overrides (vs_overrides), not arguments."""
+  Items of `extra` that start with 'config.' are overrides (vs_overrides) and 'apply=' the
+  rotations' form (vs_apply), not arguments."""
   path, sep, arg = spec.partition(':')
   args = [s for s in arg.split(',') if s] if sep else []
-  new = [s for s in extra.split(',') if s and not s.startswith('config.')]
+  new = [s for s in extra.split(',') if s and not s.startswith(('config.', 'apply='))]
   keys = {s.partition('=')[0] for s in new}
   args = [s for s in args if s.partition('=')[0] not in keys] + new
   return f"{path}:{','.join(args)}" if args else path
@@ -48,6 +49,16 @@ def vs_overrides(extra: str) -> dict:
       except (ValueError, SyntaxError):
         out[key] = value
   return out
+
+
+def vs_apply(extra: str) -> str:
+  """'pe=abs,apply=einsum' -> 'einsum': how the baseline applies its rotations
+  (liere_jax.rotations.APPLY_FORMS; 'auto' unless named)."""
+  forms = [s.partition('=')[2] for s in extra.split(',') if s.startswith('apply=')]
+  form = forms[-1] if forms else 'auto'
+  if form not in rotations.APPLY_FORMS:
+    raise ValueError(f'--vs item apply={form} is unknown; use one of {rotations.APPLY_FORMS}.')
+  return form
 
 
 def random_batches(config, seed=0):
@@ -135,11 +146,12 @@ def _expm_flops(trainer, params, grid, n):
   all of them on one. None for encodings without exponentials."""
   from liere_jax.positions import grid_positions, with_prefix
   spec = trainer.spec
-  if spec.pe.family != 'liere' or spec.pe.expm != 'fast' or spec.pe.block == 2:
+  if spec.pe.family != 'liere' or not spec.pe.expm.startswith('fast') or spec.pe.block == 2:
     return None
   pos = with_prefix(grid_positions(grid, spec.train_grid, spec.pe.positions), spec.num_prefix)
   gens = jax.device_get(params)['pe']['generators']
-  per_device, one_device = liere_flops(gens, pos, spec.pe.block, n_devices=n)
+  per_device, one_device = liere_flops(gens, pos, spec.pe.block, n_devices=n,
+                                       form=spec.pe.expm.partition('_')[2] or 'auto')
   return {'per_device': per_device, 'one_device': one_device, 'devices': n}
 
 
@@ -154,9 +166,10 @@ def _flops(compiled):
 
 
 def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakdown=False,
-               official=None, log=print):
+               official=None, baseline_apply='auto', log=print):
   """Times config (A) against baseline (B): train and eval steps, alternating A, B.
 
+  baseline_apply: how B applies its rotations (rotations.apply_form; an A/B of the forms).
   official: None or dict(checkout, python=None, threads=None): also time the official PyTorch
   train step of A's shape (liere_jax.bench.peer), one step after each pair of ours. Its worker
   starts first, so a wrong checkout (or an A without official counterpart) fails with
@@ -177,7 +190,8 @@ def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakd
     log('compiling A')
     a = _StepBench(config, mesh, breakdown)
     log('compiling B')
-    b = _StepBench(baseline, mesh, breakdown)
+    with rotations.apply_form(baseline_apply):  # Traced and compiled here.
+      b = _StepBench(baseline, mesh, breakdown)
     return _run_steps(a, b, off, names, steps, warmup, breakdown)
   finally:
     if off is not None:

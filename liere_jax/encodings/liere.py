@@ -19,8 +19,9 @@ class LieRE(Encoding):
   generator stacks (1 when shared; liere_jax.spec resolves model.pe.share).
   """
 
-  def __init__(self, *, block, layers, heads, head_dim, n_dims, init_scale, expm, rngs):
-    self.block, self.expm = block, expm
+  def __init__(self, *, block, layers, heads, head_dim, n_dims, init_scale, expm, rngs,
+               expm_precision='auto'):
+    self.block, self.expm, self.expm_precision = block, expm, expm_precision
     shape = (layers, heads, n_dims, head_dim // block, rotations.num_free(block))
     self.generators = nnx.Param(init_scale * jax.random.uniform(rngs.params(), shape))
 
@@ -28,8 +29,10 @@ class LieRE(Encoding):
   def from_spec(cls, spec, *, rngs):
     pe = spec.pe
     return cls(block=pe.block, layers=pe.layers, heads=pe.heads, head_dim=spec.head_dim,
-               n_dims=spec.n_dims, init_scale=pe.init_scale, expm=pe.expm, rngs=rngs)
+               n_dims=spec.n_dims, init_scale=pe.init_scale, expm=pe.expm,
+               expm_precision=pe.expm_precision, rngs=rngs)
 
   def context(self, pos, num_prefix=0):
     """Rotations [layers, heads, T, head_dim // b, b, b] (layers / heads 1 when shared)."""
-    return Rotate(rotations.liere_rotations(self.generators[...], pos, self.block, self.expm))
+    return Rotate(rotations.liere_rotations(self.generators[...], pos, self.block, self.expm,
+                                            precision=self.expm_precision))

@@ -1,0 +1,125 @@
+"""The exponential on accelerators, checked on this CPU: the platform's form and product
+precision as `bench lower` sees them in the lowered train step, and the error of each product
+preset, emulated (liere_jax.dots) since the CPU computes the BF16 presets in float32 and
+refuses TF32."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.linalg
+
+from liere_jax import dots, expm
+from liere_jax.bench import case_inputs, lower, Case
+from tests import helpers
+
+AUTO_ALGORITHMS = {'cuda': ['BF16_BF16_F32_X6'], 'tpu': ['HIGHEST']}  # TPU HIGHEST: bf16 x6.
+
+
+def _init_stack(range_scale):
+  """LieRE64 generator combinations on a 14x14 grid at `range_scale` x the training range
+  (bench's init distribution: U[0, 2 pi), 2D, normalized positions), a subsample with the
+  largest norms; and a cotangent."""
+  a, g = case_inputs(Case(1, 4, (14, 14), 64))
+  a = a * range_scale
+  idx = np.argsort(np.abs(a).sum(-2).max(-1))[-16:]
+  return a[idx], g[idx]
+
+
+def _grad(fn, a, g):
+  grad = np.asarray(jax.jit(jax.grad(lambda x: jnp.sum(fn(x) * g)))(a), np.float64)
+  return grad - np.swapaxes(grad, -1, -2)  # The skew part: all LieRE's parameters reach.
+
+
+@pytest.mark.parametrize('range_scale', [1, 4])
+def test_auto_presets_keep_the_exponential_and_its_gradient_within_1e_5(range_scale):
+  """The presets 'auto' picks on GPU and TPU (emulated), on the select form they run, against
+  float64: forward <= 1e-5, gradient <= 1e-5 relative, at the training range and 4x."""
+  assert dots.preset_names('cuda') == dots.preset_names('tpu') != dots.preset_names('cpu')
+  a, g = _init_stack(range_scale)
+  prec = dots.emulated_dots(*dots.preset_names('cuda'))
+  fn = lambda x: expm.fast_expm(x, form='select', precision=prec)
+  a64 = a.astype(np.float64)
+  ref = np.stack([scipy.linalg.expm(x) for x in a64])
+  err = np.abs(np.asarray(jax.jit(fn)(a), np.float64) - ref).max()
+  gref = np.stack([scipy.linalg.expm_frechet(x.T, y, compute_expm=False)
+                   for x, y in zip(a64, g.astype(np.float64))])
+  gref = gref - np.swapaxes(gref, -1, -2)
+  gerr = np.abs(_grad(fn, a, g) - gref).max() / np.abs(gref).max()
+  assert err <= 1e-5 and gerr <= 1e-5, (err, gerr)
+
+
+def test_fewer_passes_are_too_coarse_for_the_exponential():
+  """Why 'auto' pays for six passes: one bf16 or TF32 pass, or bf16 x3, misses 1e-5 forward
+  (so the accuracy test above can fail)."""
+  a, _ = _init_stack(1)
+  ref = np.stack([scipy.linalg.expm(x) for x in a.astype(np.float64)])
+  for name in ('BF16_BF16_F32', 'TF32_TF32_F32', 'BF16_BF16_F32_X3'):
+    prec = dots.Dots(dots.emulated(name), dots.emulated(name))
+    r = jax.jit(lambda x: expm.fast_expm(x, form='select', precision=prec))(a)
+    assert np.abs(np.asarray(r, np.float64) - ref).max() > 1e-5, name
+
+
+def test_emulated_presets_split_operands_into_narrower_numbers():
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((64,)), jnp.float32)
+  for kind, parts, bits in (('bf16', 3, 8), ('tf32', 2, 11)):
+    pieces = dots.split(x, kind, parts)
+    for p in pieces:  # Each part has at most `bits` significant bits.
+      m, _ = np.frexp(np.asarray(p, np.float64))
+      np.testing.assert_array_equal(m * 2**bits, np.round(m * 2**bits))
+    np.testing.assert_allclose(sum(pieces), x, rtol=2.0**(-bits * parts + 1))
+
+
+@pytest.mark.parametrize('form', ['cond', 'select'])
+def test_both_forms_agree_with_scipy(form):
+  a, _ = _init_stack(4)
+  ref = np.stack([scipy.linalg.expm(x) for x in a.astype(np.float64)])
+  r = jax.jit(lambda x: expm.fast_expm(x, form=form))(a)
+  assert np.abs(np.asarray(r, np.float64) - ref).max() <= 1e-5
+
+
+def test_select_form_scales_each_matrix_and_stops_at_the_cap():
+  """Per matrix: a small matrix is exact next to a large one; past 2**SELECT_CAP the squarings
+  stop, so the result is no longer the exponential (the documented limit)."""
+  rng = np.random.default_rng(1)
+  u = rng.standard_normal((3, 8, 8))
+  a = (u - np.swapaxes(u, 1, 2)) / 8
+  a[1] *= 1e-3
+  a[2] *= 2.0**(expm.SELECT_CAP + 3)
+  r = np.asarray(jax.jit(lambda x: expm.fast_expm(x, form='select'))(a.astype(np.float32)))
+  ref = [scipy.linalg.expm(x) for x in a]
+  assert np.abs(r[1] - ref[1]).max() <= 1e-6 and np.abs(r[0] - ref[0]).max() <= 1e-5
+  assert not np.allclose(r[2], ref[2], atol=1e-2)  # NaN, or far off
+
+
+def test_platform_cases_fold_away_when_compiled():
+  """platform_dependent's cases have a constant selector: XLA removes them before running, so
+  the select form compiles to no conditional at all (the CPU's compiled program here)."""
+  a, _ = _init_stack(1)
+  hlo = jax.jit(jax.grad(lambda x: jnp.sum(expm.fast_expm(x, form='select')))).lower(
+      a).compile().as_text()
+  assert 'conditional' not in hlo
+  cond = jax.jit(lambda x: expm.fast_expm(x, form='cond')).lower(a).compile().as_text()
+  assert 'conditional' in cond  # The check sees conditionals where there are some.
+
+
+@pytest.mark.parametrize('pe', ['liere8', 'liere64'])
+def test_lowered_train_step_has_no_conditionals_on_accelerators(pe):
+  """`bench lower`: the whole train step lowered for cuda and tpu holds no data-dependent
+  conditional and runs the exponential's products at the platform's presets; the CPU step
+  keeps its per-chunk branches (the form measured fastest there)."""
+  cfg, _ = helpers.tiny_config_and_batch(8)
+  cfg.model.pe.name = pe
+  cfg.model.update(width=128, heads=2)
+  rows = {r['platform']: r for r in lower.bench_lower(cfg, ['cuda', 'tpu', 'cpu'])}
+  for platform in ('cuda', 'tpu'):
+    assert rows[platform]['conditionals'] == 0, rows[platform]
+    assert rows[platform]['expm_dot_algorithms'] == AUTO_ALGORITHMS[platform]
+  assert rows['cpu']['conditionals'] > 0 and rows['cpu']['expm_dot_algorithms'] == ['HIGHEST']
+
+
+def test_expm_precision_highest_keeps_float32_products_on_accelerators():
+  """model.pe.expm_precision reaches the products: 'highest' lowers them at HIGHEST for cuda."""
+  cfg, _ = helpers.tiny_config_and_batch(8)
+  cfg.model.pe.expm_precision = 'highest'
+  row, = lower.bench_lower(cfg, ['cuda'])
+  assert row['conditionals'] == 0 and row['expm_dot_algorithms'] == ['HIGHEST'], row
