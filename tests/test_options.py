@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from liere_jax import encodings, expm as expm_lib, rotations
+from liere_jax import convert, encodings, expm as expm_lib, rotations
 from liere_jax import spec as spec_lib
 from liere_jax.data import randaugment
 from liere_jax.positions import grid_positions
@@ -129,3 +129,245 @@ def test_timm_magnitudes_past_either_end_are_clipped_to_it(magnitude, end):
   for name, m, arg in drawn:
     if name == 'rotate':
       assert abs(arg) == pytest.approx(3 * m) and abs(arg) <= 30
+
+
+def _tree(cfg):
+  return {'/'.join(k): v.shape for k, v in convert.flatten(convert.abstract_params(cfg)).items()}
+
+
+def test_the_model_dims_shape_the_parameter_tree():
+  """width, depth, heads (head_dim), mlp_dim, patch, input_size (tokens), channels,
+  num_classes, pool (the CLS token) and qkv_bias each show in the parameter shapes."""
+  cfg = tiny_model_config('abs', width=32, depth=3, heads=2, patch=4, size=16)
+  cfg.update(mlp_dim=48, channels=2, num_classes=7, qkv_bias=False)
+  tree = _tree(cfg)
+  assert tree['patch_embed/kernel'] == (4, 4, 2, 32)  # patch, channels, width
+  assert {k.split('/')[1] for k in tree if k.startswith('blocks/')} == {'0', '1', '2'}
+  assert tree['blocks/0/mlp/fc1/kernel'] == (32, 48) and tree['head/kernel'] == (32, 7)
+  assert tree['pe/embedding'] == (1, 1 + 16, 32) and tree['cls_token'] == (1, 1, 32)
+  assert 'blocks/0/attn/qkv/bias' not in tree
+  cfg.update(pool='mean', qkv_bias=True, input_size=(24, 24), patch=(8, 8))
+  tree = _tree(cfg)
+  assert 'cls_token' not in tree and tree['pe/embedding'] == (1, 9, 32)
+  assert tree['blocks/0/attn/qkv/bias'] == (96,) and tree['patch_embed/kernel'] == (8, 8, 2, 32)
+  liere = tiny_model_config('liere8', width=32, depth=1, heads=2)
+  assert _tree(liere)['pe/generators'] == (1, 2, 2, 16 // 8, 28)  # [L, H, n, head_dim/b, 28]
+  liere.heads = 1
+  assert _tree(liere)['pe/generators'] == (1, 1, 2, 32 // 8, 28)
+
+
+def test_the_optimizer_is_adamw_with_the_configs_betas_eps_decay_and_clipping():
+  """Two steps of the configured optimizer against Adam(W) written out in numpy, at values far
+  from the defaults (a field left at its default changes the numbers)."""
+  from liere_jax import train_lib
+  from tests.helpers import tiny_config_and_batch
+  cfg, _ = tiny_config_and_batch(8)
+  cfg.update(lr=0.1, warmup_steps=0, total_steps=100, b1=0.5, b2=0.75, eps=0.1,
+             weight_decay=0.3, grad_clip=1.0)
+  tx, schedule = train_lib.make_optimizer(cfg)
+  rng = np.random.default_rng(0)
+  p = {'a': rng.normal(size=3).astype(np.float32), 'b': rng.normal(size=2).astype(np.float32)}
+  grads = [{k: 3 * rng.normal(size=v.shape).astype(np.float32) for k, v in p.items()}
+           for _ in range(2)]
+  state, params = tx.init(p), p
+  want, m, v = dict(p), {k: 0 for k in p}, {k: 0 for k in p}
+  for t, g in enumerate(grads, 1):
+    updates, state = tx.update(g, state, params)
+    params = jax.tree.map(lambda x, u: x + u, params, updates)
+    norm = math.sqrt(sum(float(np.sum(x.astype(np.float64) ** 2)) for x in g.values()))
+    lr = 0.1 * 0.5 * (1 + math.cos(math.pi * (t - 1) / 100))  # The cosine, no warmup.
+    assert float(schedule(t - 1)) == pytest.approx(lr, rel=1e-6)
+    for k in p:
+      gk = g[k] * min(1.0, 1.0 / norm)
+      m[k] = 0.5 * m[k] + 0.5 * gk
+      v[k] = 0.75 * v[k] + 0.25 * gk**2
+      adam = (m[k] / (1 - 0.5**t)) / (np.sqrt(v[k] / (1 - 0.75**t)) + 0.1)
+      want[k] = want[k] - lr * (adam + 0.3 * want[k])
+    for k in p:
+      np.testing.assert_allclose(params[k], want[k], rtol=1e-5, atol=1e-6, err_msg=f'{k} {t}')
+
+
+def _arrows_images(seed, split, n, grid=4):
+  from liere_jax.data import arrows
+  return sorted(((arrows.make_example(arrows.split_seed(seed, split), i, grid)['image'] / 255
+                  - .5) / .5).astype(np.float32).tobytes() for i in range(n))
+
+
+def test_arrows_examples_come_from_the_stream_of_the_data_seed_and_the_split():
+  """data.seed and data.train_split / eval_split pick the arrows streams: eval reads the first
+  num_eval of (seed, eval_split), training the num_train of (seed, train_split)."""
+  from liere_jax import config_lib
+  from liere_jax.data import pipeline
+  cfg = config_lib.data_config(name='arrows', grid=4, seed=3, num_eval=4, num_train=8,
+                               eval_split='train', train_split='test')
+  batch = next(iter(pipeline.eval_batches(cfg, global_batch_size=4)))
+  assert sorted(x.tobytes() for x in batch['image']) == _arrows_images(3, 'train', 4)
+  batch = pipeline.train_dataset(cfg, global_batch_size=8, seed=0)[0]
+  assert sorted(x.tobytes() for x in batch['image']) == _arrows_images(3, 'test', 8)
+
+
+@pytest.mark.parametrize('policy,n,m', [('rand-m3-n2-p1', 2, 3), ('rand-m9-n3-p1', 3, 9)])
+def test_videomae_augment_applies_the_configs_timm_policy(monkeypatch, policy, n, m):
+  from liere_jax import config_lib
+  from liere_jax.data import spec as data_spec, transform
+  drawn = []
+  real = randaugment.sample_timm_ops
+  monkeypatch.setattr(randaugment, 'sample_timm_ops',
+                      lambda rng, pol: drawn.append(real(rng, pol)) or drawn[-1])
+  spec = data_spec.resolve_data(config_lib.data_config(
+      name='ucf101', image_size=16, augment='videomae', randaug_policy=policy))
+  clip = np.random.default_rng(0).integers(0, 256, (2, 20, 20, 3), dtype=np.uint8)
+  for seed in range(3):
+    transform.train_augment(spec, clip, np.random.default_rng(seed))
+  assert len(drawn) == 3 and all(len(ops) == n and {o[1] for o in ops} == {m} for ops in drawn)
+
+
+# Every field of the config builders (liere_jax/config_lib.py) -> the tests that show what it
+# does: 'tests/FILE.py::TEST' (or a whole module). A field a builder gains fails
+# test_every_config_field_has_a_behaviour_test until it has a row here.
+M, D, O, T = ('tests/test_model_recipe.py::', 'tests/test_data.py::', 'tests/test_options.py::',
+              'tests/test_train.py::')
+S, E, P, C = ('tests/test_spec.py::', 'tests/test_encodings.py::', 'tests/test_port.py::',
+              'tests/test_commuting.py::')
+W, I, SC = ('tests/test_pipeline_workers.py::', 'tests/test_model_init.py::',
+            'tests/test_scale.py::')
+DIMS, OPTIMIZER = O + 'test_the_model_dims_shape_the_parameter_tree', (
+    O + 'test_the_optimizer_is_adamw_with_the_configs_betas_eps_decay_and_clipping')
+CADENCES = T + 'test_resume_takes_a_new_execution_and_new_cadences_and_refuses_a_different_model'
+WORKERS = W + 'test_workers_and_resume_give_the_batches_of_ds_k'
+DROPOUT_RNG = T + 'test_dropout_changes_the_step_and_its_masks_are_a_function_of_seed_and_step'
+ARROWS_STREAMS = O + 'test_arrows_examples_come_from_the_stream_of_the_data_seed_and_the_split'
+SHARDING = (T + 'test_parameter_shardings_follow_their_metadata',
+            T + 'test_eight_devices_equal_one_device_step')
+OPTION_TESTS = {
+    'model.variant': (S + 'test_variant_dims_and_derived_values',
+                      M + 'test_paper_tiny_is_the_official_tiny'),
+    'model.width': (DIMS,), 'model.depth': (DIMS,), 'model.mlp_dim': (DIMS,),
+    'model.heads': (DIMS, S + 'test_variant_dims_and_derived_values'),
+    'model.patch': (DIMS, P + 'test_parity_every_encoding'),
+    'model.input_size': (DIMS, E + 'test_abs_resize_keeps_the_training_grid_exact'),
+    'model.channels': (DIMS, P + 'test_channels_first_and_shape_errors'),
+    'model.num_classes': (DIMS, I + 'test_official_lightning_checkpoint'),
+    'model.pool': (DIMS, P + 'test_parity_variants'),
+    'model.dropout': (M + 'test_dropout_at_one_site_zeroes_exactly_that_branch',
+                      DROPOUT_RNG),
+    'model.dropout_sites': (M + 'test_dropout_at_one_site_zeroes_exactly_that_branch',
+                            M + 'test_embed_dropout_zeroes_the_tokens',
+                            M + 'test_mlp_hidden_dropout_acts_after_gelu'),
+    'model.qkv_bias': (DIMS, P + 'test_official_export_refuses_what_it_cannot_represent'),
+    'model.init': (M + 'test_official_init_is_torch_default', M + 'test_jax_init_is_unchanged'),
+    'model.dtype': (M + 'test_bfloat16_computes_in_bf16_with_float32_parameters_and_rotations',),
+    'model.remat': (SC + 'test_remat_per_block_gives_the_same_train_step',),
+    'model.scan_layers': (
+        SC + 'test_scanned_blocks_give_the_loop_s_train_step_with_the_same_parameter_tree',
+        S + 'test_scan_layers_defaults_by_depth_and_an_explicit_value_wins'),
+    'model.pe.name': (P + 'test_parity_every_encoding',
+                      E + 'test_shuffling_tokens_changes_relative_encodings_only'),
+    'model.pe.positions': (
+        E + 'test_positions_modes',
+        S + 'test_position_defaults_follow_the_encoding_and_an_explicit_mode_wins'),
+    'model.pe.share': (E + 'test_sharing_modes',
+                       S + 'test_share_gives_the_generator_stacks'),
+    'model.pe.init_scale': (O + 'test_init_scale_sets_the_range_of_the_liere_generators',),
+    'model.pe.expm': (O + 'test_each_expm_method_is_the_one_called_and_agrees_with_the_others',),
+    'model.pe.expm_precision': ('tests/test_expm_precision.py',),
+    'model.pe.jitter': (C + 'test_jitter_perturbs_training_only',
+                        C + 'test_jitter_in_a_train_step_is_a_function_of_seed_and_step'),
+    'data.name': (D + 'test_cifar100_on_mock_data', D + 'test_imagenet_on_mock_data',
+                  D + 'test_ucf101_clips'),
+    'data.data_dir': (D + 'test_pipeline_reads_prepared_arrows_like_on_the_fly',),
+    'data.train_split': (ARROWS_STREAMS,),
+    'data.eval_split': (ARROWS_STREAMS,
+                        D + 'test_eval_center_crop_is_torchvisions'),
+    'data.fraction': (D + 'test_fraction_trains_on_the_first_examples_and_repeats',),
+    'data.augment': (D + 'test_official_orders',),
+    'data.crop': (D + 'test_official_orders',
+                  D + 'test_rrc_crops_native_images_anew_each_time_and_every_frame_alike'),
+    'data.randaug_policy': (O + 'test_videomae_augment_applies_the_configs_timm_policy',),
+    'data.random_erasing': (D + 'test_official_orders',
+                            'tests/test_augment.py::test_random_erasing'),
+    'data.eval_crop': (D + 'test_eval_center_crop_is_torchvisions',),
+    'data.eval_views': (D + 'test_eval_views_are_the_official_ones',
+                        D + 'test_evaluate_with_views_scores_every_view_and_every_video'),
+    'data.mixup': (D + 'test_ucf101_clips',),
+    'data.image_size': (D + 'test_imagenet_on_mock_data',),
+    'data.num_frames': (D + 'test_ucf101_clips', D + 'test_eval_views_are_the_official_ones'),
+    'data.frame_stride': (D + 'test_ucf101_clips', D + 'test_eval_views_are_the_official_ones'),
+    'data.grid': (D + 'test_eval_at_another_resolution_renders_more_cells',
+                  D + 'test_pipeline_reads_prepared_arrows_like_on_the_fly'),
+    'data.num_eval': (D + 'test_eval_never_drops_examples',),
+    'data.num_train': (D + 'test_fraction_trains_on_the_first_examples_and_repeats',),
+    'data.seed': (ARROWS_STREAMS,),
+    # The batches are the same whatever these are (the iterator takes them as arguments).
+    'data.workers': (WORKERS,),
+    'data.threads': (WORKERS,),
+    'data.prefetch': (WORKERS,),
+    'data.normalise': (D + 'test_device_normalisation_sends_the_pixels_of_the_host_batch',
+                       T + 'test_uint8_batches_normalised_on_the_device_give_the_host_step'),
+    'seed': (DROPOUT_RNG,
+             D + 'test_train_batches_are_a_function_of_seed_and_step'),
+    'batch_size': (D + 'test_process_shards_are_disjoint_and_make_the_global_batch',
+                   T + 'test_eight_devices_equal_one_device_step'),
+    'total_steps': (CADENCES, T + 'test_the_schedule_is_linear_warmup_then_cosine_to_zero'),
+    'lr': (OPTIMIZER, T + 'test_the_schedule_is_linear_warmup_then_cosine_to_zero'),
+    'warmup_steps': (T + 'test_the_schedule_is_linear_warmup_then_cosine_to_zero',),
+    'b1': (OPTIMIZER,), 'b2': (OPTIMIZER,), 'eps': (OPTIMIZER,), 'weight_decay': (OPTIMIZER,),
+    'grad_clip': (OPTIMIZER,),
+    'sharding': SHARDING, 'model_parallel': SHARDING,
+    'log_every': (CADENCES,), 'eval_every': (CADENCES,), 'checkpoint_every': (CADENCES,),
+    'keep': (CADENCES,),
+    'eval_batch_size': (T + 'test_evaluation_reads_batches_of_eval_batch_size',),
+    'resolutions': (T + 'test_eval_writes_results_json',
+                    T + 'test_other_sizes_are_evaluated_in_the_modes_the_encoding_reads'),
+    'model_init': (
+        I + 'test_workdir_latest_best_and_step_fresh_optimizer', I + 'test_safetensors_export',
+        'tests/test_official_fixtures.py::'
+        'test_model_init_from_an_official_lightning_checkpoint_gives_the_official_logits'),
+    'model_init_head': (I + 'test_official_lightning_checkpoint',
+                        I + 'test_mismatch_is_one_line_naming_the_fix'),
+}
+
+
+# Rows for fields being added alongside (model.pe.expm_precision, with its own module): checked
+# once the config builders write the field.
+COMING = {'model.pe.expm_precision'}
+
+
+def _config_fields():
+  """Every field the config builders write, as 'model.pe.name', 'data.grid', 'lr', ..."""
+  from liere_jax import config_lib
+  model = config_lib.model_config(pe='liere8', variant='', patch=(4, 4), input_size=(16, 16),
+                                  channels=3, num_classes=5)
+  config = config_lib.base_config(model=model, data=config_lib.data_config(name='arrows'),
+                                  batch_size=8, total_steps=1, lr=1e-3)
+
+  def walk(section, prefix):
+    for key, value in section.items():
+      if hasattr(value, 'items'):
+        yield from walk(value, f'{prefix}{key}.')
+      else:
+        yield prefix + key
+  return set(walk(config, ''))
+
+
+def _tests_of(path):
+  import ast
+  import os
+  with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path)) as f:
+    return {n.name for n in ast.parse(f.read()).body if isinstance(n, ast.FunctionDef)}
+
+
+def test_every_config_field_has_a_behaviour_test():
+  fields = _config_fields()
+  missing = sorted(fields - set(OPTION_TESTS))
+  assert not missing, f'config fields without a behaviour test in OPTION_TESTS: {missing}'
+  gone = sorted(set(OPTION_TESTS) - fields - COMING)
+  assert not gone, f'OPTION_TESTS rows for fields the config builders no longer write: {gone}'
+  for field, tests in OPTION_TESTS.items():
+    if field not in fields:
+      continue
+    assert tests, field
+    for test in tests:
+      path, _, name = test.partition('::')
+      names = _tests_of(path)  # The module must exist; the test too, when one is named.
+      assert not name or name in names, f'{field}: {test} does not exist'

@@ -194,7 +194,18 @@ def test_unprepared_dataset_says_how_to_prepare(tmp_path):
   assert not (tmp_path / 'w').exists()
 
 
-def test_resume_takes_a_new_execution_and_refuses_a_different_model(tiny_run, tmp_path):
+def _metrics(workdir):
+  """A run's metrics lines in the order written (liere_jax.paths.read_metrics where the library
+  has it: metrics/*.jsonl; before it, metrics.jsonl)."""
+  try:
+    from liere_jax.paths import read_metrics
+  except ImportError:
+    return [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  return read_metrics(workdir)
+
+
+def test_resume_takes_a_new_execution_and_new_cadences_and_refuses_a_different_model(tiny_run,
+                                                                                   tmp_path):
   work = copy_run(tiny_run, tmp_path / 'run')
   before = sorted(os.listdir(work / 'checkpoints'))
   config_before = (work / 'config.json').read_text()
@@ -207,12 +218,18 @@ def test_resume_takes_a_new_execution_and_refuses_a_different_model(tiny_run, tm
   # How the same parameter tree is computed is not the model: these resume and evaluate.
   same_tree = ['--config.model.remat=block', '--config.model.scan_layers=True',
                '--config.model.dtype=bfloat16']
-  rc, out = run('train', work, '--config.total_steps=5', '--config.checkpoint_every=5',
-                *same_tree)
+  # So are the loop's cadences: from step 4 to 7, log_every=2 logs steps 6 and 7 (the last),
+  # eval_every=3 evaluates at 6 and 7, checkpoint_every=2 saves 6 and 7, keep=2 keeps those.
+  rc, out = run('train', work, '--config.total_steps=7', '--config.checkpoint_every=2',
+                '--config.keep=2', '--config.log_every=2', '--config.eval_every=3', *same_tree)
   assert rc == 0 and 'Resumed from step 4.' in out, out
+  lines = _metrics(work)
+  assert [m['step'] for m in lines if m['step'] > 4 and 'loss' in m] == [6, 7]
+  assert [m['step'] for m in lines if m['step'] > 4 and 'eval_accuracy' in m] == [6, 7]
+  assert sorted(int(s) for s in os.listdir(work / 'checkpoints')) == [6, 7]
   rc, out = run('eval', work, '--config.resolutions=()', '--num_eval=16', *same_tree)
   assert rc == 0, out
-  assert json.loads((work / 'eval' / 'results.json').read_text())['step'] == 5
+  assert json.loads((work / 'eval' / 'results.json').read_text())['step'] == 7
 
 
 def test_non_finite_state_stops_and_keeps_the_last_good_checkpoint(tiny_run, tmp_path):
@@ -303,3 +320,16 @@ def test_the_schedule_is_linear_warmup_then_cosine_to_zero(warmup):
     else:
       want = lr * 0.5 * (1 + np.cos(np.pi * (step - warmup) / (total - warmup)))
     assert float(schedule(step)) == pytest.approx(want, rel=1e-5, abs=1e-9), step
+
+
+def test_evaluation_reads_batches_of_eval_batch_size(monkeypatch):
+  sizes = []
+  real = evaluation.data.eval_batches
+
+  def spy(*args, global_batch_size, **kwargs):
+    sizes.append(global_batch_size)
+    return real(*args, global_batch_size=global_batch_size, **kwargs)
+  monkeypatch.setattr(evaluation.data, 'eval_batches', spy)
+  trainer = train_lib.Trainer(_tiny_spec('liere8'), train_lib.make_mesh(jax.devices()[:1]))
+  result = evaluation.evaluate(trainer, trainer.init_state(0)['params'])
+  assert sizes == [8] and len(result.correct) == 24
