@@ -18,16 +18,17 @@ says what to do. In a multi-process run a step counts as read only when every pr
 so all of them resume from the same step.
 """
 import json
-import os
 from typing import Optional
 
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
+from liere_jax import paths
 from liere_jax import spec as spec_lib
 from liere_jax.checkpoint_damage import (DAMAGED, CheckpointError, first_readable,
-                                         set_aside_unreadable_metrics, stored_target)
+                                         set_aside_unreadable_metrics, steps_in,
+                                         stored_target)
 from liere_jax.model import to_loop_params, to_scan_params
 
 CONFIG_FILE = 'config.json'
@@ -38,12 +39,11 @@ def config_to_json(config: ml_collections.ConfigDict) -> str:
 
 
 def read_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  path = paths.path(workdir) / CONFIG_FILE
+  if not path.exists():
     return None
   try:
-    with open(path) as f:
-      config = _tuples(json.load(f))
+    config = _tuples(json.loads(path.read_text()))
   except ValueError as e:
     raise CheckpointError(
         f'{path} cannot be read (invalid JSON: {e}). Move it away to resume with the --config '
@@ -71,8 +71,7 @@ def _leaves(tree, prefix=''):
 
 
 def has_checkpoint(workdir: str) -> bool:
-  path = os.path.join(workdir, 'checkpoints')
-  return os.path.isdir(path) and any(d.isdigit() for d in os.listdir(path))
+  return bool(steps_in(paths.path(workdir) / 'checkpoints'))
 
 
 def _tree_fields(model, stored: bool = False) -> dict:
@@ -129,17 +128,56 @@ def check_same_model(workdir: str, config: ml_collections.ConfigDict):
 
 def write_config(workdir: str, config: ml_collections.ConfigDict):
   if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    tmp = os.path.join(workdir, CONFIG_FILE + '.tmp')
-    with open(tmp, 'w') as f:
-      f.write(config_to_json(config))
-    os.replace(tmp, os.path.join(workdir, CONFIG_FILE))
+    paths.path(workdir).mkdir(parents=True, exist_ok=True)
+    paths.write(paths.path(workdir) / CONFIG_FILE, config_to_json(config))
+
+
+PROCESS_CHECK = 'process_check.json'
+
+
+def check_shared_workdir(workdir: str):
+  """Several processes: stops every one of them in one line unless all see the same workdir
+  (one shared bucket or file system): process 0 writes a token that every process must read
+  back, and all must see the same checkpoints. Without this a process on its own local disk
+  waits for process 0's checkpoints until a timeout."""
+  if jax.process_count() == 1:
+    return
+  import random
+  import zlib
+  import numpy as np
+  from jax.experimental import multihost_utils
+  marker = paths.path(workdir) / PROCESS_CHECK
+  token = random.getrandbits(31)
+  if jax.process_index() == 0:
+    paths.path(workdir).mkdir(parents=True, exist_ok=True)
+    paths.write(marker, json.dumps({'token': token}))
+  # Process 0 wrote before this collective, so every process may read the marker after it.
+  token = int(multihost_utils.broadcast_one_to_all(np.int32(token)))
+  try:
+    seen = json.loads(marker.read_text())['token'] == token
+  except (OSError, ValueError, KeyError):
+    seen = False
+  view = json.dumps([steps_in(paths.path(workdir) / d) for d in ('checkpoints', 'best')])
+  mine = np.array([seen, zlib.crc32(view.encode()) & 0x7fffffff], np.int32)
+  every = np.asarray(multihost_utils.process_allgather(mine))
+  if jax.process_index() == 0:
+    marker.unlink(missing_ok=True)
+  blind = [i for i in range(len(every)) if not every[i][0]]
+  if blind:
+    raise CheckpointError(
+        f'--workdir {workdir}: process(es) {blind} do not see the files process 0 writes there '
+        '(a local disk on each host?); give every process one shared workdir, e.g. '
+        'gs://BUCKET/run, or a shared file system.')
+  if len(set(every[:, 1].tolist())) > 1:
+    raise CheckpointError(
+        f'--workdir {workdir}: the processes see different checkpoints there (a copy on each '
+        'host?); give every process one shared workdir, e.g. gs://BUCKET/run.')
 
 
 def manager(workdir: str, name: str = 'checkpoints', keep: int = 2,
             best: bool = False) -> ocp.CheckpointManager:
   """`checkpoints/` keeps the latest `keep` steps; `best/` keeps the best one by accuracy."""
-  directory = os.path.abspath(os.path.join(workdir, name))
+  directory = paths.path(workdir) / name
   options = ocp.CheckpointManagerOptions(
       max_to_keep=1 if best else keep, create=True, enable_async_checkpointing=True,
       best_fn=(lambda m: m['accuracy']) if best else None, best_mode='max')
@@ -212,7 +250,7 @@ def load_params(workdir: str, step: Optional[int] = None, best: bool = False):
     else:
       order = sorted(steps, reverse=True)
       fix = f'Train again with --workdir {workdir} to write a new one.'
-    if not steps and any(DAMAGED in d for d in os.listdir(mngr.directory)):
+    if not steps and any(DAMAGED in d.name for d in paths.path(mngr.directory).iterdir()):
       raise CheckpointError(f'No readable checkpoint left in {mngr.directory} (damaged ones are '
                             f'set aside as <step>{DAMAGED}<time>). {fix}')
     if not steps:

@@ -3,7 +3,6 @@ others in one line (file and reason), set them aside as <step>.damaged-<time> (n
 and keep Orbax's and asyncio's reports of the failed reads off the console."""
 import json
 import logging as std_logging
-import os
 import re
 import sys
 import time
@@ -14,6 +13,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
+
+from liere_jax import paths
 
 DAMAGED = '.damaged-'  # checkpoints/4 -> checkpoints/4.damaged-20250101-120000
 # Status codes of read errors that say nothing about the files themselves (not damage).
@@ -74,10 +75,10 @@ def all_processes_agree(ok: bool) -> bool:
 
 def _damage(mngr: ocp.CheckpointManager, step: int) -> Optional[str]:
   """'<file>: <reason>' when `step` cannot be read with its own shapes, else None."""
-  directory = os.path.join(str(mngr.directory), str(step))
+  directory = paths.path(mngr.directory) / str(step)
   try:
     items = {'state': ocp.args.StandardRestore(stored_target(mngr, step))}
-    if os.path.isdir(os.path.join(directory, 'meta')):
+    if (directory / 'meta').is_dir():
       items['meta'] = ocp.args.JsonRestore()
     mngr.restore(step, args=ocp.args.Composite(**items))
   except _READ_ERRORS as error:
@@ -99,7 +100,7 @@ def _first_line(error: Exception, limit: int = 300) -> str:
       type(error).__name__)
 
 
-def _describe(directory: str, error: Exception) -> str:
+def _describe(directory, error: Exception) -> str:
   """'<file>: <reason>' for a read error of the checkpoint in `directory`."""
   text = _first_line(error, limit=2000)
   # TensorStore: 'CODE: Error opening ...: Error reading ... local file "FILE": reason'.
@@ -110,53 +111,57 @@ def _describe(directory: str, error: Exception) -> str:
     reason = ': '.join(parts[at[-1] + 1:]) or parts[at[-1]]
     code = f' ({parts[0]})' if re.fullmatch(r'[A-Z_]+', parts[0]) else ''
     return f'{path}: {reason[:300]}{code}'
-  for root, _, names in sorted(os.walk(directory)):
-    for name in sorted(names):
-      path = os.path.join(root, name)
-      if os.path.basename(root) == 'd' or name.endswith(('.ocdbt', '.txt')):
-        continue  # Array data and OCDBT manifests are binary.
-      try:
-        with open(path) as f:
-          json.load(f)
-      except ValueError as e:
-        return f'{path}: invalid JSON ({e})'
-  if not os.path.isdir(os.path.join(directory, 'state')):
-    return f'{os.path.join(directory, "state")}: missing'
+  for path in paths.files_under(directory):
+    if path.parent.name == 'd' or path.name.endswith(('.ocdbt', '.txt')):
+      continue  # Array data and OCDBT manifests are binary.
+    try:
+      json.loads(path.read_text())
+    except ValueError as e:  # UnicodeDecodeError too.
+      return f'{path}: invalid JSON ({e})'
+  if not (directory / 'state').is_dir():
+    return f'{directory / "state"}: missing'
   return f'{directory}: {type(error).__name__}: {text}'
 
 
 def _set_aside(directory: str, step: int) -> str:
   """Renames `directory`/`step` to `step`.damaged-<time> (process 0); says what happened."""
-  src = os.path.join(directory, str(step))
-  dst = f'{src}{DAMAGED}{time.strftime("%Y%m%d-%H%M%S")}'
+  src = paths.path(directory) / str(step)
+  dst = src.with_name(f'{step}{DAMAGED}{time.strftime("%Y%m%d-%H%M%S")}')
   n = 1
-  while os.path.exists(dst):
-    dst, n = f'{src}{DAMAGED}{time.strftime("%Y%m%d-%H%M%S")}-{n}', n + 1
+  while dst.exists():
+    dst, n = src.with_name(f'{step}{DAMAGED}{time.strftime("%Y%m%d-%H%M%S")}-{n}'), n + 1
   if jax.process_index() != 0:
     return 'Process 0 sets it aside'
   try:
-    os.rename(src, dst)
+    src.rename(dst)  # On a bucket (no renames), epath copies every object, then deletes.
   except OSError as e:
-    return f'Could not move it aside ({e.strerror}); it stays at {src}'
+    return f'Could not move it aside ({e.strerror or e}); it stays at {src}'
   return f'Moved it to {dst}'
 
 
 def set_aside_unreadable_metrics(directory: str) -> bool:
   """Sets aside the steps of `directory` whose metrics file is not JSON; True if any."""
   found = False
-  for name in sorted(os.listdir(directory), key=lambda d: -int(d) if d.isdigit() else 0):
-    path = os.path.join(directory, name, 'metrics', 'metrics')
-    if not name.isdigit() or not os.path.isfile(path):
+  directory = paths.path(directory)
+  for step in reversed(steps_in(directory)):
+    path, name = directory / str(step) / 'metrics' / 'metrics', str(step)
+    if not path.is_file():
       continue
     try:
-      with open(path) as f:
-        json.load(f)
+      json.loads(path.read_text())
     except ValueError as e:
       moved = _set_aside(directory, int(name))
       logging.warning('Checkpoint step %s cannot be read: %s: invalid JSON (%s). %s.', name,
                       path, e, moved)
       found = True
   return found
+
+
+def steps_in(directory) -> list:
+  """The steps (folders named by a number) in a checkpoints/ or best/ folder, ascending."""
+  directory = paths.path(directory)
+  return sorted(int(d.name) for d in directory.iterdir()
+                if d.name.isdigit()) if directory.is_dir() else []
 
 
 def _drop_closed_loop_reports(unraisable):

@@ -11,7 +11,7 @@ import functools
 import sys
 from typing import Callable, Sequence, Tuple
 
-from absl import app
+from absl import app, flags
 
 
 def subcommand(argv: Sequence[str], actions: Sequence[str], tool: str) -> str:
@@ -35,3 +35,21 @@ def one_line(main: Callable, errors: Tuple[type, ...], tool: str) -> Callable:
       print(f'python -m liere_jax.{tool}: error: {e}', file=sys.stderr)
       sys.exit(2)
   return wrapped
+
+
+def process_flags():
+  """--coordinator_address, --num_processes, --process_id: the flags of every program that runs
+  on several processes (train, eval); train_lib.init_distributed reads them."""
+  return (flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (leave out '
+                              'on TPU VMs, GKE, SLURM: jax finds it).'),
+          flags.DEFINE_integer('num_processes', None, 'Processes in the job.'),
+          flags.DEFINE_integer('process_id', None, 'This process.'))
+
+
+def init_distributed(process_flags_):
+  """train_lib.init_distributed with the values of process_flags(); bad values: UsageError."""
+  from liere_jax import train_lib  # pylint: disable=import-outside-toplevel
+  try:
+    train_lib.init_distributed(*(f.value for f in process_flags_))
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None

@@ -13,13 +13,12 @@ accuracy (the official protocol), also written as `top1_per_view`, beside `top1_
 (views' softmax averaged); the CI and n are over videos.
 """
 import json
-import os
 
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from liere_jax import cli, config_lib
+from liere_jax import cli, config_lib, paths
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, "Config file[:args]; default: the run's own config.json.", lock_config=True)
@@ -29,6 +28,7 @@ _STEP = flags.DEFINE_integer('step', None, 'Use this step instead of the latest.
 _RESOLUTIONS = flags.DEFINE_list('resolutions', None, 'Input sizes to evaluate besides the '
                                  "training one (paper Fig. 7); default: the config's.")
 _OUT = flags.DEFINE_string('out', 'eval', 'Subdirectory of --workdir for the results.')
+_PROCESS = cli.process_flags()  # As train.py's: eval runs on the same processes.
 _NUM_EVAL = flags.DEFINE_integer('num_eval', None, 'arrows: evaluate on the first N held-out '
                                  "examples (default: the config's data.num_eval).")
 
@@ -60,8 +60,9 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   from liere_jax import checkpoint, evaluation, run_spec, train_lib
   workdir = _WORKDIR.value
-  train_lib.init_distributed()
+  cli.init_distributed(_PROCESS)
   run = run_spec.resolve(_config(workdir), jax.device_count())
+  checkpoint.check_shared_workdir(workdir)
   _, params, step = checkpoint.load_params(workdir, _STEP.value, best=_BEST.value)
   trainer = train_lib.Trainer(run, train_lib.make_mesh(model_parallel=run.loop.model_parallel))
   params = trainer.place_params(params)  # Stacked under model.scan_layers.
@@ -70,12 +71,11 @@ def main(argv):
   results = dict(step=int(step), pe=run.model.pe.name, **results)
   if jax.process_index() != 0:
     return
-  out = os.path.join(workdir, _OUT.value)
-  os.makedirs(out, exist_ok=True)
-  results['attention_png'] = os.path.join(out, 'attention.png')
+  out = paths.path(workdir) / _OUT.value
+  out.mkdir(parents=True, exist_ok=True)
+  results['attention_png'] = str(out / 'attention.png')
   evaluation.attention_png(trainer, params, results['attention_png'])
-  with open(os.path.join(out, 'results.json'), 'w') as f:
-    json.dump(results, f, indent=1)
+  paths.write(out / 'results.json', json.dumps(results, indent=1))
   (lo, hi), top1, shuffled = results['top1_ci95'], accuracy.top1, results['shuffled_top1']
   print(f"{'run':24s}{workdir} (step {step}, pe={results['pe']})")
   print(f"{'top-1':24s}{top1:.4f}  [{lo:.4f}, {hi:.4f}] 95% CI, n={results['n_examples']}")
@@ -86,7 +86,7 @@ def main(argv):
   for size, by_mode in results['resolutions'].items():
     cells = '  '.join(f'{mode} {acc:.4f}' for mode, acc in by_mode.items())
     print(f"{'top-1 at ' + size + ' px':24s}{cells}")
-  print(f"{'results':24s}{os.path.join(out, 'results.json')}")
+  print(f"{'results':24s}{out / 'results.json'}")
 
 
 def run():

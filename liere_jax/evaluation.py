@@ -8,6 +8,7 @@ LieRE: dataset/videodataset.py:171-196, lightning_modules/lightning_liere_image_
 classified by the mean of its views' softmax probabilities.
 """
 import dataclasses
+import io
 import math
 from typing import Dict, Optional, Tuple
 
@@ -16,7 +17,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from PIL import Image
 
-from liere_jax import data
+from liere_jax import data, paths
 
 
 def shuffle_patches(images: np.ndarray, patch, seed: int = 0) -> np.ndarray:
@@ -162,4 +163,6 @@ def attention_png(trainer, params, path: str, num_examples: int = 4):
       tile = Image.fromarray(_heat(w)).resize(size[::-1], Image.NEAREST)
       tiles.append(np.asarray(tile))
     rows.append(np.concatenate([np.pad(t, ((2, 2), (2, 2), (0, 0))) for t in tiles], axis=1))
-  Image.fromarray(np.concatenate(rows, axis=0)).save(path)
+  png = io.BytesIO()
+  Image.fromarray(np.concatenate(rows, axis=0)).save(png, format='PNG')
+  paths.write(path, png.getvalue())  # A local file or an object (gs://...).

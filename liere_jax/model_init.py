@@ -26,7 +26,6 @@ parameter, both shapes and the fix. A workdir that already holds a checkpoint re
 ignores model_init (train.py says so), so resuming stays exact.
 """
 import math
-import os
 from typing import Dict, Optional, Tuple
 
 import jax
@@ -34,7 +33,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from liere_jax import convert
+from liere_jax import convert, paths
 from liere_jax import model as model_lib
 from liere_jax.spec import resolve
 
@@ -51,7 +50,7 @@ Params = Dict[Tuple[str, ...], Optional[np.ndarray]]  # Flat, convert.flatten's 
 def parse(source: str) -> Tuple[str, Optional[int], bool]:
   """'DIR' / 'DIR:best' / 'DIR:STEP' / 'FILE' -> (path, step or None, best)."""
   path, sep, tail = source.rpartition(':')
-  if sep and path and (tail == 'best' or tail.isdigit()) and not os.path.exists(source):
+  if sep and path and (tail == 'best' or tail.isdigit()) and not paths.path(source).exists():
     return path, None if tail == 'best' else int(tail), tail == 'best'
   return source, None, False
 
@@ -60,14 +59,14 @@ def read_source(source: str, model: ml_collections.ConfigDict):
   """(the source's model section, its parameters {path: np.ndarray}); `model` (this run's)
   completes an official checkpoint's."""
   path, step, best = parse(source)
-  if not os.path.exists(path):
+  if not paths.path(path).exists():
     raise FileNotFoundError(f'{path} does not exist.')
   if path.endswith('.safetensors'):
-    from safetensors.numpy import load_file
-    json_path = os.path.splitext(path)[0] + '.json'
+    from safetensors.numpy import load
+    json_path = convert.json_path(path)
     src = convert.config_from_json(convert.read_json(json_path, "the export's model JSON"),
                                    json_path).model
-    params = convert.from_torch_layout(load_file(path), src)
+    params = convert.from_torch_layout(load(paths.path(path).read_bytes()), src)
   elif path.endswith(OFFICIAL_SUFFIXES):
     try:
       state = convert.load_official_state_dict(path)
@@ -87,12 +86,11 @@ def read_source(source: str, model: ml_collections.ConfigDict):
           from None
   else:
     from liere_jax import checkpoint
-    if not os.path.isdir(path):
+    if not paths.path(path).is_dir():
       raise FileNotFoundError(f'{path} is neither a workdir, a .safetensors export nor an '
                               f'official {"/".join(OFFICIAL_SUFFIXES)} checkpoint.')
-    kept = os.path.join(path, 'best' if best else 'checkpoints')
-    steps = sorted(int(d) for d in os.listdir(kept) if d.isdigit()) if os.path.isdir(
-        kept) else []
+    kept = paths.path(path) / ('best' if best else 'checkpoints')
+    steps = checkpoint.steps_in(kept)
     if not steps or step not in steps + [None]:
       raise FileNotFoundError(
           f'{kept} holds no checkpoint' + (f' of step {step} (it holds {steps})' if steps else '')

@@ -11,57 +11,70 @@ on a TPU pod, where `jax.distributed.initialize()` finds them itself).
 `--config.model_init=DIR[:best|:STEP]` (or an export, or an official checkpoint) starts a new run
 from another's parameters: fine-tuning, liere_jax/model_init.py.
 """
-import json
 import math
-import os
+import sys
 import time
 
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from liere_jax import cli, config_lib
+from liere_jax import cli, config_lib, paths
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file[:args].',
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints and metrics go.')
-_COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'host:port of process 0.')
-_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in the job.')
-_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process.')
+_PROCESS = cli.process_flags()
+# A preempted run exits with the status of a process ended by SIGTERM, after saving.
+PREEMPTED_EXIT = 143
 _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
 
 
 class Logger:
-  """metrics.jsonl and TensorBoard events from process 0."""
+  """Metrics (paths.MetricsWriter: metrics/*.jsonl) and TensorBoard events from process 0.
+  Metrics are written as one object at each checkpoint, evaluation and close, and at least
+  every FLUSH_S seconds: object stores take no appends."""
+  FLUSH_S = 60.
 
   def __init__(self, workdir):
     self.active = jax.process_index() == 0
     if self.active:
       from tensorboardX import SummaryWriter
-      self.tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
-      self.jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+      self.tb = SummaryWriter(str(paths.path(workdir) / 'tensorboard'))
+      self.metrics = paths.MetricsWriter(workdir)
+      self.flushed = time.time()
 
   def write(self, step, metrics):
     if not self.active:
       return
     for k, v in metrics.items():
       self.tb.add_scalar(k, v, step)
-    self.jsonl.write(json.dumps({'step': step, **metrics}) + '\n')
-    self.jsonl.flush()
+    self.metrics.add(step, metrics)
+    if time.time() - self.flushed > self.FLUSH_S:
+      self.flush()
+
+  def flush(self):
+    if self.active:
+      self.metrics.flush()
+      self.tb.flush()
+      self.flushed = time.time()
 
   def close(self):
     if self.active:
+      self.flush()
       self.tb.close()
-      self.jsonl.close()
 
 
-def train(trainer, workdir: str, init_params=None, progress: bool = True):
+def train(trainer, workdir: str, init_params=None, progress: bool = True, stop=None):
   """The training loop of `trainer.run` in `workdir`: resumes from its latest checkpoint, else
-  starts from `init_params` (model_init.load) or fresh parameters."""
+  starts from `init_params` (model_init.load) or fresh parameters. SIGTERM (`stop`, a
+  train_lib.Preemption; default one made here) saves the step reached and exits
+  PREEMPTED_EXIT."""
   from tqdm import tqdm
 
-  from liere_jax import checkpoint, data, evaluation, model_init
+  from liere_jax import checkpoint, data, evaluation, model_init, train_lib
   loop = trainer.run.loop
+  stop = stop or train_lib.Preemption()
   latest = checkpoint.manager(workdir, keep=loop.keep)
   best = checkpoint.manager(workdir, 'best', best=True)
   if latest.latest_step() is not None:
@@ -85,7 +98,7 @@ def train(trainer, workdir: str, init_params=None, progress: bool = True):
   logger = Logger(workdir)
   bar = tqdm(total=loop.total_steps, initial=start, disable=not progress
              or jax.process_index() != 0, desc='train', unit='step')
-  t0, seen = time.time(), 0
+  t0, seen, preempted = time.time(), 0, None
   try:
     for step in range(start + 1, loop.total_steps + 1):
       batch = trainer.global_batch(next(batches))
@@ -94,7 +107,9 @@ def train(trainer, workdir: str, init_params=None, progress: bool = True):
       bar.update()
       meta = {'step': step, 'data_position': step, 'seed': loop.seed}
       eval_now = step == loop.total_steps or (loop.eval_every and step % loop.eval_every == 0)
-      save_now = step % loop.checkpoint_every == 0 or eval_now
+      # SIGTERM (every process agrees on the step): save this step and stop.
+      preempted = step if stop.reached(step) else None
+      save_now = step % loop.checkpoint_every == 0 or eval_now or preempted
       if save_now or step % loop.log_every == 0:
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         # A checkpoint is good when its own parameters give a finite loss on its step's batch
@@ -117,26 +132,35 @@ def train(trainer, workdir: str, init_params=None, progress: bool = True):
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}")
       if save_now:
         checkpoint.save(latest, step, state, meta)
-      if eval_now:
+        logger.flush()  # The metrics up to a checkpoint are kept with it.
+      if eval_now:  # Also when preempted: it belongs to this step, which is then complete.
         accuracy = evaluation.evaluate(trainer, state['params'])
         evals = accuracy.metrics('eval_accuracy')  # With video views: also per view and video.
         logger.write(step, evals)
+        logger.flush()
         bar.write(f'step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in evals.items()))
         checkpoint.save(best, step, state, meta, metrics={'accuracy': accuracy.top1})
+      if preempted:
+        break
   finally:
     batches.close()  # Ends the worker processes (data.workers).
+    stop.close()
   bar.close()
   for mngr in (latest, best):
     mngr.wait_until_finished()
     mngr.close()
   logger.close()
+  if preempted:
+    print(f'{stop.cause} at step {preempted} (process {jax.process_index()}): saved step '
+          f'{preempted} to {workdir}; run the same command to resume there.', flush=True)
+    sys.exit(PREEMPTED_EXIT)
 
 
 def main(argv):
   del argv
   from liere_jax import checkpoint, model_init, run_spec, train_lib
   logging.set_verbosity(logging.WARNING)
-  train_lib.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  cli.init_distributed(_PROCESS)
   config, workdir = _CONFIG.value, _WORKDIR.value
   if not workdir:
     raise app.UsageError('--workdir is required.')
@@ -147,9 +171,11 @@ def main(argv):
   # A resumed run ignores model_init.
   init_params = (model_init.load(config) if run.loop.model_init
                  and not checkpoint.has_checkpoint(workdir) else None)
+  checkpoint.check_shared_workdir(workdir)  # Several processes: one workdir, seen alike.
   trainer = train_lib.Trainer(run, train_lib.make_mesh(model_parallel=run.loop.model_parallel))
+  stop = train_lib.Preemption()  # From the first write on, SIGTERM saves the step reached.
   checkpoint.write_config(workdir, config)
-  train(trainer, workdir, init_params, progress=_PROGRESS.value)
+  train(trainer, workdir, init_params, progress=_PROGRESS.value, stop=stop)
 
 
 def run():

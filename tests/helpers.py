@@ -99,14 +99,16 @@ def python(args, devices=1, cwd=ROOT, env=None, wait=True, timeout=600):
   return proc.returncode, out
 
 
-def run_tiny(program, workdir, *args, devices=1, wait=True, env=None):
+def run_tiny(program, workdir, *args, devices=1, wait=True, env=None, cwd=None):
   """`python -m liere_jax.<program>` (train or eval) on the tiny arrows run (TINY_RUN), from
-  another directory than the checkout (as an installed library)."""
+  another directory than the checkout (as an installed library): `cwd`, default the workdir's
+  parent (required for a gs:// workdir)."""
   cmd = ['-m', f'liere_jax.{program}', '--config', ARROWS + ':grid=4', '--workdir', str(workdir),
          *TINY_RUN, *args]
   if program == 'train':
     cmd.append('--noprogress')
-  return python(cmd, devices=devices, cwd=os.path.dirname(str(workdir)), env=env, wait=wait)
+  return python(cmd, devices=devices, cwd=cwd or os.path.dirname(str(workdir)), env=env,
+                wait=wait)
 
 
 def copy_run(workdir, to):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import liere_jax
-from liere_jax import reproduce
+from liere_jax import paths, reproduce
 from liere_jax.reproduce import reports, runner, tables
 
 # A run small enough for CI: the suite's own commands, shrunk by config overrides only.
@@ -191,6 +191,13 @@ def test_plateau_exit_is_where_train_accuracy_stays_above_the_threshold(tmp_path
   assert exit_of(acc(20, .4), acc(40, .5), acc(60, .9), acc(60, .5), acc(80, .9)) == 80
   os.remove(tmp_path / 'metrics.jsonl')
   assert runner.plateau_exit(str(tmp_path)) is None
+  # Runs since write metrics/ objects (one per flush), read after an older run's metrics.jsonl.
+  exit_of(acc(20, .4), acc(40, .5))
+  for step, a in ((40, .9), (60, .9)):
+    writer = paths.MetricsWriter(tmp_path)
+    writer.add(step, {'accuracy': a})
+    writer.flush()
+  assert runner.plateau_exit(str(tmp_path)) == 40
 
 
 def test_set_overrides_get_workdirs_of_their_own(tmp_path):

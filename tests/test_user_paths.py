@@ -30,7 +30,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from liere_jax import checkpoint, config_lib, torch_vit  # noqa: E402
+from liere_jax import checkpoint, config_lib, paths, torch_vit  # noqa: E402
 from liere_jax.convert import __main__ as convert_cli  # noqa: E402
 from liere_jax.data import pipeline, prepare  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
@@ -212,7 +212,7 @@ def test_user_path(name, data_dir, tmp_path):
   for key, value in row.expect:  # The row exercises what it says it does.
     got = functools.reduce(lambda d, k: d[k], key.split('.'), config)
     assert got == value, f'{key} = {got!r} in the run, the row expects {value!r}'
-  metrics = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
+  metrics = paths.read_metrics(workdir)
   assert [m['step'] for m in metrics if 'loss' in m] == [1, 2]
   assert all(np.isfinite(m['loss']) for m in metrics if 'loss' in m), metrics
 

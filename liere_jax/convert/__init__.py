@@ -14,7 +14,7 @@ checks), torch_layout (the port's layout, STRING folding), official_args and off
 from liere_jax.convert.config_json import (FORMAT, config_from_json, export_json, model_fields,
                                            read_json, write_json)
 from liere_jax.convert.files import (export_official, export_torch, import_official,
-                                     import_torch, load_official_state_dict)
+                                     import_torch, json_path, load_official_state_dict)
 from liere_jax.convert.official_layout import (Layer0BugWarning, from_official_layout,
                                                official_layout)
 from liere_jax.convert.official_args import (model_from_official, official_spec,

@@ -11,10 +11,10 @@ A model written before a field existed gets the value that reproduces it (spec.M
 spec.PE_ADDED), not today's default.
 """
 import json
-import os
 
 import ml_collections
 
+from liere_jax import paths
 from liere_jax import spec as spec_lib
 from liere_jax.convert import official_args
 
@@ -121,18 +121,14 @@ def config_from_json(obj: dict, what: str) -> ml_collections.ConfigDict:
 
 def read_json(path: str, what: str) -> dict:
   """The JSON object in file `path`; FileNotFoundError / ValueError naming `what` and path."""
-  if not os.path.exists(path):
+  if not paths.path(path).exists():
     raise FileNotFoundError(f'{what} {path} does not exist.')
   try:
-    with open(path) as f:
-      return json.load(f)
+    return paths.read_json(path)
   except json.JSONDecodeError as e:
     raise ValueError(f'{what} {path} is not valid JSON: {e}') from None
 
 
 def write_json(path: str, obj):
-  """`obj` as indented JSON at `path`, atomically (a temporary file renamed)."""
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
-  os.replace(tmp, path)
+  """`obj` as indented JSON at `path`, whole (paths.write)."""
+  paths.write(path, json.dumps(obj, indent=1, sort_keys=True))

@@ -4,38 +4,33 @@ a params-only checkpoint that eval.py and checkpoint.load_params read.
 Every check runs before anything is written, and each file is written under a temporary name
 and renamed, so a failed conversion leaves no partial file.
 """
+import io
 import json
 import os
 
 import numpy as np
 
-from liere_jax import checkpoint
+from liere_jax import checkpoint, paths
 from liere_jax.convert import config_json
 from liere_jax.convert.official_layout import from_official_layout, official_layout
 from liere_jax.convert.torch_layout import fold_string_cayley, from_torch_layout, torch_layout
 
 
 def json_path(path: str) -> str:
-  """The JSON beside an export file: FILE.safetensors -> FILE.json."""
+  """The JSON beside an export file: FILE.safetensors -> FILE.json (a URL too)."""
   return os.path.splitext(path)[0] + '.json'
 
 
 def _check_out(path, suffix, flag='--out'):
   if not path.endswith(suffix):
     raise ValueError(f'{flag} {path} should end with {suffix}.')
-  parent = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(parent):
+  parent = paths.path(path).parent
+  if not paths.is_url(path) and not parent.is_dir():  # A bucket has no folders to create.
     raise FileNotFoundError(f'{flag} {path}: the folder {parent} does not exist; create it.')
 
 
-def _atomic(path, write):
-  tmp = path + '.tmp'
-  write(tmp)
-  os.replace(tmp, path)
-
-
 def _load_run(workdir, step, best):
-  if not os.path.isdir(workdir):
+  if not paths.path(workdir).is_dir():
     raise FileNotFoundError(f'--workdir {workdir} does not exist.')
   if best and step is not None:
     raise ValueError(f'--step {step} and --best both given; give one (or neither: the latest).')
@@ -53,9 +48,9 @@ def export_torch(workdir, out, step=None, best=False, fold=False):
     params, config = fold_string_cayley(params, config)
   state = torch_layout(params, config.model)
   meta = config_json.export_json(config)
-  from safetensors.numpy import save_file
+  from safetensors.numpy import save
   header = json.dumps({k: v for k, v in meta.items() if k != 'source_config'})
-  _atomic(out, lambda p: save_file(state, p, metadata={'format': 'pt', 'liere_jax': header}))
+  paths.write(out, save(state, metadata={'format': 'pt', 'liere_jax': header}))
   config_json.write_json(json_path(out), meta)
   return out, json_path(out)
 
@@ -68,15 +63,17 @@ def export_official(workdir, out, step=None, best=False):
   state, kw = official_layout(params, config.model)
   import torch
   tensors = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
-  _atomic(out, lambda p: torch.save(tensors, p))
+  data = io.BytesIO()
+  torch.save(tensors, data)
+  paths.write(out, data.getvalue())
   config_json.write_json(json_path(out), {'rope_vit_kwargs': kw,
                                           'liere_model': config_json.export_json(config)})
   return out, json_path(out)
 
 
 def _check_out_workdir(out_workdir, config):
-  kept = os.path.join(out_workdir, 'checkpoints')
-  if os.path.isdir(kept) and os.listdir(kept):
+  kept = paths.path(out_workdir) / 'checkpoints'
+  if kept.is_dir() and any(kept.iterdir()):
     raise ValueError(f'--out_workdir {out_workdir} already holds checkpoints; use a new one.')
   checkpoint.check_same_model(out_workdir, config)
 
@@ -96,11 +93,11 @@ def read_config_arg(value: str, flag: str = '--config'):
 def import_torch(safetensors_path, out_workdir, config_path=None, step=0):
   """FILE.safetensors (torch_vit layout) -> a params-only checkpoint in `out_workdir`; the model
   from `config_path` (a path or inline JSON; default FILE.json). Returns (config, params)."""
-  if not os.path.exists(safetensors_path):
+  if not paths.path(safetensors_path).exists():
     raise FileNotFoundError(f'--safetensors {safetensors_path} does not exist.')
   config = read_config_arg(config_path or json_path(safetensors_path))
-  from safetensors.numpy import load_file
-  params = from_torch_layout(load_file(safetensors_path), config.model)
+  from safetensors.numpy import load
+  params = from_torch_layout(load(paths.path(safetensors_path).read_bytes()), config.model)
   _check_out_workdir(out_workdir, config)
   checkpoint.save_params(out_workdir, config, params, step=step)
   return config, params
@@ -111,10 +108,11 @@ def load_official_state_dict(path) -> dict:
   'model.' prefix dropped); read with torch.load(weights_only=True) only: no arbitrary
   unpickling."""
   import torch
-  if not os.path.exists(path):
+  if not paths.path(path).exists():
     raise FileNotFoundError(f'--state_dict {path} does not exist.')
   try:
-    obj = torch.load(path, map_location='cpu', weights_only=True)
+    obj = torch.load(io.BytesIO(paths.path(path).read_bytes()), map_location='cpu',
+                     weights_only=True)
   except Exception as e:  # pickle.UnpicklingError and friends: refuse, never unpickle.
     raise ValueError(f'--state_dict {path} cannot be read with torch.load(weights_only=True) '
                      f'({type(e).__name__}): it is no plain state_dict of tensors, and this tool '

@@ -31,7 +31,9 @@ import contextlib
 import os
 import pathlib
 import resource
+import shutil
 import sys
+import tempfile
 import types
 from typing import Optional
 
@@ -40,6 +42,7 @@ from etils import epath
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import shuffle as tfds_shuffle
 
+from liere_jax import paths
 from liere_jax.data import originals
 
 DATASETS = originals.DATASETS
@@ -73,11 +76,15 @@ def prepare(dataset: str, download_dir: str, data_dir: Optional[str] = None,
             overwrite: bool = False) -> str:
   """Writes `dataset` (one of DATASETS) from the originals in download_dir; returns its dir.
 
-  data_dir: the TFDS data directory (None: $TFDS_DATA_DIR or ~/tensorflow_datasets).
+  data_dir: the TFDS data directory (None: $TFDS_DATA_DIR or ~/tensorflow_datasets), or a
+    bucket (gs://...): the dataset is written to a local temporary directory and uploaded,
+    dataset_info.json last (TFDS reads a dataset as prepared once that file is there).
   overwrite: replace a prepared copy (kept until the new one is complete).
   """
   if dataset not in DATASETS:
     raise ValueError(f'dataset={dataset!r} is unknown; use one of {DATASETS}.')
+  if data_dir and paths.is_url(data_dir):
+    return _prepare_to_store(dataset, download_dir, data_dir, overwrite)
   name, _, config = dataset.partition('/')
   data_dir = os.path.expanduser(data_dir) if data_dir else None
 
@@ -108,6 +115,35 @@ def prepare(dataset: str, download_dir: str, data_dir: Optional[str] = None,
                      for s in b.info.splits.values())
   print(f'Wrote {dataset} {b.version} to {path}: {splits}, {b.info.dataset_size}.')
   return str(path)
+
+
+def _prepare_to_store(dataset: str, download_dir: str, data_dir: str, overwrite: bool) -> str:
+  """prepare() into a bucket: built locally (TFDS's writers need local files), then uploaded."""
+  problem = paths.store_problem(data_dir)
+  if problem:
+    raise FileNotFoundError(f'--data_dir={data_dir} cannot be written: {problem}.')
+  name, _, config = dataset.partition('/')
+  info = 'dataset_info.json'
+  with tempfile.TemporaryDirectory(prefix='liere_prepare_') as local:
+    # Where it goes (DATA/NAME/CONFIG/VERSION), checked before anything is built.
+    rel = pathlib.Path(originals.BUILDERS[name](
+        download_dir=download_dir, data_dir=local, config=config or None).data_path
+    ).relative_to(local)
+    target = paths.path(data_dir) / str(rel)
+    if (target / info).exists() and not overwrite:
+      raise FileExistsError(f'{target} is already prepared; pass --overwrite to replace it.')
+    built = pathlib.Path(prepare(dataset, download_dir, local))
+    if target.exists():
+      (target / info).unlink(missing_ok=True)  # Unprepared from here until the upload ends.
+      target.rmtree()
+    files = sorted(p for p in built.rglob('*') if p.is_file())
+    for f in sorted(files, key=lambda p: p.name == info):
+      dst = target / str(f.relative_to(built))
+      dst.parent.mkdir(parents=True, exist_ok=True)
+      with open(f, 'rb') as src, dst.open('wb') as out:  # Streamed: shards may be large.
+        shutil.copyfileobj(src, out)
+  print(f'Uploaded {dataset} to {target}.')
+  return str(target)
 
 
 _DOWNLOAD_DIR = flags.DEFINE_string(

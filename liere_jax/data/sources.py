@@ -15,6 +15,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core import constants as tfds_constants
 from tensorflow_datasets.proto import tf_example_pb2
 
+from liere_jax import paths
 from liere_jax.data import arrows
 from liere_jax.data import tfds_builders
 from liere_jax.data.spec import DATASETS, DataSpec
@@ -44,7 +45,15 @@ def _not_prepared(spec: DataSpec, name: str, split: str, grid: int,
   return ValueError(f'TFDS could not open {name} split={split!r} at {path}: {error}')
 
 
+def check_store(spec: DataSpec):
+  """Raises, in one line, why a data_dir on a store (gs://) cannot be read, if it cannot."""
+  problem = paths.store_problem(spec.data_dir) if spec.data_dir else None
+  if problem:
+    raise FileNotFoundError(f'data.data_dir={spec.data_dir} cannot be read: {problem}.')
+
+
 def _tfds_source(spec: DataSpec, name: str, split: str, grid: Optional[int] = None):
+  check_store(spec)
   try:
     return tfds.data_source(name, split=split, data_dir=spec.data_dir, download=False)
   except Exception as e:  # pylint: disable=broad-except  # TFDS raises many kinds here.
@@ -72,6 +81,7 @@ class VideoSource:
 
 def video_source(spec: DataSpec, split: str) -> VideoSource:
   """Finds DIR/name/config/version/ from dataset_info.json, as TFDS would, and opens `split`."""
+  check_store(spec)
   name, _, version = spec.tfds_name.partition(':')
   if '/' not in name:
     name = f'{name}/{DATASETS[spec.name].tfds_name.split("/")[1]}'

@@ -1,16 +1,19 @@
 """Running a suite: each unfinished run's training and evaluation as a subprocess of the
 installed programs (python -m liere_jax.train / liere_jax.eval), its wall time and commit, and
 its report row."""
+import contextlib
 import importlib.resources
 import json
 import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from typing import List, Optional, Tuple
 
 import liere_jax
+from liere_jax import paths
 from liere_jax.reproduce.paper import PLATEAU_EXIT, TRAIN_GRID
 from liere_jax.reproduce.suites import SUITES, Run, Suite
 
@@ -49,15 +52,9 @@ def commit(library: str = LIBRARY) -> str:
 
 def plateau_exit(workdir: str, threshold: float = PLATEAU_EXIT) -> Optional[int]:
   """The first logged step from which train accuracy stays >= threshold to the end of the run
-  (metrics.jsonl; a step logged twice, as after a resume, counts as its last entry), or None."""
-  path = os.path.join(workdir, 'metrics.jsonl')
-  if not os.path.exists(path):
-    return None
-  accuracy = {}
-  with open(path) as f:
-    for m in map(json.loads, filter(str.strip, f)):
-      if 'accuracy' in m:
-        accuracy[m['step']] = m['accuracy']
+  (paths.read_metrics; a step logged twice, as after a resume, counts as its last entry), or
+  None."""
+  accuracy = {m['step']: m['accuracy'] for m in paths.read_metrics(workdir) if 'accuracy' in m}
   exit_step = None
   for step in sorted(accuracy, reverse=True):
     if accuracy[step] < threshold:
@@ -66,32 +63,24 @@ def plateau_exit(workdir: str, threshold: float = PLATEAU_EXIT) -> Optional[int]
   return exit_step
 
 
+def _read(path) -> Optional[dict]:
+  return paths.read_json(path) if paths.path(path).exists() else None
+
+
 def _results(workdir: str, out: str) -> Optional[dict]:
-  path = os.path.join(workdir, out, 'results.json')
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  return _read(os.path.join(workdir, out, 'results.json'))
 
 
 def _trained(workdir: str) -> bool:
   """Whether training finished: its final evaluation (at total_steps) is logged."""
-  paths = [os.path.join(workdir, f) for f in ('config.json', 'metrics.jsonl')]
-  if not all(map(os.path.exists, paths)):
-    return False
-  with open(paths[0]) as f:
-    total = json.load(f)['total_steps']
-  with open(paths[1]) as f:
-    return any(m.get('step') == total and 'eval_accuracy' in m
-               for m in map(json.loads, filter(str.strip, f)))
+  config = _read(os.path.join(workdir, 'config.json'))
+  return config is not None and any(
+      m.get('step') == config['total_steps'] and 'eval_accuracy' in m
+      for m in paths.read_metrics(workdir))
 
 
 def _walls(workdir: str) -> dict:
-  path = os.path.join(workdir, 'reproduce_wall.json')
-  if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)
-  return {}
+  return _read(os.path.join(workdir, 'reproduce_wall.json')) or {}
 
 
 def _add_wall(workdir: str, key: str, seconds: float, code: str):
@@ -99,8 +88,24 @@ def _add_wall(workdir: str, key: str, seconds: float, code: str):
   walls[key] = walls.get(key, 0.) + seconds
   walls['machine'] = machine()
   walls.setdefault('commit', code)  # The code the run was trained at: HEAD when it started.
-  with open(os.path.join(workdir, 'reproduce_wall.json'), 'w') as f:
-    json.dump(walls, f, indent=1)
+  paths.write(os.path.join(workdir, 'reproduce_wall.json'), json.dumps(walls, indent=1))
+
+
+@contextlib.contextmanager
+def _log(workdir: str, name: str):
+  """A file for a program's output that ends as workdir/name, appended to: directly on a local
+  disk; on a bucket (no appends) through a local file, uploaded whole with the older log."""
+  target = paths.path(workdir) / name
+  if not paths.is_url(workdir):
+    with open(target, 'a') as f:
+      yield f
+    return
+  with tempfile.TemporaryFile('w+') as f:
+    try:
+      yield f
+    finally:
+      f.seek(0)
+      paths.write(target, (target.read_text() if target.exists() else '') + f.read())
 
 
 def command(args: List[str]) -> str:
@@ -187,7 +192,7 @@ def run_suite(name: str, runs_dir: str, extra: Tuple[str, ...], dry_run: bool = 
       for args in shown:
         log('  ' + command(args))
       continue
-    os.makedirs(workdir, exist_ok=True)
+    paths.path(workdir).mkdir(parents=True, exist_ok=True)
     start, code = time.time(), commit()
     steps = [run.train_args(workdir, extra + ('--progress=false',), config=config_file()),
              shown[1]]
@@ -195,13 +200,14 @@ def run_suite(name: str, runs_dir: str, extra: Tuple[str, ...], dry_run: bool = 
       if key == 'train_s' and _trained(workdir):
         continue  # Trained by this or another suite; only its evaluation is missing.
       t0 = time.time()
-      with open(os.path.join(workdir, f'reproduce_{key[:-2]}.log'), 'a') as logf:
+      log_name = f'reproduce_{key[:-2]}.log'
+      with _log(workdir, log_name) as logf:
         proc = subprocess.run([sys.executable] + args, stdout=logf, stderr=subprocess.STDOUT,
                               env=_environment(), check=False)
       if proc.returncode:
         raise RuntimeError(f'{command(shown_args)} failed (exit {proc.returncode}); see '
-                           f'{logf.name}. Fix it and run the suite again: finished runs are '
-                           'kept.')
+                           f'{os.path.join(workdir, log_name)}. Fix it and run the suite '
+                           'again: finished runs are kept.')
       _add_wall(workdir, key, time.time() - t0, code)
     spent += time.time() - start
     cost_done += _cost(run)
