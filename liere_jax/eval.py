@@ -61,6 +61,7 @@ def main(argv):
   from liere_jax import checkpoint, evaluation, run_spec, train_lib
   workdir = _WORKDIR.value
   cli.init_distributed(_PROCESS)
+  paths.check_store(workdir, '--workdir')
   run = run_spec.resolve(_config(workdir), jax.device_count())
   checkpoint.check_shared_workdir(workdir)
   _, params, step = checkpoint.load_params(workdir, _STEP.value, best=_BEST.value)
@@ -93,7 +94,7 @@ def run():
   """`python -m liere_jax.eval` (and the checkout's eval.py)."""
   flags.mark_flags_as_required(['workdir'])
   from liere_jax import checkpoint
-  app.run(cli.one_line(main, (checkpoint.CheckpointError,), 'eval'),
+  app.run(cli.one_line(main, (checkpoint.CheckpointError, FileNotFoundError), 'eval'),
           flags_parser=config_lib.parse_flags)
 
 

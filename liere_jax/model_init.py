@@ -59,6 +59,7 @@ def read_source(source: str, model: ml_collections.ConfigDict):
   """(the source's model section, its parameters {path: np.ndarray}); `model` (this run's)
   completes an official checkpoint's."""
   path, step, best = parse(source)
+  paths.check_store(path, 'the source')
   if not paths.path(path).exists():
     raise FileNotFoundError(f'{path} does not exist.')
   if path.endswith('.safetensors'):

@@ -97,6 +97,23 @@ def store_problem(p: PathLike, timeout: float = None) -> Optional[str]:
   return None
 
 
+def check_store(p: Optional[PathLike], what: str, tensorboard: bool = False):
+  """Raises FileNotFoundError, one line naming `what` (e.g. '--workdir'), when `p` is a URL
+  whose store cannot be used (store_problem); `tensorboard`: TensorBoard events go there too,
+  which tensorboardX writes with google-cloud-storage."""
+  if p is None or not is_url(p):
+    return
+  problem = store_problem(p)
+  if problem is None and tensorboard and os.fspath(p).startswith('gs://'):
+    try:
+      from google.cloud import storage  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+      problem = ('TensorBoard events on gs:// need google-cloud-storage, which is not '
+                 'installed (pip install -r requirements.txt)')
+  if problem:
+    raise FileNotFoundError(f'{what}={os.fspath(p)} cannot be used: {problem}.')
+
+
 def files_under(p: PathLike):
   """Every file below `p`, depth first (epath's rglob and walk do not work on gs://)."""
   for child in sorted(path(p).iterdir()):

@@ -165,6 +165,7 @@ def main(argv):
   if not workdir:
     raise app.UsageError('--workdir is required.')
   # Everything is checked before anything is compiled or written.
+  paths.check_store(workdir, '--workdir', tensorboard=True)
   run = run_spec.resolve(config, jax.device_count())
   run_spec.check_data(run)  # Says how to prepare an unprepared dataset.
   checkpoint.check_same_model(workdir, config)
@@ -182,7 +183,7 @@ def run():
   """`python -m liere_jax.train` (and the checkout's train.py)."""
   flags.mark_flags_as_required(['config', 'workdir'])
   from liere_jax import checkpoint
-  app.run(cli.one_line(main, (checkpoint.CheckpointError,), 'train'),
+  app.run(cli.one_line(main, (checkpoint.CheckpointError, FileNotFoundError), 'train'),
           flags_parser=config_lib.parse_flags)
 
 

@@ -151,13 +151,18 @@ def test_a_dataset_prepared_into_a_bucket_is_read_from_it(store, tmp_path):
   assert batch['image'].shape == (4, 32, 32, 3) and np.isfinite(batch['image']).all()
 
 
-def test_a_store_that_cannot_be_read_says_why(store, monkeypatch):
+def test_a_store_that_cannot_be_read_says_why(store, monkeypatch, tmp_path):
   assert paths.store_problem('gs://bucket/tfds') is None
   assert 'there is no bucket gs://nobucket' in paths.store_problem('gs://nobucket/tfds')
+  rc, out = run_tiny('train', 'gs://nobucket/run', cwd=tmp_path)
+  assert rc == 2 and out.strip().splitlines()[-1] == (
+      'python -m liere_jax.train: error: --workdir=gs://nobucket/run cannot be used: there is '
+      'no bucket gs://nobucket (create it: gcloud storage buckets create gs://nobucket).'), out
+  assert os.listdir(tmp_path) == []
   monkeypatch.setitem(sys.modules, 'gcsfs', None)  # As without gcsfs installed.
   cfg = config_lib.load(os.path.join(ROOT, 'configs', 'cifar100.py'))
   cfg.data.data_dir = 'gs://bucket/tfds'
-  with pytest.raises(FileNotFoundError, match='data.data_dir=gs://bucket/tfds cannot be read: '
+  with pytest.raises(FileNotFoundError, match='data.data_dir=gs://bucket/tfds cannot be used: '
                      'reading gs:// needs gcsfs'):
     data.dataset_info(cfg.data)
 

@@ -119,9 +119,7 @@ def prepare(dataset: str, download_dir: str, data_dir: Optional[str] = None,
 
 def _prepare_to_store(dataset: str, download_dir: str, data_dir: str, overwrite: bool) -> str:
   """prepare() into a bucket: built locally (TFDS's writers need local files), then uploaded."""
-  problem = paths.store_problem(data_dir)
-  if problem:
-    raise FileNotFoundError(f'--data_dir={data_dir} cannot be written: {problem}.')
+  paths.check_store(data_dir, '--data_dir')
   name, _, config = dataset.partition('/')
   info = 'dataset_info.json'
   with tempfile.TemporaryDirectory(prefix='liere_prepare_') as local:

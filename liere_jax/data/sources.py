@@ -47,9 +47,7 @@ def _not_prepared(spec: DataSpec, name: str, split: str, grid: int,
 
 def check_store(spec: DataSpec):
   """Raises, in one line, why a data_dir on a store (gs://) cannot be read, if it cannot."""
-  problem = paths.store_problem(spec.data_dir) if spec.data_dir else None
-  if problem:
-    raise FileNotFoundError(f'data.data_dir={spec.data_dir} cannot be read: {problem}.')
+  paths.check_store(spec.data_dir, 'data.data_dir')
 
 
 def _tfds_source(spec: DataSpec, name: str, split: str, grid: Optional[int] = None):
