@@ -135,11 +135,12 @@ def write_config(workdir: str, config: ml_collections.ConfigDict):
 PROCESS_CHECK = 'process_check.json'
 
 
-def check_shared_workdir(workdir: str):
+def check_shared_workdir(workdir: str, create: bool = True):
   """Several processes: stops every one of them in one line unless all see the same workdir
   (one shared bucket or file system): process 0 writes a token that every process must read
   back, and all must see the same checkpoints. Without this a process on its own local disk
-  waits for process 0's checkpoints until a timeout."""
+  waits for process 0's checkpoints until a timeout. `create=False` (eval): a workdir that
+  process 0 does not have stops all of them too."""
   if jax.process_count() == 1:
     return
   import random
@@ -147,12 +148,18 @@ def check_shared_workdir(workdir: str):
   import numpy as np
   from jax.experimental import multihost_utils
   marker = paths.path(workdir) / PROCESS_CHECK
-  token = random.getrandbits(31)
+  token = random.getrandbits(30) + 1  # 0: process 0 has no such workdir.
   if jax.process_index() == 0:
-    paths.path(workdir).mkdir(parents=True, exist_ok=True)
-    paths.write(marker, json.dumps({'token': token}))
+    if create:  # A bucket has no folders: a new one is_dir() only once it holds an object.
+      paths.path(workdir).mkdir(parents=True, exist_ok=True)
+    if create or paths.path(workdir).is_dir():
+      paths.write(marker, json.dumps({'token': token}))
+    else:
+      token = 0
   # Process 0 wrote before this collective, so every process may read the marker after it.
   token = int(multihost_utils.broadcast_one_to_all(np.int32(token)))
+  if not token:
+    raise CheckpointError(f'--workdir {workdir} does not exist (process 0 looked for it).')
   try:
     seen = json.loads(marker.read_text())['token'] == token
   except (OSError, ValueError, KeyError):

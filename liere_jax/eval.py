@@ -62,8 +62,8 @@ def main(argv):
   workdir = _WORKDIR.value
   cli.init_distributed(_PROCESS)
   paths.check_store(workdir, '--workdir')
+  checkpoint.check_shared_workdir(workdir, create=False)  # Before any process reads it.
   run = run_spec.resolve(_config(workdir), jax.device_count())
-  checkpoint.check_shared_workdir(workdir)
   _, params, step = checkpoint.load_params(workdir, _STEP.value, best=_BEST.value)
   trainer = train_lib.Trainer(run, train_lib.make_mesh(model_parallel=run.loop.model_parallel))
   params = trainer.place_params(params)  # Stacked under model.scan_layers.

@@ -168,11 +168,12 @@ def main(argv):
   paths.check_store(workdir, '--workdir', tensorboard=True)
   run = run_spec.resolve(config, jax.device_count())
   run_spec.check_data(run)  # Says how to prepare an unprepared dataset.
+  # Several processes: one workdir, seen alike (before any of them reads it).
+  checkpoint.check_shared_workdir(workdir)
   checkpoint.check_same_model(workdir, config)
   # A resumed run ignores model_init.
   init_params = (model_init.load(config) if run.loop.model_init
                  and not checkpoint.has_checkpoint(workdir) else None)
-  checkpoint.check_shared_workdir(workdir)  # Several processes: one workdir, seen alike.
   trainer = train_lib.Trainer(run, train_lib.make_mesh(model_parallel=run.loop.model_parallel))
   stop = train_lib.Preemption()  # From the first write on, SIGTERM saves the step reached.
   checkpoint.write_config(workdir, config)

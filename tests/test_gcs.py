@@ -122,6 +122,13 @@ def test_two_processes_fine_tune_on_one_bucket_and_stop_together_on_sigterm(gs_r
            if l.startswith('Preempted')}
   assert len(steps) == 1 and checkpoint.steps_in(f'{work}/checkpoints')[-1] == steps.pop(), outs
   assert 'Started from the parameters of' in outs[0]
+  # eval.py takes train.py's process flags and runs on the same two processes.
+  addr = f'127.0.0.1:{free_port()}'
+  procs = [run_tiny('eval', work, f'--coordinator_address={addr}', '--num_processes=2',
+                    f'--process_id={i}', cwd=tmp_path, wait=False) for i in range(2)]
+  outs = [p.communicate(timeout=300)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outs
+  assert paths.read_json(f'{work}/eval/results.json')['n_examples'] == 40
 
 
 def test_processes_on_separate_disks_stop_in_one_line(tmp_path):
@@ -179,3 +186,9 @@ def test_the_reproduce_runner_reads_and_writes_runs_in_a_bucket(gs_run):
   runner._add_wall(work, 'train_s', 2.0, 'abc')
   runner._add_wall(work, 'train_s', 3.0, 'abc')
   assert runner._walls(work)['train_s'] == 5.0
+
+
+def test_process_flags_come_all_three_or_none():
+  from liere_jax import train_lib
+  with pytest.raises(ValueError, match='give all three, or none to let jax find them'):
+    train_lib.init_distributed('127.0.0.1:1234', None, None)
