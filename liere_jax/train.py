@@ -34,7 +34,7 @@ class Logger:
   """Metrics (paths.MetricsWriter: metrics/*.jsonl) and TensorBoard events from process 0.
   Metrics are written as one object at each checkpoint, evaluation and close, and at least
   every FLUSH_S seconds: object stores take no appends."""
-  FLUSH_S = 60.
+  FLUSH_S = 300.  # Objects are read back one by one: not too many of them.
 
   def __init__(self, workdir):
     self.active = jax.process_index() == 0
