@@ -32,6 +32,7 @@ stack and scales each chunk.
 import contextlib
 import contextvars
 import functools
+import os
 from typing import Callable, Dict, NamedTuple, Optional, Union
 
 import jax
@@ -48,8 +49,10 @@ _MAX_SQUARINGS = 24  # fast_cond: scaled norms up to 2**24, far beyond any posit
 # the init's largest is 2**11 for LieRE64 at 4x the position range of our configs, and 2**9 at
 # it. Beyond the cap the squarings stop there and the error grows (test_expm_precision).
 SELECT_CAP = 16
-# fast_select without remat while its residuals (about SELECT_CAP + 10 stacks) fit this; an
-# accelerator's memory holds the 6.6 GB of ImageNet LieRE64's lattice exponentials many times.
+# fast_select without remat while its residuals (about SELECT_CAP + 15 stacks of the input's
+# size) fit this: ImageNet LieRE64's lattice exponentials (16,848 of 64x64: 276 MB a stack) keep
+# 8.6 GB, which an 80 GB accelerator holds beside ViT-B/16's batch of 128 (37 GB). Lower it to
+# trade recomputation for memory.
 REMAT_ABOVE_BYTES = 16 * 2**30
 _CHUNK_BYTES = 16 * 2**20  # Matrices per chunk on accelerators, in bytes (fast_cond, remat).
 _CHUNK_BYTES_CPU = 2**16  # On CPU: small enough that a chunk's intermediates stay in cache.
@@ -244,9 +247,16 @@ def matmul(x: jax.Array, y: jax.Array) -> jax.Array:
   if precision == 'highest':
     return jax.lax.platform_dependent(x, y, cpu=_matmul(dots_lib.CPU),
                                       default=_matmul(dots_lib.HIGHEST))
-  return jax.lax.platform_dependent(x, y, cpu=_matmul(dots_lib.CPU), cuda=_matmul(dots_lib.GPU),
+  return jax.lax.platform_dependent(x, y, cpu=_matmul(_cpu_auto()), cuda=_matmul(dots_lib.GPU),
                                     rocm=_matmul(dots_lib.GPU), tpu=_matmul(dots_lib.TPU),
                                     default=_matmul(dots_lib.HIGHEST))
+
+
+def _cpu_auto() -> dots_lib.Dots:
+  """'auto' on CPU: float32, or with LIERE_EXPM_EMULATE=cuda (or tpu) that platform's presets,
+  emulated (slow: to train on CPU as the accelerator computes, e.g. to compare accuracies)."""
+  platform = os.environ.get('LIERE_EXPM_EMULATE')
+  return dots_lib.emulated_dots(*dots_lib.preset_names(platform)) if platform else dots_lib.CPU
 
 
 @functools.lru_cache(maxsize=None)

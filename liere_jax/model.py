@@ -44,6 +44,7 @@ from flax import nnx
 
 from liere_jax import encodings
 from liere_jax import positions as positions_lib
+from liere_jax import switches
 from liere_jax.spec import LN_EPS, ModelSpec, resolve
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -104,7 +105,7 @@ class Attention(nnx.Module):
     q, k, bias = pe.attend(q, k)
     if not return_weights:
       bias = None if bias is None else bias[None].astype(q.dtype)
-      out = jax.nn.dot_product_attention(q, k, v, bias=bias)
+      out = _fused_attention(q, k, v, bias)
       return self.proj(out.reshape(b, t, width)), None
     logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(q.shape[-1])
     logits = logits.astype(jnp.float32)
@@ -113,6 +114,23 @@ class Attention(nnx.Module):
     weights = jax.nn.softmax(logits, axis=-1)
     out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v).reshape(b, t, width)
     return self.proj(out), weights
+
+
+ATTENTION = switches.Switch('attention', ('auto', 'xla'), "'auto': cuDNN's fused attention "
+                            "on a GPU where it applies, else XLA's; 'xla': XLA's everywhere.")
+
+
+def _fused_attention(q, k, v, bias):
+  """jax.nn.dot_product_attention with cuDNN's kernel on a GPU for bf16 / fp16 heads of at most
+  128 dims (a multiple of 8), any token count (197 included). cuDNN is chosen while tracing
+  (it cannot be lowered without one); where it refuses the shapes, XLA's form runs."""
+  if (ATTENTION.get() == 'auto' and jax.default_backend() == 'gpu'
+      and q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] <= 128 and q.shape[-1] % 8 == 0):
+    try:
+      return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation='cudnn')
+    except (NotImplementedError, ValueError, RuntimeError):
+      pass
+  return jax.nn.dot_product_attention(q, k, v, bias=bias)
 
 
 class Mlp(nnx.Module):

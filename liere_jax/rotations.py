@@ -9,8 +9,6 @@ exponential (R(m q) = R(q)^m, `lattice_plan`), and on a mesh each device compute
 (`split_over_data`).
 """
 
-import contextlib
-import contextvars
 import dataclasses
 from typing import Callable, Union
 
@@ -19,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from liere_jax import switches
 from liere_jax.expm import expm, matmul, products
 
 
@@ -264,23 +263,10 @@ def angle_rotations(angles: jax.Array) -> jax.Array:
   return jnp.stack([jnp.stack([c, -s], -1), jnp.stack([s, c], -1)], -2)
 
 
-# How rotate applies the blocks (APPLY_FORMS; a context so that benchmarks can set it for one
-# side of an A/B: liere_jax.bench step --vs apply=einsum).
-APPLY_FORMS = ('auto', 'einsum')
-_APPLY = contextvars.ContextVar('liere_rotate_apply', default='auto')
-
-
-@contextlib.contextmanager
-def apply_form(form: str):
-  """rotate's form inside: 'auto' (below) or 'einsum' (every block size through one einsum
-  with the rotations as the left operand: the form before the GPU measurements)."""
-  if form not in APPLY_FORMS:
-    raise ValueError(f'apply form {form!r} is unknown; use one of {APPLY_FORMS}.')
-  token = _APPLY.set(form)
-  try:
-    yield
-  finally:
-    _APPLY.reset(token)
+APPLY = switches.Switch('apply', ('auto', 'einsum', 'direct'), "rotate's form: 'einsum' "
+                        '(every block through one einsum, the rotations on the left: the CPU '
+                        "default), 'direct' (elementwise up to 8, x on the left above: GPU and "
+                        "TPU's); 'auto' by platform.")
 
 
 def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
@@ -294,22 +280,42 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
     x rotated (x' = R x per block), in x's dtype, with float32 products and sums (bf16 models
     rotate by bf16-rounded rotations).
 
-  x keeps its [B, T, H, d] layout. Blocks up to 8 are applied elementwise (a multiply and a
-  sum over the block that XLA fuses into one pass over x: memory speed); larger ones as a
-  batched product with x on the left, so that (t, h, block) are the batch and the block's own
-  axis stays minor on both sides.
+  x keeps its [B, T, H, d] layout. On GPU and TPU ('direct') blocks up to 8 are applied
+  elementwise (a multiply and a sum over the block that XLA fuses into one pass over x: memory
+  speed) and larger ones as a batched product with x on the left, so that (t, h, block) are the
+  batch and the block's own axis stays minor on both sides. On CPU that elementwise form made
+  the LieRE8 train step 1.2x slower (docs/benchmarks.md): there every block size but 2 takes one
+  einsum with the rotations on the left.
   """
   k, b = rot.shape[-3], rot.shape[-1]
   rot = jnp.swapaxes(rot, 0, 1).astype(x.dtype)  # [T, H or 1, k, b, b]
   xr = x[..., :k * b].reshape(*x.shape[:-1], k, b)  # [B, T, H, k, b]
-  old = _APPLY.get() == 'einsum'
-  if b == 2 or (b <= 8 and not old):
-    out = jnp.sum(rot.astype(jnp.float32) * xr.astype(jnp.float32)[..., None, :], axis=-1)
-  else:
-    precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else None
-    rot = jnp.broadcast_to(rot, xr.shape[1:] + (b,))
-    out = jnp.einsum(*(('thkij,bthkj->bthki', rot, xr) if old else
-                       ('bthkj,thkij->bthki', xr, rot)),
-                     precision=precision, preferred_element_type=jnp.float32)
+  forms = {'einsum': dict(default=_apply_einsum), 'direct': dict(default=_apply_direct),
+           'auto': dict(cpu=_apply_einsum, default=_apply_direct)}[APPLY.get()]
+  out = jax.lax.platform_dependent(xr, rot, **forms)
   out = out.reshape(*x.shape[:-1], k * b).astype(x.dtype)
   return jnp.concatenate([out, x[..., k * b:]], axis=-1) if k * b < x.shape[-1] else out
+
+
+def _elementwise(xr, rot):
+  return jnp.sum(rot.astype(jnp.float32) * xr.astype(jnp.float32)[..., None, :], axis=-1)
+
+
+def _product(spec, xr, rot, rot_first):
+  """The blocks applied as one batched product, float32 accumulation."""
+  precision = jax.lax.Precision.HIGHEST if xr.dtype == jnp.float32 else None
+  rot = jnp.broadcast_to(rot, xr.shape[1:] + xr.shape[-1:])
+  return jnp.einsum(spec, *((rot, xr) if rot_first else (xr, rot)), precision=precision,
+                    preferred_element_type=jnp.float32)
+
+
+def _apply_einsum(xr, rot):
+  if xr.shape[-1] == 2:
+    return _elementwise(xr, rot)
+  return _product('thkij,bthkj->bthki', xr, rot, rot_first=True)
+
+
+def _apply_direct(xr, rot):
+  if xr.shape[-1] <= 8:
+    return _elementwise(xr, rot)
+  return _product('bthkj,thkij->bthki', xr, rot, rot_first=False)

@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# The GPU figures of docs/benchmarks.md in one go, each section under its own time limit:
+# The GPU figures of docs/benchmarks.md in one call (10 min), each section under its own time
+# limit, most important first:
 #   scripts/gpu_figures.sh OUT [OFFICIAL]
-# OUT gets log.txt (everything printed), results.jsonl (each bench's JSON line, tagged) and
-# each reproduce run in RUNS as a .tgz. OFFICIAL: a checkout of github.com/StanfordMIMI/LieRE
-# for the official train step beside ours. Environment: PY (python3), DEADLINE (seconds for the
-# whole script, 560), BATCH (ViT-B/16 bench step batch, 128), PES (encodings timed against abs),
-# RUNS (table3 runs to train and evaluate first; none by default), EXPM_ARGS (--repeats 3);
-# OFFICIAL_BATCH (64: the official step beside ours); PES= or EXPM_ARGS= (empty) skips those.
+# 1. the train step of every encoding in PES against abs (ViT-B/16, BATCH); 2. a profile of
+# the LieRE64 step (device-busy fraction, kernels and device-to-host copies per step, top
+# kernels); 3. the A/B of each GPU change against the path before it (all at once, then one
+# by one: the exponential's form, its precision, rotate's form, cuDNN attention); 4. bench expm
+# against torch.matrix_exp; 5. the official step beside ours (with OFFICIAL, a checkout of
+# github.com/StanfordMIMI/LieRE). OUT gets log.txt (everything printed), results.jsonl (each
+# bench's JSON line, tagged) and each reproduce run in RUNS as a .tgz. Environment: PY
+# (python3), DEADLINE (seconds for the whole script, 570), BATCH (128), PES, RUNS (table3 runs
+# to train and evaluate first; none by default), AB (the A/B sections; AB= skips them),
+# EXPM_ARGS, OFFICIAL_BATCH (64); PES= or EXPM_ARGS= (empty) skips those. Compiled programs
+# are cached across sections (JAX's persistent cache in OUT/.jax_cache): abs compiles once.
 set -u
 OUT=${1:?usage: scripts/gpu_figures.sh OUT [OFFICIAL]}
 OFFICIAL=${2:-}
 PY=${PY:-python3}
-DEADLINE=${DEADLINE:-560}
+DEADLINE=${DEADLINE:-570}
 BATCH=${BATCH:-128}
-PES=${PES-liere8 paper_rope_mixed rope_mixed liere64}
+PES=${PES-liere64 liere8 paper_rope_mixed rope_mixed}
+AB=${AB-all expm precision apply attention}
 RUNS=${RUNS:-}
-EXPM_ARGS=${EXPM_ARGS---repeats 3}
+EXPM_ARGS=${EXPM_ARGS---repeats 3 --case imagenet_vitb16_liere64 --case imagenet_vitb16_liere8 --case cifar_vitb_liere64 --impl fast --impl fast_cond --impl torch}
 OFFICIAL_BATCH=${OFFICIAL_BATCH:-64}
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")  # Both paths may be relative to where the script was called from.
@@ -23,6 +30,7 @@ OUT=$(realpath "$OUT")  # Both paths may be relative to where the script was cal
 cd "$(dirname "$0")/.."
 # bench expm times torch.matrix_exp in the same process: JAX must not take 75% of the GPU.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+export JAX_COMPILATION_CACHE_DIR="$OUT/.jax_cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 exec > >(tee -a "$OUT/log.txt") 2>&1
 START=$SECONDS
 
@@ -46,25 +54,45 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 $PY -c 'import jax, flax, optax, orbax.checkpoint as o, numpy; print("jax", jax.__version__,
 "flax", flax.__version__, "optax", optax.__version__, "numpy", numpy.__version__, jax.devices())'
 
-section smoke 120 $PY -m liere_jax.bench step --config configs/arrows.py --vs pe=abs \
+section smoke 90 $PY -m liere_jax.bench step --config configs/arrows.py --vs pe=abs \
     --steps 2 --warmup 1 --json || { echo "smoke failed: stopping"; exit 1; }
+git log -1 --format='commit %h %s' 2>/dev/null || true
 
 for run in $RUNS; do
   section "$run" 300 $PY -m liere_jax.reproduce --suite table3 --only "$run" \
       --out /tmp/gpu_figures_report && tar czf "$OUT/$run.tgz" -C runs/reproduce "$run"
 done
 
-[[ -n $EXPM_ARGS ]] && section expm 150 $PY -m liere_jax.bench expm $EXPM_ARGS --json
+step() {  # step NAME CONFIG_ARGS VS [LIMIT]: bench step of ViT-B/16 at BATCH
+  section "$1" "${4:-150}" $PY -m liere_jax.bench step --config "configs/imagenet.py:$2" \
+      --vs "$3" --config.batch_size="$BATCH" --steps 8 --json
+}
+for pe in $PES; do step "step_$pe" "pe=$pe" pe=abs; done
 
-for pe in $PES; do
-  section "step_$pe" 150 $PY -m liere_jax.bench step --config "configs/imagenet.py:pe=$pe" \
-      --vs pe=abs --config.batch_size="$BATCH" --steps 10 --json
+section profile_liere64 120 $PY -m liere_jax.bench profile \
+    --config configs/imagenet.py:pe=liere64 --config.batch_size="$BATCH" --steps 5 --json
+
+# Each change against the path before it, in one process (B = before): the exponential's form
+# (fast_cond: per-chunk branches and remat), its products (highest: float32), rotate's form
+# (apply=einsum), XLA's attention instead of cuDNN's (attention=xla).
+OLD_EXPM=config.model.pe.expm=fast_cond
+OLD_PREC=config.model.pe.expm_precision=highest
+for ab in $AB; do
+  case $ab in
+    all) step ab_all pe=liere64 "$OLD_EXPM,$OLD_PREC,apply=einsum,attention=xla" ;;
+    expm) step ab_expm pe=liere64 "$OLD_EXPM" ;;
+    precision) step ab_precision pe=liere64 "$OLD_PREC" ;;
+    apply) step ab_apply pe=liere8 apply=einsum ;;
+    attention) step ab_attention pe=abs attention=xla ;;
+  esac
 done
+
+[[ -n $EXPM_ARGS ]] && section expm 150 $PY -m liere_jax.bench expm $EXPM_ARGS --json
 
 # The official step runs in a second process on the same GPU: at batch 128 ours held 36.7 GiB
 # and theirs ran out at 42.5 GiB on an 80 GB H100, hence its own, smaller batch.
 [[ -n $OFFICIAL ]] && section official_liere64 200 $PY -m liere_jax.bench step \
     --config configs/imagenet.py:pe=liere64 --vs pe=abs --config.batch_size="$OFFICIAL_BATCH" \
     --steps 10 --official "$OFFICIAL" --json
-rm -f "$OUT/.section"
+rm -rf "$OUT/.section" "$OUT/.jax_cache"
 echo "== done in $((SECONDS - START))s"

@@ -9,49 +9,28 @@ import pytest
 import scipy.linalg
 
 from liere_jax import dots, expm
-from liere_jax.bench import case_inputs, lower, Case
+from liere_jax.bench import lower, presets
 from tests import helpers
 
 AUTO_ALGORITHMS = {'cuda': ['BF16_BF16_F32_X6'], 'tpu': ['HIGHEST']}  # TPU HIGHEST: bf16 x6.
 
 
-def _init_stack(range_scale):
-  """LieRE64 generator combinations on a 14x14 grid at `range_scale` x the training range
-  (bench's init distribution: U[0, 2 pi), 2D, normalized positions), a subsample with the
-  largest norms; and a cotangent."""
-  a, g = case_inputs(Case(1, 4, (14, 14), 64))
-  a = a * range_scale
-  idx = np.argsort(np.abs(a).sum(-2).max(-1))[-16:]
-  return a[idx], g[idx]
-
-
-def _grad(fn, a, g):
-  grad = np.asarray(jax.jit(jax.grad(lambda x: jnp.sum(fn(x) * g)))(a), np.float64)
-  return grad - np.swapaxes(grad, -1, -2)  # The skew part: all LieRE's parameters reach.
-
-
 @pytest.mark.parametrize('range_scale', [1, 4])
-def test_auto_presets_keep_the_exponential_and_its_gradient_within_1e_5(range_scale):
+def test_auto_presets_keep_the_exponential_within_1e_5_and_its_gradient_at_training(range_scale):
   """The presets 'auto' picks on GPU and TPU (emulated), on the select form they run, against
-  float64: forward <= 1e-5, gradient <= 1e-5 relative, at the training range and 4x."""
+  float64 on LieRE64's largest matrices: forward <= 1e-5 at the training range and at 4x
+  (evaluation on larger grids), the gradient (training: 1x) <= 1e-5 relative. `bench presets`
+  prints the whole table (with bf16 x3 backward the gradient misses it: 1.2e-5)."""
   assert dots.preset_names('cuda') == dots.preset_names('tpu') != dots.preset_names('cpu')
-  a, g = _init_stack(range_scale)
-  prec = dots.emulated_dots(*dots.preset_names('cuda'))
-  fn = lambda x: expm.fast_expm(x, form='select', precision=prec)
-  a64 = a.astype(np.float64)
-  ref = np.stack([scipy.linalg.expm(x) for x in a64])
-  err = np.abs(np.asarray(jax.jit(fn)(a), np.float64) - ref).max()
-  gref = np.stack([scipy.linalg.expm_frechet(x.T, y, compute_expm=False)
-                   for x, y in zip(a64, g.astype(np.float64))])
-  gref = gref - np.swapaxes(gref, -1, -2)
-  gerr = np.abs(_grad(fn, a, g) - gref).max() / np.abs(gref).max()
-  assert err <= 1e-5 and gerr <= 1e-5, (err, gerr)
+  a, g = presets.largest('imagenet_vitb16_liere64', 16, range_scale)
+  err, gerr = presets.errors(a, g, *dots.preset_names('cuda'))
+  assert err <= 1e-5 and (range_scale > 1 or gerr <= 1e-5), (err, gerr)
 
 
 def test_fewer_passes_are_too_coarse_for_the_exponential():
   """Why 'auto' pays for six passes: one bf16 or TF32 pass, or bf16 x3, misses 1e-5 forward
   (so the accuracy test above can fail)."""
-  a, _ = _init_stack(1)
+  a, _ = presets.largest('imagenet_vitb16_liere64', 16)
   ref = np.stack([scipy.linalg.expm(x) for x in a.astype(np.float64)])
   for name in ('BF16_BF16_F32', 'TF32_TF32_F32', 'BF16_BF16_F32_X3'):
     prec = dots.Dots(dots.emulated(name), dots.emulated(name))
@@ -71,7 +50,7 @@ def test_emulated_presets_split_operands_into_narrower_numbers():
 
 @pytest.mark.parametrize('form', ['cond', 'select'])
 def test_both_forms_agree_with_scipy(form):
-  a, _ = _init_stack(4)
+  a, _ = presets.largest('imagenet_vitb16_liere64', 16, 4)
   ref = np.stack([scipy.linalg.expm(x) for x in a.astype(np.float64)])
   r = jax.jit(lambda x: expm.fast_expm(x, form=form))(a)
   assert np.abs(np.asarray(r, np.float64) - ref).max() <= 1e-5
@@ -94,7 +73,7 @@ def test_select_form_scales_each_matrix_and_stops_at_the_cap():
 def test_platform_cases_fold_away_when_compiled():
   """platform_dependent's cases have a constant selector: XLA removes them before running, so
   the select form compiles to no conditional at all (the CPU's compiled program here)."""
-  a, _ = _init_stack(1)
+  a, _ = presets.largest('imagenet_vitb16_liere64', 16)
   hlo = jax.jit(jax.grad(lambda x: jnp.sum(expm.fast_expm(x, form='select')))).lower(
       a).compile().as_text()
   assert 'conditional' not in hlo

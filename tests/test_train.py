@@ -171,7 +171,7 @@ def test_an_unknown_override_names_its_section_s_fields():
 def test_unknown_key_is_one_line_without_a_traceback(tmp_path):
   rc, out = run('train', tmp_path / 'w', '--config.model.pe.scale=1')
   assert rc == 2 and 'Traceback' not in out, out
-  assert "config.model.pe has no field 'scale'; its fields are ['expm', 'init_scale'" in out
+  assert "config.model.pe has no field 'scale'; its fields are ['expm', 'expm_precision', 'init_scale'" in out
 
 
 def test_a_workdir_without_checkpoint_takes_a_corrected_config(tmp_path):

@@ -7,6 +7,9 @@ r"""Benchmarks: the matrix exponential on realistic LieRE cases, whole train/eva
       [--official DIR [--official_python PY] [--official_threads N]]
   python -m liere_jax.bench data --config configs/imagenet.py --config.batch_size=32 \
       [--workers 0,1,2] [--batches N] [--repeats N] [--json]
+  python -m liere_jax.bench lower --config configs/imagenet.py:pe=liere64 --platform cuda [--json]
+  python -m liere_jax.bench profile --config configs/imagenet.py:pe=liere64 [--steps N] [--json]
+  python -m liere_jax.bench presets [--case NAME] [--json]
 
 expm: for each case (a stack of skew-symmetric generator combinations as LieRE builds them:
 U[0, 2 pi) strict upper triangles, 2D, times normalized grid positions in [0, 1]) and each
@@ -46,12 +49,21 @@ warm-up, medians over --repeats rounds that visit the counts in turn, and CPU ms
 the main process and its workers (read from /proc: the per-core cost, whatever else loads the
 machine).
 
+lower: the train step lowered for --platform (cuda, tpu, cpu) on this machine, as that
+platform runs it (lower.py): data-dependent conditionals, while loops, and the precisions of
+LieRE's products. profile: a jax.profiler trace of the train step summarized (profile.py):
+device-busy fraction, kernels and device-to-host copies per step, top kernels. presets: the
+exponential's error with its products at each dot-algorithm preset, emulated on CPU
+(presets.py; the CPU computes the BF16 presets in float32 and refuses the TF32 ones).
+
 Timings use block_until_ready and nothing device-specific: the same command runs on CPU, GPU
 and TPU. The last line of --json output is the machine-readable result.
 
 Modules: expm.py (bench expm), rotations.py (bench rotations and the degree-18 scheme),
 flops.py (counted FLOPs of the exponentials), step.py (bench step), peer.py (the official
-code's step), data.py (bench data), __main__.py (the command line).
+code's step), data.py (bench data), lower.py (bench lower), profile.py (bench profile),
+presets.py (bench presets),
+__main__.py (the command line).
 """
 from liere_jax.bench.expm import (ALL_IMPLS, CASES, DEFAULT_CASES, IMPLS, ROW_KEYS, Case,
                                   available_bytes, bench_expm, case_inputs, expm_table, is_oom,

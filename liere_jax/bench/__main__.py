@@ -11,19 +11,24 @@ from liere_jax.expm import PRECISIONS
 from liere_jax.bench.data import bench_data, data_table
 from liere_jax.bench.expm import DEFAULT_CASES, IMPLS, bench_expm, expm_table, parse_case
 from liere_jax.bench.lower import PLATFORMS, bench_lower
+from liere_jax.bench.presets import bench_presets, presets_table
+from liere_jax.bench.profile import profile_step, profile_table
 from liere_jax.bench.peer import OfficialError
 from liere_jax.bench.rotations import bench_rotations, rotations_table
-from liere_jax.bench.step import (bench_step, load_config, step_table, vs_apply, vs_overrides,
+from liere_jax.bench.step import (bench_step, load_config, step_table, vs_overrides, vs_switches,
                                   with_args)
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'step, data, lower: config '
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'step, data, lower, profile: '
+                                          'config '
                                           'file[:args].',
                                           lock_config=False)
 _VS = flags.DEFINE_string('vs', None, 'step: arguments appended to the config argument string '
                           'for the baseline, e.g. pe=abs; items config.KEY=VALUE override the '
                           "baseline's config only, e.g. config.model.scan_layers=False; "
-                          'apply=einsum applies its rotations in the earlier form.')
-_STEPS = flags.DEFINE_integer('steps', 10, 'step: timed steps of each (after warm-up).')
+                          'items NAME=FORM set a switch (liere_jax.switches) for the baseline, '
+                          'e.g. apply=einsum, attention=xla.')
+_STEPS = flags.DEFINE_integer('steps', 10, 'step: timed steps of each (after warm-up); '
+                              'profile: traced steps.')
 _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed calls of each before timing.')
 _BREAKDOWN = flags.DEFINE_bool('breakdown', False, 'step: also time the train step with the '
                                'rotations cached, the encoding alone, and count XLA FLOPs.')
@@ -53,7 +58,7 @@ _PLATFORM = flags.DEFINE_enum('platform', 'cuda', PLATFORMS, 'lower: the platfor
 _JSON = flags.DEFINE_bool('json', False, 'Print the result as JSON on the last line.')
 
 
-ACTIONS = ('expm', 'rotations', 'step', 'data', 'lower')
+ACTIONS = ('expm', 'rotations', 'step', 'data', 'lower', 'profile', 'presets')
 
 
 def _platform():
@@ -109,16 +114,35 @@ def _lower(log):
   return f"{res['config']} lowered for {res['platform']} on {_platform()}", table, res
 
 
+def _presets(log):
+  case = (_CASE.value or ['imagenet_vitb16_liere64'])[0]
+  try:
+    parse_case(case)
+  except ValueError as e:
+    raise app.UsageError(str(e))
+  rows = bench_presets(case, log=log)
+  return (f'{case}: the exponential (fast_select) at emulated presets against float64 SciPy, '
+          f"{rows[0]['n_matrices']} largest matrices", presets_table(rows), rows)
+
+
+def _profile(log):
+  if _CONFIG.value is None:
+    raise app.UsageError('profile needs --config CONFIG[:args].')
+  res = profile_step(_CONFIG.value, steps=_STEPS.value, warmup=_WARMUP.value, log=log)
+  res['config'] = config_flags.get_config_filename(flags.FLAGS['config'])
+  return f"{res['config']} train step on {_platform()}", profile_table(res), res
+
+
 def _step(log):
   if _CONFIG.value is None or _VS.value is None:
     raise app.UsageError('step needs --config CONFIG[:args] and --vs ARGS.')
   spec = config_flags.get_config_filename(flags.FLAGS['config'])
   overrides = config_flags.get_override_values(flags.FLAGS['config'])
   spec_b = with_args(spec, _VS.value)
-  names = (spec, spec_b + ''.join(f',{s}' for s in _VS.value.split(',') if s.startswith('apply=')))
   try:
     baseline = load_config(spec_b, {**overrides, **vs_overrides(_VS.value)})
-    apply = vs_apply(_VS.value)
+    baseline_switches = vs_switches(_VS.value)
+    names = (spec, spec_b + ''.join(f',{k}={v}' for k, v in baseline_switches.items()))
   except (ValueError, TypeError, KeyError, AttributeError) as e:
     raise app.UsageError(f'--vs {_VS.value!r}: {e}')
   official = None
@@ -128,7 +152,7 @@ def _step(log):
   try:
     res = bench_step(_CONFIG.value, baseline, names=names, steps=_STEPS.value,
                      warmup=_WARMUP.value, breakdown=_BREAKDOWN.value, official=official,
-                     baseline_apply=apply, log=log)
+                     baseline_switches=baseline_switches, log=log)
   except OfficialError as e:
     sys.exit(f'bench step --official: {e}')
   res['overrides'] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in overrides.items()}
@@ -141,7 +165,7 @@ def main(argv):
   action = cli.subcommand(argv, ACTIONS, 'bench')
   log = lambda s: print(s, file=sys.stderr, flush=True)
   run = {'expm': _expm, 'rotations': _rotations, 'step': _step, 'data': _data,
-         'lower': _lower}[action]
+         'lower': _lower, 'profile': _profile, 'presets': _presets}[action]
   head, table, result = run(log)
   print(head)
   print(table)

@@ -9,7 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections.config_flags import config_path
 
-from liere_jax import config_lib, rotations
+# model and rotations define the switches that --vs may set.
+from liere_jax import config_lib, model, rotations, switches  # pylint: disable=unused-import
+from liere_jax.switches import SWITCHES
 from liere_jax.bench import peer
 from liere_jax.bench.expm import _fmt, _timed
 from liere_jax.bench.flops import liere_flops
@@ -25,11 +27,12 @@ def load_config(spec: str, overrides: dict):
 
 def with_args(spec: str, extra: str) -> str:
   """'configs/x.py:a=1' + 'b=2' -> 'configs/x.py:a=1,b=2' (later keys win in parse_arg).
-  Items of `extra` that start with 'config.' are overrides (vs_overrides) and 'apply=' the
-  rotations' form (vs_apply), not arguments."""
+  Items of `extra` that start with 'config.' are overrides (vs_overrides) and those that name a
+  switch are switches (vs_switches), not arguments."""
   path, sep, arg = spec.partition(':')
   args = [s for s in arg.split(',') if s] if sep else []
-  new = [s for s in extra.split(',') if s and not s.startswith(('config.', 'apply='))]
+  new = [s for s in extra.split(',') if s and not s.startswith('config.')
+         and s.partition('=')[0] not in SWITCHES]
   keys = {s.partition('=')[0] for s in new}
   args = [s for s in args if s.partition('=')[0] not in keys] + new
   return f"{path}:{','.join(args)}" if args else path
@@ -51,14 +54,14 @@ def vs_overrides(extra: str) -> dict:
   return out
 
 
-def vs_apply(extra: str) -> str:
-  """'pe=abs,apply=einsum' -> 'einsum': how the baseline applies its rotations
-  (liere_jax.rotations.APPLY_FORMS; 'auto' unless named)."""
-  forms = [s.partition('=')[2] for s in extra.split(',') if s.startswith('apply=')]
-  form = forms[-1] if forms else 'auto'
-  if form not in rotations.APPLY_FORMS:
-    raise ValueError(f'--vs item apply={form} is unknown; use one of {rotations.APPLY_FORMS}.')
-  return form
+def vs_switches(extra: str) -> dict:
+  """'pe=abs,apply=einsum' -> {'apply': 'einsum'}: the switches (liere_jax.switches) set while
+  the baseline is traced."""
+  items = [s.partition('=') for s in extra.split(',') if s.partition('=')[0] in SWITCHES]
+  for name, _, form in items:
+    if form not in SWITCHES[name].forms:
+      raise ValueError(f'--vs item {name}={form} is unknown; use one of {SWITCHES[name].forms}.')
+  return {name: form for name, _, form in items}
 
 
 def random_batches(config, seed=0):
@@ -166,10 +169,11 @@ def _flops(compiled):
 
 
 def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakdown=False,
-               official=None, baseline_apply='auto', log=print):
+               official=None, baseline_switches=None, log=print):
   """Times config (A) against baseline (B): train and eval steps, alternating A, B.
 
-  baseline_apply: how B applies its rotations (rotations.apply_form; an A/B of the forms).
+  baseline_switches: {name: form} of liere_jax.switches set while B is traced (an A/B of two
+    forms of one computation).
   official: None or dict(checkout, python=None, threads=None): also time the official PyTorch
   train step of A's shape (liere_jax.bench.peer), one step after each pair of ours. Its worker
   starts first, so a wrong checkout (or an A without official counterpart) fails with
@@ -190,9 +194,13 @@ def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakd
     log('compiling A')
     a = _StepBench(config, mesh, breakdown)
     log('compiling B')
-    with rotations.apply_form(baseline_apply):  # Traced and compiled here.
+    with switches.using(baseline_switches or {}):  # Traced and compiled here.
       b = _StepBench(baseline, mesh, breakdown)
-    return _run_steps(a, b, off, names, steps, warmup, breakdown)
+    res = _run_steps(a, b, off, names, steps, warmup, breakdown)
+    kind = jax.devices()[0].device_kind
+    res['device_kind'] = kind
+    res['peak_flops'] = next((v for k, v in PEAK_BF16_FLOPS.items() if k in kind), None)
+    return res
   finally:
     if off is not None:
       off.close()
@@ -249,6 +257,10 @@ def _run_steps(a, b, off, names, steps, warmup, breakdown):
   return res
 
 
+# Dense bf16 tensor-core peaks (vendor data sheets), for the model FLOP utilisation.
+PEAK_BF16_FLOPS = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12, 'L4': 121e12}
+
+
 def step_table(res) -> str:
   lines = [f"A = {res['config']}", f"B = {res['baseline']}",
            f"{'':22s} {'A':>10s} {'B':>10s} {'A / B':>8s}"]
@@ -260,6 +272,12 @@ def step_table(res) -> str:
   row('compile train (s)', res['compile_s'], res['baseline_compile_s'])
   row('compile eval (s)', res['eval_compile_s'], res['baseline_eval_compile_s'])
   row('train GFLOP (XLA)', _g(res['flops_train']), _g(res['baseline_flops_train']))
+  per_s = lambda t: res['batch_size'] / t if t else None
+  row('train images/s', per_s(res['train_s']), per_s(res['baseline_train_s']))
+  if res.get('peak_flops'):  # XLA counts a loop body once: exact for steps without loops (abs).
+    mfu = lambda f, t: f / t / res['peak_flops'] if f and t else None
+    row(f"MFU ({res['peak_flops'] / 1e12:.0f} TFLOP/s)", mfu(res['flops_train'], res['train_s']),
+        mfu(res['baseline_flops_train'], res['baseline_train_s']))
   row('eval GFLOP (XLA)', _g(res['flops_eval']), _g(res['baseline_flops_eval']))
   if res.get('expm_flops'):
     e = res['expm_flops']

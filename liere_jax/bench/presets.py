@@ -1,0 +1,63 @@
+"""bench presets: the error of the exponential with its products at each dot-algorithm preset,
+emulated on this CPU (liere_jax.dots), against float64 SciPy: forward max |R - exp(A)| and the
+gradient's relative error (forward at one preset, backward at another), on the matrices of a
+bench expm case with the largest norms, at 1x and 4x its position range.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from liere_jax import dots, expm
+from liere_jax.bench.expm import _fmt, case_inputs, parse_case
+
+# (forward, backward): float32, what 'auto' runs on GPU / TPU, and the alternatives.
+PAIRS = (('F32', 'F32'), ('BF16_BF16_F32_X6', 'BF16_BF16_F32_X6'),
+         ('BF16_BF16_F32_X6', 'BF16_BF16_F32_X3'), ('BF16_BF16_F32_X6', 'TF32_TF32_F32_X3'),
+         ('TF32_TF32_F32_X3', 'TF32_TF32_F32_X3'), ('BF16_BF16_F32_X3', 'BF16_BF16_F32_X3'),
+         ('TF32_TF32_F32', 'TF32_TF32_F32'), ('BF16_BF16_F32', 'BF16_BF16_F32'))
+
+
+def largest(case: str, n: int, range_scale: float = 1.0):
+  """The n matrices of a case with the largest norms (at range_scale x its position range),
+  and cotangents, as numpy."""
+  a, g = case_inputs(parse_case(case))
+  a = a * np.float32(range_scale)
+  idx = np.argsort(np.abs(a).sum(-2).max(-1))[-n:]
+  return a[idx], g[idx]
+
+
+def errors(a, g, forward: str, backward: str, form: str = 'select'):
+  """(forward max abs error, gradient relative error) of fast_expm(form) with its products at
+  the emulated presets, against float64; the gradient of sum(R * G) on its skew part."""
+  import scipy.linalg
+  prec = dots.emulated_dots(forward, backward)
+  fn = lambda x: expm.fast_expm(x, form=form, precision=prec)
+  r, grad = jax.jit(lambda x: (fn(x), jax.grad(lambda y: jnp.sum(fn(y) * g))(x)))(a)
+  a64, g64 = a.astype(np.float64), g.astype(np.float64)
+  ref = np.stack([scipy.linalg.expm(x) for x in a64])
+  gref = np.stack([scipy.linalg.expm_frechet(x.T, y, compute_expm=False)
+                   for x, y in zip(a64, g64)])
+  skew = lambda x: x - np.swapaxes(x, -1, -2)
+  gerr = np.abs(skew(np.asarray(grad, np.float64)) - skew(gref)).max() / np.abs(skew(gref)).max()
+  return float(np.abs(np.asarray(r, np.float64) - ref).max()), float(gerr)
+
+
+def bench_presets(case: str = 'imagenet_vitb16_liere64', pairs=PAIRS, range_scales=(1, 4),
+                  n: int = 32, log=print):
+  rows = []
+  for scale in range_scales:
+    a, g = largest(case, n, scale)
+    for forward, backward in pairs:
+      log(f'[{case} x{scale}] {forward} / {backward}')
+      err, gerr = errors(a, g, forward, backward)
+      rows.append(dict(case=case, range_scale=scale, forward=forward, backward=backward,
+                       n_matrices=n, max_abs_err=err, grad_rel_err=gerr))
+  return rows
+
+
+def presets_table(rows) -> str:
+  head = f"{'range':>5s} {'forward':18s} {'backward':18s} {'max err':>8s} {'grad rel':>8s}"
+  lines = [head, '-' * len(head)]
+  lines += [f"{r['range_scale']:>4}x {r['forward']:18s} {r['backward']:18s} "
+            f"{_fmt(r['max_abs_err'], '8.1e')} {_fmt(r['grad_rel_err'], '8.1e')}" for r in rows]
+  return '\n'.join(lines)

@@ -1,0 +1,92 @@
+"""The accelerator tools of bench, checked without one: the profile summary on a GPU-shaped
+trace, the A/B switches, rotate's forms."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.profiler import ProfileData
+
+from liere_jax import rotations, switches
+from liere_jax.bench import step
+from liere_jax.bench.profile import profile_table, summarize_xspace
+
+# A GPU trace as XLA writes one: stream lines with kernels and copies, a derived line beside.
+_GPU_TRACE = '''
+planes { name: "/host:CPU" }
+planes {
+  name: "/device:GPU:0"
+  lines { name: "Stream #13(Compute)" timestamp_ns: 1000
+    events { metadata_id: 1 offset_ps: 0 duration_ps: 4000000 }
+    events { metadata_id: 2 offset_ps: 2000000 duration_ps: 4000000 }
+    events { metadata_id: 1 offset_ps: 12000000 duration_ps: 2000000 }
+    events { metadata_id: 3 offset_ps: 9000000 duration_ps: 1000000 } }
+  lines { name: "XLA Ops" timestamp_ns: 1000
+    events { metadata_id: 1 offset_ps: 0 duration_ps: 9000000 } }
+  event_metadata { key: 1 value { id: 1 name: "gemm_fusion_dot" } }
+  event_metadata { key: 2 value { id: 2 name: "loop_multiply_fusion" } }
+  event_metadata { key: 3 value { id: 3 name: "MemcpyD2H" } }
+}
+'''
+
+
+def test_profile_summary_reads_busy_time_kernels_and_host_copies_from_the_device_plane():
+  profile = ProfileData.from_serialized_xspace(
+      ProfileData.text_proto_to_serialized_xspace(_GPU_TRACE))
+  res = summarize_xspace(profile, steps=2, wall_s=20e-6)
+  # Busy: [0, 6] u [9, 10] u [12, 14] us of 20 (overlaps counted once; derived lines ignored).
+  assert res['busy_fraction'] == pytest.approx(9 / 20)
+  assert (res['kernels_per_step'], res['d2h_copies_per_step']) == (1.5, 0.5)
+  assert [k['name'] for k in res['top_kernels']] == ['gemm_fusion_dot', 'loop_multiply_fusion']
+  assert res['top_kernels'][0]['share'] == pytest.approx(0.6)
+  assert 'busy 45.0%' in profile_table(res)
+
+
+def test_profile_summary_of_a_trace_without_a_device_says_so():
+  empty = ProfileData.from_serialized_xspace(
+      ProfileData.text_proto_to_serialized_xspace('planes { name: "/host:CPU" }'))
+  res = summarize_xspace(empty, steps=1, wall_s=1.0)
+  assert res['device_planes'] == 0 and 'no device plane' in profile_table(res)
+
+
+def test_vs_switches_set_a_form_for_the_baseline_only_and_refuse_unknown_forms():
+  assert step.vs_switches('pe=abs,apply=einsum,attention=xla,config.a=1') == {
+      'apply': 'einsum', 'attention': 'xla'}
+  assert step.with_args('c.py:pe=liere8', 'pe=abs,apply=einsum') == 'c.py:pe=abs'
+  with pytest.raises(ValueError, match=r"apply=fused is unknown; use one of \('auto', "):
+    step.vs_switches('apply=fused')
+  with switches.using({'apply': 'einsum'}):
+    assert rotations.APPLY.get() == 'einsum'
+  assert rotations.APPLY.get() == 'auto'
+
+
+@pytest.mark.parametrize('block', [2, 4, 8, 16, 64])
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_rotate_forms_agree_and_apply_r(block, dtype):
+  """'direct' (elementwise up to b = 8, x on the left above; GPU and TPU) and 'einsum' (the
+  CPU's) both give x' = R x per block; dims past the last block pass through."""
+  rng = np.random.default_rng(block)
+  x = jnp.asarray(rng.standard_normal((2, 5, 3, 70)), dtype)
+  rot = jnp.asarray(rng.standard_normal((3, 5, 64 // block, block, block)), jnp.float32)
+  with rotations.APPLY('direct'):
+    new = rotations.rotate(x, rot)
+  with rotations.APPLY('einsum'):
+    old = rotations.rotate(x, rot)
+  f64 = lambda a: np.asarray(jnp.asarray(a, dtype).astype(jnp.float32), np.float64)
+  ref = np.einsum('htkij,bthkj->bthki', f64(rot),
+                  f64(x[..., :64]).reshape(2, 5, 3, 64 // block, block)).reshape(2, 5, 3, 64)
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2 * np.abs(ref).max()
+  assert np.abs(f64(new[..., :64]) - ref).max() <= tol
+  assert np.abs(f64(new) - f64(old)).max() <= tol
+  np.testing.assert_array_equal(new[..., 64:], x[..., 64:])
+  np.testing.assert_array_equal(rotations.rotate(x, rot), old)  # 'auto' on this CPU
+
+
+def test_rotate_form_is_chosen_per_platform_when_lowered():
+  """'auto' lowers the elementwise form for cuda and tpu (no dot for b = 8) and the einsum for
+  the CPU."""
+  x = jnp.ones((2, 5, 3, 64), jnp.bfloat16)
+  rot = jnp.ones((3, 5, 8, 8, 8), jnp.float32)
+  lowered = lambda p: jax.jit(rotations.rotate).trace(x, rot).lower(
+      lowering_platforms=(p,)).as_text()
+  assert 'dot_general' in lowered('cpu')
+  assert 'dot_general' not in lowered('cuda') and 'dot_general' not in lowered('tpu')
