@@ -90,3 +90,30 @@ def test_rotate_form_is_chosen_per_platform_when_lowered():
       lowering_platforms=(p,)).as_text()
   assert 'dot_general' in lowered('cpu')
   assert 'dot_general' not in lowered('cuda') and 'dot_general' not in lowered('tpu')
+
+
+def _compiled_ops(cfg, overrides, settings):
+  """The op names of the config's compiled train step on this CPU, in order."""
+  import re
+  from liere_jax import train_lib
+  from liere_jax.bench.step import load_config, random_batches
+  cfg = cfg.copy_and_resolve_references()
+  for key, value in overrides.items():
+    cfg.model.pe[key] = value
+  with switches.using(settings):
+    t = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1]))
+    train, _ = random_batches(cfg)
+    hlo = t.train_step.lower(t.abstract_state, t.global_batch(train)).compile().as_text()
+  return re.findall(r'= \S+ ([a-z][\w-]*)\(', hlo)
+
+
+def test_the_cpu_compiles_the_earlier_train_step_op_for_op():
+  """What the GPU path changed folds away on this CPU: the default step compiles to the same
+  ops as the one with every earlier form asked for (branches per chunk, float32 products,
+  rotate's einsum, XLA attention); so its speed here is the earlier step's."""
+  from tests import helpers
+  cfg, _ = helpers.tiny_config_and_batch(4)
+  new = _compiled_ops(cfg, {}, {})
+  old = _compiled_ops(cfg, {'expm': 'fast_cond', 'expm_precision': 'highest'},
+                      {'apply': 'einsum', 'attention': 'xla'})
+  assert 'conditional' in new and new == old
