@@ -97,13 +97,18 @@ def test_fast_takes_the_fewest_squarings_that_bring_the_radius_under_theta(angle
   np.testing.assert_allclose(r[0, :2, :2], [[c, sn], [-sn, c]], atol=1e-6 * max(1, angle))
 
 
-@pytest.mark.parametrize('block', [2, 4])
+@pytest.mark.parametrize('block', [2, 4, 16])
 def test_rotate_applies_r_to_each_block_of_each_token(block):
-  """x' = R x per block (not R^T x): a quarter turn takes e_1 to e_2 in the plane (0, 1), and
-  a random orthogonal R gives numpy's R @ x, head by head and token by token."""
-  quarter = rotations.angle_rotations(jnp.full((1, 1, 1), np.pi / 2))  # [H, T, k] -> 2 x 2
-  x = jnp.asarray([[[[1.0, 0.0]]]])  # [B, T, H, d]
-  np.testing.assert_allclose(rotations.rotate(x, quarter), [[[[0.0, 1.0]]]], atol=1e-7)
+  """x' = R x per block (not R^T x): a quarter turn takes e_1 to e_2 and e_2 to -e_1 in the
+  plane (0, 1), and a random orthogonal R gives numpy's R @ x, head by head and token by token
+  (b = 2 elementwise, small b as products, b = 16 as an einsum)."""
+  angles = jnp.asarray([[[np.pi / 2], [np.pi]]])  # [H, T, k]: a quarter and a half turn
+  x = jnp.asarray([[[[1.0, 0.0]], [[0.0, 1.0]]]])  # [B, T, H, d]: e_1, then e_2
+  np.testing.assert_allclose(rotations.rotate(x, rotations.angle_rotations(angles)),
+                             [[[[0.0, 1.0]], [[0.0, -1.0]]]], atol=1e-6)
+  x = jnp.asarray([[[[0.0, 1.0]]]])
+  quarter = rotations.angle_rotations(jnp.full((1, 1, 1), np.pi / 2))
+  np.testing.assert_allclose(rotations.rotate(x, quarter), [[[[-1.0, 0.0]]]], atol=1e-7)
   rng = np.random.default_rng(0)
   heads, tokens, k = 2, 3, 2
   q = np.linalg.qr(rng.normal(size=(heads, tokens, k, block, block)))[0].astype(np.float32)
