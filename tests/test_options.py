@@ -100,7 +100,7 @@ def test_fast_takes_the_fewest_squarings_that_bring_the_radius_under_theta(angle
 def test_rotate_applies_r_to_each_block_of_each_token(block):
   """x' = R x per block (not R^T x): a quarter turn takes e_1 to e_2 and e_2 to -e_1 in the
   plane (0, 1), and a random orthogonal R gives numpy's R @ x, head by head and token by token
-  (b = 2 elementwise, small b as products, b = 16 as an einsum)."""
+  (b = 2, 4 and 16: rotate's forms differ by block size and platform)."""
   angles = jnp.asarray([[[np.pi / 2], [np.pi]]])  # [H, T, k]: a quarter and a half turn
   x = jnp.asarray([[[[1.0, 0.0]], [[0.0, 1.0]]]])  # [B, T, H, d]: e_1, then e_2
   np.testing.assert_allclose(rotations.rotate(x, rotations.angle_rotations(angles)),
