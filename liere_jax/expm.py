@@ -20,16 +20,16 @@
                  REMAT_ABOVE_BYTES; past that, chunks under `jax.checkpoint` (a `lax.map` with a
                  static trip count).
                Either form can be asked for by name on every platform (benchmarks, A/B).
-Products run at `precision` (`products`): 'highest' is float32 everywhere; 'auto' keeps it on
+Products run at `precision` (`per_platform`): 'highest' is float32 everywhere; 'auto' keeps it on
 CPU and uses six bf16 passes on accelerators (tensor cores; a TPU's HIGHEST), which keep
 float32's error (docs/benchmarks.md; `liere_jax.dots` emulates the presets on CPU).
 
-`fast_expm(a, taylor, form, precision)` is `fast` with another Taylor scheme (a `Taylor`;
+`per_platform` runs a computation (the exponential, the lattice table's products) with its
+products at each platform's precision. `fast_expm(a, taylor, form, precision)` is `fast` with another Taylor scheme (a `Taylor`;
 liere_jax.bench times one) or a fixed form; `chunks` / `squarings` say how `fast_cond` splits a
 stack and scales each chunk.
 """
 
-import contextlib
 import contextvars
 import functools
 import os
@@ -92,7 +92,7 @@ def expm(a: jax.Array, method: str = 'fast', precision='auto') -> jax.Array:
 def fast_expm(a: jax.Array, taylor: Optional[Taylor] = None, form: str = 'auto',
               precision='auto') -> jax.Array:
   """expm(a, 'fast') with the Taylor scheme `taylor` (default: TAYLOR12, the library's), in
-  `form` (FORMS: 'auto' by platform), at `precision` (`products`)."""
+  `form` (FORMS: 'auto' by platform), at `precision` (`per_platform`)."""
   if form not in FORMS:
     raise ValueError(f'fast_expm form={form!r} is unknown; use one of {FORMS}.')
   flat, shape = _stack(a)
@@ -101,14 +101,20 @@ def fast_expm(a: jax.Array, taylor: Optional[Taylor] = None, form: str = 'auto',
   if not flat.shape[0]:  # Nothing to exponentiate (e.g. every position at the origin).
     return flat.reshape(shape)
   taylor = taylor or TAYLOR12
-  cond = lambda budget: lambda x: _map_chunks(
-      jax.checkpoint(functools.partial(_cond_expm, taylor)), x, budget)
-  select = lambda x: _select_stack(taylor, x)
-  forms = {'cond': dict(cpu=cond(_CHUNK_BYTES_CPU), default=cond(_CHUNK_BYTES)),
-           'select': dict(default=select),
-           'auto': dict(cpu=cond(_CHUNK_BYTES_CPU), default=select)}[form]
-  with products(precision), jax.named_scope('liere_expm'):
-    return jax.lax.platform_dependent(flat, **forms).reshape(shape)
+  form_of = lambda platform: (form if form != 'auto' else 'cond' if platform == 'cpu'
+                              else 'select')
+  with jax.named_scope('liere_expm'):
+    return per_platform(lambda platform: _form(taylor, form_of(platform), platform == 'cpu'),
+                        precision, flat).reshape(shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _form(taylor, form, cpu):
+  """One form of fast on [m, b, b] (a cached function: equal branches are traced once)."""
+  if form == 'select':
+    return functools.partial(_select_stack, taylor)
+  budget = _CHUNK_BYTES_CPU if cpu else _CHUNK_BYTES
+  return lambda x: _map_chunks(jax.checkpoint(functools.partial(_cond_expm, taylor)), x, budget)
 
 
 def _stack(a):
@@ -219,37 +225,53 @@ def _select_stack(taylor, a):
   return fn(a)
 
 
-# Products: the precision of every matrix product of the exponential and of the lattice table,
-# set by `products(precision)` while they are traced.
-_PRECISION = contextvars.ContextVar('liere_expm_precision', default='auto')
+# The products of the branch being traced (per_platform), or None outside one.
+_DOTS = contextvars.ContextVar('liere_expm_dots', default=None)
 
 
-@contextlib.contextmanager
-def products(precision: Union[str, dots_lib.Dots]):
-  """The precision of `matmul` inside: 'auto' (by platform), 'highest' (float32), or a
-  `dots.Dots` pair on every platform (e.g. an emulated preset, for tests)."""
+def per_platform(fn_of: Callable[[str], Callable], precision, *args):
+  """fn_of(platform)(*args) with every `matmul` inside at that platform's products for
+  `precision` ('auto', 'highest' or a `dots.Dots` everywhere), chosen when the program is
+  lowered: one `platform_dependent` for the whole computation, each distinct branch traced once
+  (fn_of must return equal functions for platforms that run the same code)."""
   if isinstance(precision, str) and precision not in PRECISIONS:
     raise ValueError(f'model.pe.expm_precision={precision!r} is unknown; use one of '
                      f'{PRECISIONS} (e.g. --config.model.pe.expm_precision=auto).')
-  token = _PRECISION.set(precision)
-  try:
-    yield
-  finally:
-    _PRECISION.reset(token)
+  branches = {p: _with_dots(fn_of(p), _dots(precision, p)) for p in ('cpu', 'tpu', 'cuda')}
+  if len(set(branches.values())) == 1:
+    return branches['cpu'](*args)
+  return jax.lax.platform_dependent(*args, cpu=branches['cpu'], tpu=branches['tpu'],
+                                    default=branches['cuda'])  # cuda, rocm
+
+
+def _dots(precision, platform: str) -> dots_lib.Dots:
+  if not isinstance(precision, str):
+    return precision
+  if platform == 'cpu':
+    return dots_lib.CPU if precision == 'highest' else _cpu_auto()
+  if precision == 'highest':
+    return dots_lib.HIGHEST
+  return dots_lib.TPU if platform == 'tpu' else dots_lib.GPU
+
+
+@functools.lru_cache(maxsize=None)
+def _with_dots(fn, d: dots_lib.Dots):
+  def run(*args):
+    token = _DOTS.set(d)
+    try:
+      return fn(*args)
+    finally:
+      _DOTS.reset(token)
+  return run
 
 
 def matmul(x: jax.Array, y: jax.Array) -> jax.Array:
-  """Batched x @ y at the `products` precision; the choice per platform is made when the
-  program is lowered."""
-  precision = _PRECISION.get()
-  if not isinstance(precision, str):
-    return _matmul(precision)(x, y)
-  if precision == 'highest':
-    return jax.lax.platform_dependent(x, y, cpu=_matmul(dots_lib.CPU),
-                                      default=_matmul(dots_lib.HIGHEST))
-  return jax.lax.platform_dependent(x, y, cpu=_matmul(_cpu_auto()), cuda=_matmul(dots_lib.GPU),
-                                    rocm=_matmul(dots_lib.GPU), tpu=_matmul(dots_lib.TPU),
-                                    default=_matmul(dots_lib.HIGHEST))
+  """Batched x @ y at the products of the per_platform branch being traced (outside one: as
+  precision 'auto', a platform_dependent of its own)."""
+  d = _DOTS.get()
+  if d is None:
+    return per_platform(lambda _: jnp.matmul, 'auto', x, y)
+  return _matmul(d)(x, y)
 
 
 def _cpu_auto() -> dots_lib.Dots:

@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from liere_jax import switches
-from liere_jax.expm import expm, matmul, products
+from liere_jax.expm import expm, matmul, per_platform
 
 
 def num_free(block: int) -> int:
@@ -53,7 +53,7 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
     method: the exponential, one of liere_jax.expm.METHODS, or a function [..., b, b] ->
       [..., b, b] (e.g. expm.fast_expm with another Taylor scheme).
     lattice: take the lattice path where the positions allow it.
-    precision: of the exponential's and the lattice table's products (expm.products).
+    precision: of the exponential's and the lattice table's products (expm.per_platform).
   Returns:
     [L, H, T, n_blocks, b, b] float32 rotations.
   """
@@ -61,8 +61,7 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
   plan = lattice_plan(positions) if lattice and block > 2 else None
   if plan is None:
     return split_over_data(exp, liere_generators(generators, positions, block))
-  with products(precision):
-    return _lattice_rotations(generators, plan, block, exp)
+  return _lattice_rotations(generators, plan, block, exp, precision)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +166,7 @@ def _data_devices():
   return 1 if mesh.empty or 'data' not in mesh.axis_names else mesh.shape['data']
 
 
-def _lattice_rotations(generators, plan: LatticePlan, block: int, exp):
+def _lattice_rotations(generators, plan: LatticePlan, block: int, exp, precision):
   """The lattice path of liere_rotations. On a mesh both stages split over 'data': each device
   computes 1/n of the exponentials at the primitive points (matrix by matrix, as the general
   path), then 1/n of the (layer, head) tables of powers."""
@@ -177,8 +176,7 @@ def _lattice_rotations(generators, plan: LatticePlan, block: int, exp):
   # Slot ranges of the parts of the table: I, the primitives, then one part per level.
   bounds = np.cumsum([0, 1, n_prim] + [len(lhs) for lhs, _ in plan.levels])
 
-  @jax.named_scope('liere_lattice')
-  def powers(rot):  # [G, P, k, b, b] -> [G, n_slots, k, b, b]: the table of every slot
+  def table(rot):  # [G, P, k, b, b] -> [G, n_slots, k, b, b]: the table of every slot
     parts = [jnp.broadcast_to(jnp.eye(block, dtype=rot.dtype), rot[:, :1].shape), rot]
     for lhs, rhs in plan.levels:
       # No growing table (its copies and their backward cost more than the products at small
@@ -194,6 +192,10 @@ def _lattice_rotations(generators, plan: LatticePlan, block: int, exp):
                           take_static(parts[src], rhs[sel] - bounds[src])))
       parts.append(jnp.concatenate(out, axis=1) if len(out) > 1 else out[0])
     return jnp.concatenate(parts, axis=1)
+
+  @jax.named_scope('liere_lattice')
+  def powers(rot):
+    return per_platform(lambda _: table, precision, rot)
 
   out = take_static(split_over_data(powers, rot, item_dims=4), plan.token_slot)  # [G, T, ...]
   if np.any(plan.transpose):
