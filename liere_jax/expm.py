@@ -33,7 +33,7 @@ stack and scales each chunk.
 import contextvars
 import functools
 import os
-from typing import Callable, Dict, NamedTuple, Optional, Union
+from typing import Callable, Dict, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
