@@ -254,7 +254,7 @@ def _dots(precision, platform: str) -> dots_lib.Dots:
   return dots_lib.TPU if platform == 'tpu' else dots_lib.GPU
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=256)  # Equal (fn, d) give one function: platform_dependent's dedup.
 def _with_dots(fn, d: dots_lib.Dots):
   def run(*args):
     token = _DOTS.set(d)
@@ -270,7 +270,7 @@ def matmul(x: jax.Array, y: jax.Array) -> jax.Array:
   precision 'auto', a platform_dependent of its own)."""
   d = _DOTS.get()
   if d is None:
-    return per_platform(lambda _: jnp.matmul, 'auto', x, y)
+    return per_platform(lambda _: matmul, 'auto', x, y)
   return _matmul(d)(x, y)
 
 
