@@ -25,9 +25,9 @@ CPU and uses six bf16 passes on accelerators (tensor cores; a TPU's HIGHEST), wh
 float32's error (docs/benchmarks.md; `liere_jax.dots` emulates the presets on CPU).
 
 `per_platform` runs a computation (the exponential, the lattice table's products) with its
-products at each platform's precision. `fast_expm(a, taylor, form, precision)` is `fast` with another Taylor scheme (a `Taylor`;
-liere_jax.bench times one) or a fixed form; `chunks` / `squarings` say how `fast_cond` splits a
-stack and scales each chunk.
+products at each platform's precision. `fast_expm(a, taylor, form, precision)` is `fast` with
+another Taylor scheme (a `Taylor`; liere_jax.bench times one) or a fixed form; `chunks` /
+`squarings` say how `fast_cond` splits a stack and scales each chunk.
 """
 
 import contextvars
