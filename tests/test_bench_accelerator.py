@@ -117,3 +117,50 @@ def test_the_cpu_compiles_the_earlier_train_step_op_for_op():
   old = _compiled_ops(cfg, {'expm': 'fast_cond', 'expm_precision': 'highest'},
                       {'apply': 'einsum', 'attention': 'xla'})
   assert 'conditional' in new and new == old
+
+
+def test_select_form_chunks_and_recomputes_only_past_its_memory_rule(monkeypatch):
+  """fast_select runs in one piece (no loop) while its residuals fit REMAT_ABOVE_BYTES, and in
+  chunks under remat (a lax.map: a while loop) past it; lowered for cuda."""
+  from liere_jax import expm
+  from liere_jax.bench import lower
+  # Branches are traced once per shape: each half takes its own stack size.
+  loops = lambda m: lower.summarize(jax.jit(jax.grad(lambda x: jnp.sum(expm.fast_expm(x)))).trace(
+      jnp.zeros((m, 8, 8))).lower(lowering_platforms=('cuda',)).compiler_ir('stablehlo'),
+                                    'cuda')['while_loops']
+  assert not expm.select_remat(expm.TAYLOR12, 63, 8) and loops(63) == 0
+  monkeypatch.setattr(expm, 'REMAT_ABOVE_BYTES', 1000)
+  monkeypatch.setattr(expm, '_CHUNK_BYTES', 4 * 64 * 8)  # 4 matrices a chunk
+  assert expm.select_remat(expm.TAYLOR12, 64, 8) and loops(64) > 0
+
+
+def test_attention_asks_for_cudnn_on_a_gpu_unless_switched_to_xla(monkeypatch):
+  """On a GPU (faked: cuDNN itself cannot run here) bf16 heads go to cuDNN's kernel; float32,
+  the CPU and attention=xla go to XLA's."""
+  from liere_jax import model
+  asked = []
+  real = jax.nn.dot_product_attention
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', lambda *a, implementation=None, **k: (
+      asked.append(implementation), real(*a, **k))[1])
+  q = jnp.ones((1, 5, 2, 16), jnp.bfloat16)
+  model._fused_attention(q, q, q, None)
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  model._fused_attention(q, q, q, None)
+  f32 = q.astype(jnp.float32)
+  model._fused_attention(f32, f32, f32, None)
+  with model.ATTENTION('xla'):
+    model._fused_attention(q, q, q, None)
+  assert asked == [None, 'cudnn', None, None]
+
+
+def test_emulating_a_gpu_on_cpu_changes_the_products_to_its_presets(monkeypatch):
+  """LIERE_EXPM_EMULATE=cuda: 'auto' on this CPU computes the GPU's bf16 x6 products as the
+  emulation does (not float32's)."""
+  from liere_jax import dots, expm
+  rng = np.random.default_rng(0)
+  x, y = (jnp.asarray(rng.standard_normal((2, 16, 16)), jnp.float32) for _ in range(2))
+  plain = np.asarray(jax.jit(expm.matmul)(x, y))
+  monkeypatch.setenv('LIERE_EXPM_EMULATE', 'cuda')
+  emulated = np.asarray(jax.jit(lambda a, b: expm.matmul(a, b))(x, y))
+  np.testing.assert_array_equal(emulated, np.asarray(dots.emulated('BF16_BF16_F32_X6')(x, y)))
+  assert not np.array_equal(emulated, plain)
