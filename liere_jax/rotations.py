@@ -265,10 +265,9 @@ def angle_rotations(angles: jax.Array) -> jax.Array:
   return jnp.stack([jnp.stack([c, -s], -1), jnp.stack([s, c], -1)], -2)
 
 
-APPLY = switches.Switch('apply', ('auto', 'einsum', 'direct'), "rotate's form: 'einsum' "
-                        '(every block through one einsum, the rotations on the left: the CPU '
-                        "default), 'direct' (elementwise up to 8, x on the left above: GPU and "
-                        "TPU's); 'auto' by platform.")
+APPLY = switches.Switch('apply', ('einsum', 'direct'), "rotate's form: 'einsum' (every "
+                        'block through one einsum, the rotations on the left; every platform), '
+                        "'direct' (elementwise up to 8, x on the left above; A/B only).")
 
 
 def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
@@ -282,19 +281,14 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
     x rotated (x' = R x per block), in x's dtype, with float32 products and sums (bf16 models
     rotate by bf16-rounded rotations).
 
-  x keeps its [B, T, H, d] layout. On GPU and TPU ('direct') blocks up to 8 are applied
-  elementwise (a multiply and a sum over the block that XLA fuses into one pass over x: memory
-  speed) and larger ones as a batched product with x on the left, so that (t, h, block) are the
-  batch and the block's own axis stays minor on both sides. On CPU that elementwise form made
-  the LieRE8 train step 1.2x slower (docs/benchmarks.md): there every block size but 2 takes one
-  einsum with the rotations on the left.
+  x keeps its [B, T, H, d] layout; blocks of 2 are applied elementwise, larger ones by one einsum
+  with the rotations on the left. 'direct' (APPLY) applies blocks up to 8 elementwise: it made
+  the LieRE8 train step 1.2x slower on the CPU and 1.35x slower on an H200 (docs/benchmarks.md).
   """
   k, b = rot.shape[-3], rot.shape[-1]
   rot = jnp.swapaxes(rot, 0, 1).astype(x.dtype)  # [T, H or 1, k, b, b]
   xr = x[..., :k * b].reshape(*x.shape[:-1], k, b)  # [B, T, H, k, b]
-  forms = {'einsum': dict(default=_apply_einsum), 'direct': dict(default=_apply_direct),
-           'auto': dict(cpu=_apply_einsum, default=_apply_direct)}[APPLY.get()]
-  out = jax.lax.platform_dependent(xr, rot, **forms)
+  out = {'einsum': _apply_einsum, 'direct': _apply_direct}[APPLY.get()](xr, rot)
   out = out.reshape(*x.shape[:-1], k * b).astype(x.dtype)
   return jnp.concatenate([out, x[..., k * b:]], axis=-1) if k * b < x.shape[-1] else out
 

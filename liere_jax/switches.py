@@ -1,6 +1,6 @@
 """Switches: how a computation is traced (not what it computes), set for a block of code.
 
-Benchmarks set one for one side of an A/B (`python -m liere_jax.bench step --vs apply=einsum`)
+Benchmarks set one for one side of an A/B (`python -m liere_jax.bench step --vs apply=direct`)
 to measure a form against the one that replaced it; programs leave them at their default.
 """
 import contextlib

@@ -73,16 +73,16 @@ section profile_liere64 120 $PY -m liere_jax.bench profile \
     --config configs/imagenet.py:pe=liere64 --config.batch_size="$BATCH" --steps 5 --json
 
 # Each change against the path before it, in one process (B = before): the exponential's form
-# (fast_cond: per-chunk branches and remat), its products (highest: float32), rotate's form
-# (apply=einsum), XLA's attention instead of cuDNN's (attention=xla).
+# (fast_cond: per-chunk branches and remat), its products (highest: float32), XLA's attention
+# instead of cuDNN's (attention=xla); and rotate's elementwise form (apply=direct), which lost.
 OLD_EXPM=config.model.pe.expm=fast_cond
 OLD_PREC=config.model.pe.expm_precision=highest
 for ab in $AB; do
   case $ab in
-    all) step ab_all pe=liere64 "$OLD_EXPM,$OLD_PREC,apply=einsum,attention=xla" ;;
+    all) step ab_all pe=liere64 "$OLD_EXPM,$OLD_PREC,attention=xla" ;;
     expm) step ab_expm pe=liere64 "$OLD_EXPM" ;;
     precision) step ab_precision pe=liere64 "$OLD_PREC" ;;
-    apply) step ab_apply pe=liere8 apply=einsum ;;
+    apply) step ab_apply pe=liere8 apply=direct ;;
     attention) step ab_attention pe=abs attention=xla ;;
   esac
 done

@@ -26,7 +26,7 @@ _VS = flags.DEFINE_string('vs', None, 'step: arguments appended to the config ar
                           'for the baseline, e.g. pe=abs; items config.KEY=VALUE override the '
                           "baseline's config only, e.g. config.model.scan_layers=False; "
                           'items NAME=FORM set a switch (liere_jax.switches) for the baseline, '
-                          'e.g. apply=einsum, attention=xla.')
+                          'e.g. apply=direct, attention=xla.')
 _STEPS = flags.DEFINE_integer('steps', 10, 'step: timed steps of each (after warm-up); '
                               'profile: traced steps.')
 _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed calls of each before timing.')
