@@ -16,7 +16,7 @@ from flax import nnx
 from liere_jax import checkpoint, config_lib, convert, model_init, train_lib
 from liere_jax import model as model_lib
 from liere_jax.model import ViT
-from tests import helpers
+from tests import foreign_formats, helpers, official_fixtures
 from tests.helpers import tiny_model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,16 +100,20 @@ def test_safetensors_export(tmp_path):
 
 
 def test_official_lightning_checkpoint(tmp_path):
-  torch = pytest.importorskip('torch')
-  kw = dict(pe='liere8', share='layers', width=128, heads=2, qkv_bias=False)
-  config = _config(**kw)  # 16 px, patch 4: a 4x4 grid.
-  params = _random_params(config, 4)
-  state, _ = convert.official_layout(params, config.model)
+  """An official LieRE8 checkpoint as Lightning writes it (the official keys and shapes of
+  tests/fixtures/official, tests/foreign_formats.py), fine-tuned at another size and class
+  count."""
+  pytest.importorskip('torch')
+  case = official_fixtures.load()['cases']['liere8_2d']  # 16 px, patch 4: a 4x4 grid.
+  state = official_fixtures.state_dict(case['state_dict'], case['value_seed'], case['zeros'])
+  official = convert.config_from_json(case['rope_vit_kwargs'], 'liere8_2d').model
+  params = convert.from_official_layout(state, official)
   path = str(tmp_path / 'epoch=199.ckpt')
-  torch.save({'state_dict': {f'model.{k}': torch.from_numpy(v) for k, v in state.items()},
-              'epoch': 199}, path)
+  foreign_formats.write_lightning_checkpoint(path, state, epoch=199)
   # Fine-tune at 24 px (6x6) with 7 classes: the grid comes from the pos_embedding.
-  new = _config(num_classes=7, size=24, **kw)
+  new = _config(num_classes=7, size=24, pe='liere8', share='layers', width=128, heads=2,
+                qkv_bias=False)
+  new.model.mlp_dim = official.mlp_dim
   with pytest.raises(ValueError, match='head/bias has shape \\(5,\\) in the checkpoint and '
                      '\\(7,\\) in this model; set --config.model_init_head=reinit'):
     model_init.load(new, path)

@@ -25,7 +25,7 @@ from flax import nnx  # noqa: E402
 from liere_jax import checkpoint, config_lib, convert, model_init  # noqa: E402
 from liere_jax.convert import __main__ as convert_cli  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
-from tests import helpers, official_fixtures  # noqa: E402
+from tests import foreign_formats, helpers, official_fixtures  # noqa: E402
 
 FIXTURES = official_fixtures.load()
 CASES = FIXTURES['cases']
@@ -128,11 +128,11 @@ def test_convert_cli_reads_and_writes_an_official_state_dict(tmp_path):
 
 def test_model_init_from_an_official_lightning_checkpoint_gives_the_official_logits(tmp_path):
   """The official LightningModule holds the RoPEViT as `self.model`: its checkpoint's
-  state_dict keys are 'model.' + the RoPEViT's."""
+  state_dict keys are 'model.' + the RoPEViT's, beside Lightning's optimizer, schedule, loop,
+  callback and hyper-parameter entries (tests/foreign_formats.py)."""
   model, state, x, want = _case('liere8_2d')
-  path = str(tmp_path / 'epoch=199-step=1.ckpt')
-  torch.save({'state_dict': {f'model.{k}': torch.from_numpy(v) for k, v in state.items()},
-              'epoch': 199, 'global_step': 1}, path)
+  path = str(tmp_path / 'epoch=199-step=600.ckpt')
+  foreign_formats.write_lightning_checkpoint(path, state, epoch=199)
   data = config_lib.data_config(name='arrows', grid=model.input_size[0] // model.patch[0])
   config = config_lib.base_config(model=model, data=data, batch_size=8, total_steps=2, lr=1e-3)
   params = model_init.load(config, path)
