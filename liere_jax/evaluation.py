@@ -78,15 +78,15 @@ def by_video(video: np.ndarray, label: np.ndarray, probs: np.ndarray) -> Accurac
   return Accuracy(float(ok.mean()), fraction, per_view=float(ok.mean()), per_video=per_video)
 
 
-def evaluate(trainer, params, *, input_size: Optional[int] = None,
+def evaluate(steps, params, *, input_size: Optional[int] = None,
              positions: Optional[str] = None, shuffle: bool = False) -> Accuracy:
-  """Top-1 of `trainer`'s run over the whole eval split (every view, with data.eval_views);
-  nothing is dropped. input_size: another input size; positions: another position mode;
-  shuffle: patches permuted (shuffle_patches).
+  """Top-1 of the run of `steps` (a train_lib.EvalSteps; a Trainer is one) over the whole eval
+  split (every view, with data.eval_views); nothing is dropped. input_size: another input size;
+  positions: another position mode; shuffle: patches permuted (shuffle_patches).
 
   The encoding's context (rotations) is computed once for the resolution and reused.
   """
-  run = trainer.run
+  run = steps.run
   ctx, correct, views = None, [], []
   batches = data.eval_batches(run.data, global_batch_size=run.evaluation.batch_size,
                               process_index=jax.process_index(),
@@ -95,16 +95,16 @@ def evaluate(trainer, params, *, input_size: Optional[int] = None,
   for local in batches:
     if shuffle:
       local = dict(local, image=shuffle_patches(local['image'], run.model.patch))
-    batch = trainer.global_batch(local)
+    batch = steps.global_batch(local)
     if ctx is None:
       grid = tuple(s // p for s, p in zip(batch['image'].shape[1:-1], run.model.patch))
-      ctx = trainer.pe_context(params, grid, positions)
+      ctx = steps.pe_context(params, grid, positions)
     if 'video' in batch:  # Several views per video: keep the probabilities to average them.
-      probs = trainer.predict_step(params, batch, ctx)
+      probs = steps.predict_step(params, batch, ctx)
       probs, mask, video, label = gather(probs, batch['mask'], batch['video'], batch['label'])
       views.append((video[mask], label[mask], probs[mask]))
     else:
-      ok, mask = gather(*trainer.eval_step(params, batch, ctx))
+      ok, mask = gather(*steps.eval_step(params, batch, ctx))
       correct.append(ok[mask])
   if views:
     return by_video(*map(np.concatenate, zip(*views)))
@@ -112,22 +112,22 @@ def evaluate(trainer, params, *, input_size: Optional[int] = None,
   return Accuracy(float(correct.mean()), correct)
 
 
-def evaluate_run(trainer, params) -> Tuple[Accuracy, dict]:
+def evaluate_run(steps, params) -> Tuple[Accuracy, dict]:
   """Every evaluation of the run's EvalSpec: (accuracy, results) where results holds top-1
   with its bootstrap CI, the patch-shuffled top-1 (Table 5) and the top-1 at each of
   `resolutions` in each of `positions_modes` (Fig. 7; 'rescaled' only for encodings that read
   positions: for the others it would repeat the first mode)."""
-  spec = trainer.run.evaluation
-  accuracy = evaluate(trainer, params)
-  shuffled = evaluate(trainer, params, shuffle=True).top1
-  resolutions = {str(size): {mode: evaluate(trainer, params, input_size=size,
+  spec = steps.run.evaluation
+  accuracy = evaluate(steps, params)
+  shuffled = evaluate(steps, params, shuffle=True).top1
+  resolutions = {str(size): {mode: evaluate(steps, params, input_size=size,
                                             positions=mode).top1
                              for mode in spec.positions_modes}
                  for size in spec.resolutions}
   return accuracy, dict(
       n_examples=int(len(accuracy.correct)), **accuracy.metrics('top1'),
       top1_ci95=bootstrap_ci(accuracy.correct), shuffled_top1=shuffled,
-      shuffle_drop=accuracy.top1 - shuffled, positions_default=trainer.spec.pe.positions,
+      shuffle_drop=accuracy.top1 - shuffled, positions_default=steps.spec.pe.positions,
       positions_modes=list(spec.positions_modes), resolutions=resolutions)
 
 
@@ -137,17 +137,17 @@ def _heat(x: np.ndarray) -> np.ndarray:
   return (255 * rgb).astype(np.uint8)
 
 
-def attention_png(trainer, params, path: str, num_examples: int = 4):
+def attention_png(steps, params, path: str, num_examples: int = 4):
   """Saves the CLS token's attention per layer (averaged over heads) for a few eval inputs:
   one row per example, the input first and then layers 1..L. Mean-pooled models (no CLS)
   show the attention each patch receives, averaged over queries. Video: averaged over time."""
-  one_view = dataclasses.replace(trainer.run.data, eval_views=(1, 1))  # One row per video.
+  one_view = dataclasses.replace(steps.run.data, eval_views=(1, 1))  # One row per video.
   batch = next(iter(data.eval_batches(one_view, global_batch_size=num_examples)))
   images = batch['image'][:num_examples]
-  _, attention = jax.jit(lambda p, x: trainer.model(p)(x, return_attention=True))(
+  _, attention = jax.jit(lambda p, x: steps.model(p)(x, return_attention=True))(
       jax.device_get(params), images)
-  prefix = trainer.spec.num_prefix
-  grid = tuple(s // p for s, p in zip(images.shape[1:-1], trainer.spec.patch))
+  prefix = steps.spec.num_prefix
+  grid = tuple(s // p for s, p in zip(images.shape[1:-1], steps.spec.patch))
   rows = []
   for i in range(len(images)):
     img = images[i] if images.ndim == 4 else images[i, 0]

@@ -10,25 +10,19 @@ the latest checkpoint, exactly: the RNG is a function of (seed, step) and batch 
 on a TPU pod, where `jax.distributed.initialize()` finds them itself).
 `--config.model_init=DIR[:best|:STEP]` (or an export, or an official checkpoint) starts a new run
 from another's parameters: fine-tuning, liere_jax/model_init.py.
+
+In a process of your own (a notebook, a test), with no flags:
+
+  run = run_spec.resolve(config, jax.device_count())
+  train_and_evaluate(run, workdir, config=config)
 """
+import contextlib
 import math
-import sys
 import time
 
 import jax
-from absl import app, flags, logging
-from ml_collections import config_flags
 
-from liere_jax import cli, config_lib, paths
-
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file[:args].',
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints and metrics go.')
-_PROCESS = cli.process_flags()
-# A preempted run exits with the status of a process ended by SIGTERM, after saving.
-PREEMPTED_EXIT = 143
-_PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
-
+from liere_jax import paths
 
 class Logger:
   """Metrics (paths.MetricsWriter: metrics/*.jsonl) and TensorBoard events from process 0.
@@ -68,8 +62,8 @@ class Logger:
 def train(trainer, workdir: str, init_params=None, progress: bool = True, stop=None):
   """The training loop of `trainer.run` in `workdir`: resumes from its latest checkpoint, else
   starts from `init_params` (model_init.load) or fresh parameters. SIGTERM (`stop`, a
-  train_lib.Preemption; default one made here) saves the step reached and exits
-  PREEMPTED_EXIT."""
+  train_lib.Preemption; default one made here) saves the step reached and ends the loop there:
+  returns that step (None when the run went to its end)."""
   from tqdm import tqdm
 
   from liere_jax import checkpoint, data, evaluation, model_init, train_lib
@@ -153,40 +147,41 @@ def train(trainer, workdir: str, init_params=None, progress: bool = True, stop=N
   if preempted:
     print(f'{stop.cause} at step {preempted} (process {jax.process_index()}): saved step '
           f'{preempted} to {workdir}; run the same command to resume there.', flush=True)
-    sys.exit(PREEMPTED_EXIT)
+  return preempted
 
 
-def main(argv):
-  del argv
-  from liere_jax import checkpoint, model_init, run_spec, train_lib
-  logging.set_verbosity(logging.WARNING)
-  cli.init_distributed(_PROCESS)
-  config, workdir = _CONFIG.value, _WORKDIR.value
-  if not workdir:
-    raise app.UsageError('--workdir is required.')
-  # Everything is checked before anything is compiled or written.
+def check(run, workdir: str, config):
+  """Everything about starting `run` (a run_spec.RunSpec of `config`) in `workdir` that can be
+  refused, before anything is compiled or written: the store, the dataset, a workdir that all
+  processes see, the same model as the workdir's checkpoints, and --config.model_init's
+  parameters, which it returns (None when fresh or resumed)."""
+  from liere_jax import checkpoint, model_init, run_spec
   paths.check_store(workdir, '--workdir', tensorboard=True)
-  run = run_spec.resolve(config, jax.device_count())
   run_spec.check_data(run)  # Says how to prepare an unprepared dataset.
   # Several processes: one workdir, seen alike (before any of them reads it).
   checkpoint.check_shared_workdir(workdir)
   checkpoint.check_same_model(workdir, config)
   # A resumed run ignores model_init.
-  init_params = (model_init.load(config) if run.loop.model_init
-                 and not checkpoint.has_checkpoint(workdir) else None)
+  return (model_init.load(config) if run.loop.model_init
+          and not checkpoint.has_checkpoint(workdir) else None)
+
+
+def train_and_evaluate(run, workdir: str, *, config, progress: bool = True,
+                       checks=contextlib.nullcontext):
+  """Trains `run` (a run_spec.RunSpec, resolved from `config`, which config.json keeps) in
+  `workdir`, evaluating as its loop says; resumes from the workdir's latest checkpoint. In any
+  process: a notebook, a test, `python -m liere_jax.train`. `checks`: a context manager around
+  the checks (`check`); the command line's makes their errors one-line refusals. Returns the
+  step a SIGTERM stopped it at, or None."""
+  from liere_jax import checkpoint, train_lib
+  with checks():
+    init_params = check(run, workdir, config)
   trainer = train_lib.Trainer(run, train_lib.make_mesh(model_parallel=run.loop.model_parallel))
   stop = train_lib.Preemption()  # From the first write on, SIGTERM saves the step reached.
   checkpoint.write_config(workdir, config)
-  train(trainer, workdir, init_params, progress=_PROGRESS.value, stop=stop)
+  return train(trainer, workdir, init_params, progress=progress, stop=stop)
 
 
-def run():
-  """`python -m liere_jax.train` (and the checkout's train.py)."""
-  flags.mark_flags_as_required(['config', 'workdir'])
-  from liere_jax import checkpoint
-  app.run(cli.one_line(main, (checkpoint.CheckpointError, FileNotFoundError), 'train'),
-          flags_parser=config_lib.parse_flags)
-
-
-if __name__ == '__main__':
-  run()
+if __name__ == '__main__':  # The command line is liere_jax/cli/train.py.
+  from liere_jax.cli import train as train_cli
+  train_cli.run()

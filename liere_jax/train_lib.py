@@ -158,9 +158,10 @@ class MeshJit:
 
 
 @dataclasses.dataclass
-class Trainer:
-  """Holds the static parts (graphdefs, optimizer, shardings) and the jitted steps of a run
-  (a run_spec.RunSpec; a config is resolved for the mesh's devices)."""
+class EvalSteps:
+  """What evaluating a run (a run_spec.RunSpec; a config is resolved for the mesh's devices)
+  needs: the model in eval mode over pure-dict parameters, their shardings, the jitted eval
+  steps and the batch placement. No optimizer: eval.py builds only this; a Trainer is one."""
   run: run_spec.RunSpec
   mesh: jax.sharding.Mesh
 
@@ -177,42 +178,18 @@ class Trainer:
     # step) every step. It is kept as shapes and made anew inside each trace: NNX variables
     # created outside a trace cannot be updated inside one (dropout > 0 would fail).
     self.rng_shapes = nnx.to_pure_dict(rest)
-    self.tx, self.schedule = make_optimizer(self.run.optimizer)
-    # data.normalise='device': train batches are uint8 pixels, normalised in the step (4x less
-    # to copy between host processes and to the device, no host time).
-    self.pixels = (data_spec.normalisation(self.run.data) if self.run.data.normalise == 'device'
-                   else None)
-    params = nnx.to_pure_dict(params)
-    shapes = {'params': params, 'opt_state': jax.eval_shape(self.tx.init, params),
-              'step': jax.ShapeDtypeStruct((), jnp.int32)}
-    specs = state_specs(param_specs(self.mesh, self.run.loop.sharding, logical, params), shapes)
-    self.state_sharding = jax.tree.map(lambda p: NamedSharding(self.mesh, p), specs,
+    self.param_shapes = nnx.to_pure_dict(params)
+    self.param_specs = param_specs(self.mesh, self.run.loop.sharding, logical, self.param_shapes)
+    self.param_sharding = jax.tree.map(lambda p: NamedSharding(self.mesh, p), self.param_specs,
                                        is_leaf=lambda x: isinstance(x, P))
-    self.abstract_state = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
-        self.state_sharding)
     self.batch_sharding = NamedSharding(self.mesh, P('data'))
     self.replicated = NamedSharding(self.mesh, P())
-    self.train_step = MeshJit(self.mesh, self._train_step, donate_argnums=(0,),
-                              in_shardings=(self.state_sharding, self.batch_sharding),
-                              out_shardings=(self.state_sharding, self.replicated))
-    self.loss_step = MeshJit(self.mesh, self._loss, in_shardings=(
-        self.state_sharding['params'], self.batch_sharding))
     self._pe_context = MeshJit(self.mesh, self._pe_context_fn, static_argnums=(1, 2),
                                out_shardings=self.replicated)
     # The eval steps take the encoding's context (pe_context), computed once per grid.
-    eval_shardings = (self.state_sharding['params'], self.batch_sharding, None)
+    eval_shardings = (self.param_sharding, self.batch_sharding, None)
     self.eval_step = MeshJit(self.mesh, self._eval_step, in_shardings=eval_shardings)
     self.predict_step = MeshJit(self.mesh, self._predict, in_shardings=eval_shardings)
-
-  def init_state(self, seed: int):
-    """Fresh parameters and optimizer state, created directly in their shardings."""
-    def init():
-      params = nnx.to_pure_dict(nnx.state(ViT(self.spec, rngs=nnx.Rngs(seed)),
-                                          nnx.Param))
-      return {'params': params, 'opt_state': self.tx.init(params),
-              'step': jnp.zeros((), jnp.int32)}
-    return jax.jit(init, out_shardings=self.state_sharding)()
 
   def model(self, params, train: bool = False, rng=None) -> ViT:
     """An NNX model over pure-dict params (inside or outside jit)."""
@@ -227,13 +204,74 @@ class Trainer:
 
   def place_params(self, params):
     """Parameters in either layout (blocks/<i>/... as checkpoints hold them, or stacked) in
-    this trainer's layout (stacked under model.scan_layers) and shardings."""
+    these steps' layout (stacked under model.scan_layers) and shardings."""
     convert = model_lib.to_scan_params if self.spec.scan_layers else model_lib.to_loop_params
     # Arrays this process holds whole (a checkpoint read onto one device, numpy) go in as host
     # values, so the jit may place them on any devices; global arrays stay as they are.
     params = jax.tree.map(lambda x: np.asarray(x) if getattr(x, 'is_fully_addressable', True)
                           else x, params)
-    return jax.jit(convert, out_shardings=self.state_sharding['params'])(params)
+    return jax.jit(convert, out_shardings=self.param_sharding)(params)
+
+  def _eval_step(self, params, batch, ctx):
+    """Per-example correctness [b] (masked examples count as incorrect) and the mask."""
+    logits = self.model(params)(batch['image'], ctx=ctx)
+    correct = (jnp.argmax(logits, -1) == batch['label']) & batch['mask']
+    return correct, batch['mask']
+
+  def _predict(self, params, batch, ctx):
+    """Softmax probabilities float32 [b, classes] (video views are averaged from these)."""
+    logits = self.model(params)(batch['image'], ctx=ctx)
+    return jax.nn.softmax(logits.astype(jnp.float32))
+
+  def pe_context(self, params, grid, positions=None):
+    """Rotations (or biases) for a grid, computed once and reused by every eval batch; one
+    compile per (grid, positions)."""
+    return self._pe_context(params, tuple(grid), positions)
+
+  def _pe_context_fn(self, params, grid, positions):
+    return self.model(params).pe_context(grid, positions)
+
+  def global_batch(self, local: dict) -> dict:
+    """Per-process numpy batch -> global arrays sharded over 'data' (any process count)."""
+    return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v))
+            for k, v in local.items()}
+
+
+@dataclasses.dataclass
+class Trainer(EvalSteps):
+  """A run's EvalSteps plus its optimizer, the train state's shardings and the jitted train and
+  loss steps."""
+
+  def __post_init__(self):
+    super().__post_init__()
+    self.tx, self.schedule = make_optimizer(self.run.optimizer)
+    # data.normalise='device': train batches are uint8 pixels, normalised in the step (4x less
+    # to copy between host processes and to the device, no host time).
+    self.pixels = (data_spec.normalisation(self.run.data) if self.run.data.normalise == 'device'
+                   else None)
+    params = self.param_shapes
+    shapes = {'params': params, 'opt_state': jax.eval_shape(self.tx.init, params),
+              'step': jax.ShapeDtypeStruct((), jnp.int32)}
+    specs = state_specs(self.param_specs, shapes)
+    self.state_sharding = jax.tree.map(lambda p: NamedSharding(self.mesh, p), specs,
+                                       is_leaf=lambda x: isinstance(x, P))
+    self.abstract_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
+        self.state_sharding)
+    self.train_step = MeshJit(self.mesh, self._train_step, donate_argnums=(0,),
+                              in_shardings=(self.state_sharding, self.batch_sharding),
+                              out_shardings=(self.state_sharding, self.replicated))
+    self.loss_step = MeshJit(self.mesh, self._loss, in_shardings=(
+        self.param_sharding, self.batch_sharding))
+
+  def init_state(self, seed: int):
+    """Fresh parameters and optimizer state, created directly in their shardings."""
+    def init():
+      params = nnx.to_pure_dict(nnx.state(ViT(self.spec, rngs=nnx.Rngs(seed)),
+                                          nnx.Param))
+      return {'params': params, 'opt_state': self.tx.init(params),
+              'step': jnp.zeros((), jnp.int32)}
+    return jax.jit(init, out_shardings=self.state_sharding)()
 
   def _train_step(self, state, batch):
     rng = jax.random.fold_in(jax.random.key(self.run.loop.seed), state['step'])
@@ -272,27 +310,3 @@ class Trainer:
                        'the trainer must be built from the same run.')
     scale, offset = self.pixels
     return x.astype(jnp.float32) * scale + offset
-
-  def _eval_step(self, params, batch, ctx):
-    """Per-example correctness [b] (masked examples count as incorrect) and the mask."""
-    logits = self.model(params)(batch['image'], ctx=ctx)
-    correct = (jnp.argmax(logits, -1) == batch['label']) & batch['mask']
-    return correct, batch['mask']
-
-  def _predict(self, params, batch, ctx):
-    """Softmax probabilities float32 [b, classes] (video views are averaged from these)."""
-    logits = self.model(params)(batch['image'], ctx=ctx)
-    return jax.nn.softmax(logits.astype(jnp.float32))
-
-  def pe_context(self, params, grid, positions=None):
-    """Rotations (or biases) for a grid, computed once and reused by every eval batch; one
-    compile per (grid, positions)."""
-    return self._pe_context(params, tuple(grid), positions)
-
-  def _pe_context_fn(self, params, grid, positions):
-    return self.model(params).pe_context(grid, positions)
-
-  def global_batch(self, local: dict) -> dict:
-    """Per-process numpy batch -> global arrays sharded over 'data' (any process count)."""
-    return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v))
-            for k, v in local.items()}

@@ -1,0 +1,44 @@
+"""The command line of liere_jax.train (its docstring says how to run it): the flags, and the
+config resolved for this process's devices before train.train_and_evaluate."""
+import sys
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from liere_jax import cli, config_lib, train
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file[:args].',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints and metrics go.')
+_PROCESS = cli.process_flags()
+_PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
+# A preempted run exits with the status of a process ended by SIGTERM, after saving.
+PREEMPTED_EXIT = 143
+
+
+def main(argv):
+  del argv
+  from liere_jax import run_spec
+  logging.set_verbosity(logging.WARNING)
+  cli.init_distributed(_PROCESS)
+  workdir = _WORKDIR.value
+  if not workdir:
+    raise app.UsageError('--workdir is required.')
+  # Everything is checked before anything is compiled or written.
+  with cli.refusing():
+    config = _CONFIG.value  # A config file that does not load fails here.
+    run = run_spec.resolve(config, jax.device_count())
+  if train.train_and_evaluate(run, workdir, config=config, progress=_PROGRESS.value,
+                              checks=cli.refusing) is not None:
+    sys.exit(PREEMPTED_EXIT)
+
+
+def run():
+  """`python -m liere_jax.train` (and the checkout's train.py)."""
+  flags.mark_flags_as_required(['config', 'workdir'])
+  cli.run(main, 'train', flags_parser=config_lib.parse_flags)
+
+
+if __name__ == '__main__':
+  run()
