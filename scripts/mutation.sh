@@ -2,6 +2,10 @@
 # Mutation testing of the core with mutmut (not in CI: hours for the whole core on 2 cores).
 #   bash scripts/mutation.sh                                # every mutant of [tool.mutmut]
 #   bash scripts/mutation.sh 'liere_jax.rotations.x_rotate*'   # the mutants of some functions
+#   bash scripts/mutation.sh --sample [--only central|sampled] [--per_module 10] [--seed 0]
+#       # the scoped run of docs/mutation.md (scripts/mutation_sample.py): the central functions'
+#       # mutants and a seeded sample of the rest, those without a result yet (resumable)
+# One worker, at nice 15 (the cores are shared; JAX is not fork-safe: forkserver isolation).
 # Needs .venv-test (bash scripts/test.sh builds it); mutmut (requirements-mutation.txt) goes in
 # .venv-mutation, which sees .venv-test's packages. Mutants and results live in mutants/
 # (ignored); a rerun tests only what changed. Report: docs/mutation.md.
@@ -17,5 +21,17 @@ if [ ! -x .venv-mutation/bin/mutmut ]; then
       "$(.venv-mutation/bin/python -c 'import site; print(site.getsitepackages()[0])')/venv_test.pth"
   .venv-mutation/bin/pip install -q -r requirements-mutation.txt
 fi
-.venv-mutation/bin/mutmut run "$@" || true  # Survivors exit non-zero; the results say which.
+run() {  # Survivors exit non-zero; the results say which.
+  nice -n 15 .venv-mutation/bin/mutmut run --max-children 1 "$@" || true
+}
+if [ "${1:-}" = --sample ]; then
+  shift
+  if ! compgen -G 'mutants/liere_jax/*.py.meta' > /dev/null; then
+    run 'liere_jax.positions.x_with_prefix*'  # Generates the mutants and the coverage first.
+  fi
+  mapfile -t names < <(.venv-mutation/bin/python scripts/mutation_sample.py "$@")
+  if ((${#names[@]})); then run "${names[@]}"; fi
+else
+  run "$@"
+fi
 .venv-mutation/bin/mutmut results
