@@ -8,10 +8,13 @@ take from the outside world.
   "__metadata__": {str: str}}, then the raw little-endian data, offsets relative to its start.
 - `write_lightning_checkpoint`: a PyTorch Lightning `.ckpt` as Lightning's
   `_CheckpointConnector.dump_checkpoint` lays it out (Lightning 2.x; the official
-  StanfordMIMI/LieRE trains with Lightning), written by `torch.save`, with the state_dict, the
-  Adam state and the cosine schedule's state produced by torch itself.
+  StanfordMIMI/LieRE trains with Lightning), written by `torch.save`, the state_dict produced
+  by torch itself (nn.Module.state_dict), the Adam and cosine-schedule states in the layout of
+  torch's Optimizer.state_dict / LRScheduler.state_dict (built by hand: torch.optim imports
+  torch._dynamo, seconds a test process).
 """
 import json
+import math
 import struct
 
 import numpy as np
@@ -76,28 +79,34 @@ def _module_holding(torch, state):
 
 def write_lightning_checkpoint(path, state, epoch=199, steps_per_epoch=3,
                                hyper_parameters=None):
-  """The official LightningModule (its RoPEViT as `self.model`) checkpointed by Lightning:
-  'model.' + the RoPEViT's state_dict, after one Adam step (torch.optim.Adam's state) under
-  the official cosine schedule (CosineAnnealingLR), with Lightning's loop, callback and
-  hyper-parameter entries. `state`: the RoPEViT's {key: np.ndarray}."""
+  """The official LightningModule (its RoPEViT as `self.model`) checkpointed by Lightning after
+  `epoch` + 1 epochs: 'model.' + the RoPEViT's state_dict, the official optimizer's state
+  (Adam, cosine schedule over the epochs), Lightning's loop, callback and hyper-parameter
+  entries. `state`: the RoPEViT's {key: np.ndarray}."""
   import torch
   lightning_module = torch.nn.Module()
   lightning_module.add_module('model', _module_holding(torch, state))
-  params = list(lightning_module.parameters())
-  optimizer = torch.optim.Adam(params, lr=1e-3)
-  scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epoch + 1)
-  for p in params:
-    p.grad = torch.zeros_like(p)
-  weights = {k: v.clone() for k, v in lightning_module.state_dict().items()}
-  optimizer.step()  # Zero gradients: Adam's state fills in, the weights stay.
-  scheduler.step()
+  state_dict = lightning_module.state_dict()
   global_step = (epoch + 1) * steps_per_epoch
+  lr, t_max = 1e-3, epoch + 1
+  last_lr = 0.5 * lr * (1 + math.cos(math.pi * (epoch + 1) / t_max))
+  adam = {
+      'state': {i: {'step': torch.tensor(float(global_step)), 'exp_avg': torch.zeros_like(v),
+                    'exp_avg_sq': torch.zeros_like(v)} for i, v in enumerate(state_dict.values())},
+      'param_groups': [{'lr': last_lr, 'betas': (0.9, 0.999), 'eps': 1e-08, 'weight_decay': 0,
+                        'amsgrad': False, 'maximize': False, 'foreach': None,
+                        'capturable': False, 'differentiable': False, 'fused': None,
+                        'decoupled_weight_decay': False, 'initial_lr': lr,
+                        'params': list(range(len(state_dict)))}]}
+  cosine = {'T_max': t_max, 'eta_min': 0.0, 'base_lrs': [lr], 'last_epoch': epoch + 1,
+            '_step_count': epoch + 2, '_get_lr_called_within_step': False,
+            '_last_lr': [last_lr]}
   progress = {'ready': global_step, 'completed': global_step}
   checkpoint = {
       'epoch': epoch,
       'global_step': global_step,
       'pytorch-lightning_version': '2.2.1',
-      'state_dict': lightning_module.state_dict(),
+      'state_dict': state_dict,
       'loops': {'fit_loop': {'state_dict': {}, 'epoch_progress': {
           'total': {**progress, 'started': epoch + 1, 'processed': epoch + 1},
           'current': {**progress, 'started': epoch + 1, 'processed': epoch + 1}},
@@ -114,12 +123,11 @@ def write_lightning_checkpoint(path, state, epoch=199, steps_per_epoch=3,
                         'current_score': torch.tensor(12.5), 'dirpath': 'checkpoints',
                         'best_k_models': {}, 'kth_best_model_path': '',
                         'kth_value': torch.tensor(float('-inf')), 'last_model_path': ''}},
-      'optimizer_states': [optimizer.state_dict()],
-      'lr_schedulers': [scheduler.state_dict()],
+      'optimizer_states': [adam],
+      'lr_schedulers': [cosine],
       # The official module's save_hyperparameters({'initialization_factor': ...}); Lightning
       # stores dict(hparams).
       'hparams_name': None,
-      'hyper_parameters': dict(hyper_parameters or {'initialization_factor': 2 * np.pi}),
+      'hyper_parameters': dict(hyper_parameters or {'initialization_factor': 2 * math.pi}),
   }
-  assert all(torch.equal(weights[k], v) for k, v in checkpoint['state_dict'].items())
   torch.save(checkpoint, path)
