@@ -23,16 +23,17 @@ from liere_jax import paths
 
 
 def evaluate_workdir(run, workdir: str, *, step=None, best: bool = False, out: str = 'eval',
-                     checks=contextlib.nullcontext) -> dict:
+                     devices=None, checks=contextlib.nullcontext) -> dict:
   """Every evaluation of `run` (a run_spec.RunSpec of the workdir's model) on the parameters of
   `workdir`'s latest checkpoint (`best`, or `step`): writes DIR/<out>/results.json and
   attention.png from process 0, prints the summary and returns the results. In any process (a
-  notebook, a test, `python -m liere_jax.eval`). `checks`: a context manager around the
-  checkpoint's lookup (the command line's makes its errors one-line refusals)."""
+  notebook, a test, `python -m liere_jax.eval`). devices: those to run on (default: all; `run`
+  is resolved for their number). checks: a context manager around the checkpoint's lookup (the
+  command line's makes its errors one-line refusals)."""
   from liere_jax import checkpoint, evaluation, train_lib
   with checks():
     _, params, step = checkpoint.load_params(workdir, step, best=best)
-  steps = train_lib.EvalSteps(run, train_lib.make_mesh(model_parallel=run.loop.model_parallel))
+  steps = train_lib.EvalSteps(run, train_lib.make_mesh(devices, run.loop.model_parallel))
   params = steps.place_params(params)  # Stacked under model.scan_layers.
 
   accuracy, results = evaluation.evaluate_run(steps, params)

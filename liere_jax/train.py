@@ -166,17 +166,18 @@ def check(run, workdir: str, config):
           and not checkpoint.has_checkpoint(workdir) else None)
 
 
-def train_and_evaluate(run, workdir: str, *, config, progress: bool = True,
+def train_and_evaluate(run, workdir: str, *, config, progress: bool = True, devices=None,
                        checks=contextlib.nullcontext):
   """Trains `run` (a run_spec.RunSpec, resolved from `config`, which config.json keeps) in
   `workdir`, evaluating as its loop says; resumes from the workdir's latest checkpoint. In any
-  process: a notebook, a test, `python -m liere_jax.train`. `checks`: a context manager around
-  the checks (`check`); the command line's makes their errors one-line refusals. Returns the
-  step a SIGTERM stopped it at, or None."""
+  process: a notebook, a test, `python -m liere_jax.train`. devices: those to run on (default:
+  all; `run` is resolved for their number). checks: a context manager around the checks
+  (`check`); the command line's makes their errors one-line refusals. Returns the step a
+  SIGTERM stopped it at, or None."""
   from liere_jax import checkpoint, train_lib
   with checks():
     init_params = check(run, workdir, config)
-  trainer = train_lib.Trainer(run, train_lib.make_mesh(model_parallel=run.loop.model_parallel))
+  trainer = train_lib.Trainer(run, train_lib.make_mesh(devices, run.loop.model_parallel))
   stop = train_lib.Preemption()  # From the first write on, SIGTERM saves the step reached.
   checkpoint.write_config(workdir, config)
   return train(trainer, workdir, init_params, progress=progress, stop=stop)

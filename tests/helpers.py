@@ -1,5 +1,7 @@
-"""Small configs and utilities shared by the tests: tiny models, the tiny arrows run and its
-command line, and running the programs as a user does (`python -m liere_jax.<program>`)."""
+"""Small configs and utilities shared by the tests: tiny models, the tiny arrows run (trained
+and evaluated in this process by the library, or by its command line), and running the programs
+as a user does (`python -m liere_jax.<program>`)."""
+import ast
 import functools
 import os
 import shutil
@@ -16,11 +18,12 @@ from liere_jax.model import ViT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARROWS = liere_jax.configs.path('arrows')
-# The tiny arrows run (grid 4: 48 px, 16 patches; one block of width 32) as train/eval flags.
-TINY_RUN = ('--config.model.width=32', '--config.model.depth=1', '--config.model.heads=2',
-            '--config.model.mlp_dim=64', '--config.batch_size=16', '--config.eval_batch_size=16',
-            '--config.data.num_eval=40', '--config.log_every=1', '--config.warmup_steps=2',
-            '--config.resolutions=(60,)')
+# The tiny arrows run (grid 4: 48 px, 16 patches; one block of width 32): config overrides,
+# and the same as train/eval flags.
+TINY = {'model.width': 32, 'model.depth': 1, 'model.heads': 2, 'model.mlp_dim': 64,
+        'batch_size': 16, 'eval_batch_size': 16, 'data.num_eval': 40, 'log_every': 1,
+        'warmup_steps': 2, 'resolutions': (60,)}
+TINY_RUN = tuple(f'--config.{key}={value}' for key, value in TINY.items())
 
 
 def load_config(path: str, arg: str = ''):
@@ -109,6 +112,61 @@ def run_tiny(program, workdir, *args, devices=1, wait=True, env=None, cwd=None):
     cmd.append('--noprogress')
   return python(cmd, devices=devices, cwd=cwd or os.path.dirname(str(workdir)), env=env,
                 wait=wait)
+
+
+def override(config, overrides: dict):
+  """`config` with overrides as keyword arguments, dots as '__' ({'model__width': 64}), as
+  --config.model.width=64 sets it."""
+  for key, value in overrides.items():
+    *sections, field = key.replace('__', '.').split('.')
+    functools.reduce(lambda c, name: c[name], sections, config)[field] = value
+  return config
+
+
+def flag_overrides(args) -> dict:
+  """The `--config.x=y` flags of a command line as overrides for `override` (values as Python
+  literals, else strings, as config_flags reads them)."""
+  out = {}
+  for arg in args:
+    key, value = arg[len('--config.'):].split('=', 1)
+    try:
+      out[key] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      out[key] = value
+  return out
+
+
+def tiny_config(arg='grid=4', **overrides):
+  """The tiny arrows run's config (configs/arrows.py:ARG, then TINY, then `overrides`)."""
+  return override(load_config(ARROWS, arg), {**TINY, **overrides})
+
+
+def train(config, workdir, devices=1):
+  """train.train_and_evaluate in this process on the first `devices` devices, as `python -m
+  liere_jax.train` with that many devices trains (the same steps, bit for bit); returns the
+  step SIGTERM stopped it at, or None, and prints what the program prints."""
+  import jax
+  from liere_jax import run_spec, train as training
+  return training.train_and_evaluate(run_spec.resolve(config, devices), str(workdir),
+                                     config=config, progress=False,
+                                     devices=jax.devices()[:devices])
+
+
+def train_tiny(workdir, **overrides):
+  """The tiny run (tiny_config(**overrides)) trained in this process on one device, as
+  run_tiny('train', ...) trains it."""
+  return train(tiny_config(**overrides), workdir)
+
+
+def evaluate(workdir, config=None, devices=1, **overrides):
+  """`python -m liere_jax.eval --workdir WORKDIR` in this process on the first `devices`
+  devices: the run's own config (or `config`) with `overrides`; returns the results."""
+  import jax
+  from liere_jax import checkpoint, eval as eval_lib, run_spec
+  config = override(config or checkpoint.read_config(str(workdir)), overrides)
+  checkpoint.check_same_model(str(workdir), config)
+  return eval_lib.evaluate_workdir(run_spec.resolve(config, devices), str(workdir),
+                                   devices=jax.devices()[:devices])
 
 
 def copy_run(workdir, to):

@@ -202,9 +202,10 @@ def test_cli_refuses_to_overwrite_and_overwrite_is_atomic(tmp_path, monkeypatch)
   assert (f'Wrote cifar100 3.0.2 to {version_dir}: train 6 examples in 1 shards, test 3 '
           'examples in 1 shards') in proc.stdout
   proc = run()
-  assert proc.returncode == 1
+  assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1] == (
-      f'Error: {version_dir} is already prepared; pass --overwrite to replace it.')
+      f'python -m liere_jax.data.prepare: error: {version_dir} is already prepared; pass '
+      '--overwrite to replace it.')
 
   # A failed overwrite leaves the prepared copy in place; a good one replaces it.
   datasets.cifar100_archive(download_dir, dict(train=8, test=4))

@@ -1,6 +1,8 @@
 """Training end to end on the synthetic task: exact resume after SIGKILL, 8 devices and 2
 processes equal 1, clear errors that write nothing, NaN stops, eval's results.json; the run spec
-and the eval step's compiles."""
+and the eval step's compiles. The library's train_and_evaluate / evaluate_workdir run in this
+process (helpers.train_tiny, helpers.evaluate); the command line where a process is the point
+(and tests/test_cli.py for its refusals)."""
 import json
 import os
 import re
@@ -15,7 +17,8 @@ from jax.sharding import PartitionSpec as P
 from liere_jax import checkpoint, config_lib, data, evaluation, run_spec, train_lib
 from liere_jax.data import pipeline
 import liere_jax.configs
-from tests.helpers import ROOT, copy_run, free_port, load_config, python, run_tiny as run
+from tests.helpers import copy_run, evaluate, free_port, load_config, run_tiny as run
+from tests.helpers import tiny_config, train_tiny
 from tests.helpers import assert_training_randomness_is_a_function_of_seed_and_step
 from tests.helpers import tiny_config_and_batch
 
@@ -121,9 +124,9 @@ def test_parameter_shardings_follow_their_metadata():
 
 def test_eval_writes_results_json(tiny_run, tmp_path):
   work = copy_run(tiny_run, tmp_path / 'run')
-  rc, out = run('eval', work)
-  assert rc == 0, out
+  returned = evaluate(work)
   res = json.loads((work / 'eval' / 'results.json').read_text())
+  assert res == returned
   assert res['n_examples'] == 40  # num_eval=40 with batches of 16: nothing dropped
   lo, hi = res['top1_ci95']
   assert 0 <= lo <= res['top1'] <= hi <= 1
@@ -131,16 +134,6 @@ def test_eval_writes_results_json(tiny_run, tmp_path):
   assert res['positions_modes'] == ['normalized', 'rescaled']
   assert set(res['resolutions']['60']) == {'normalized', 'rescaled'}
   assert res['step'] == 4 and (work / 'eval' / 'attention.png').stat().st_size > 0
-
-
-@pytest.mark.parametrize('args,message', [
-    (['--config.no_such_key=1'], "config has no field 'no_such_key'; its fields are ["),
-    (['--config.batch_size=0'], 'batch_size=0'),
-])
-def test_bad_input_fails_clearly_and_writes_nothing(tmp_path, args, message):
-  rc, out = run('train', tmp_path / 'w', '--config.total_steps=1', *args)
-  assert rc != 0 and message in out, out
-  assert not (tmp_path / 'w').exists()
 
 
 @pytest.mark.parametrize('key,value,message', [
@@ -168,30 +161,14 @@ def test_an_unknown_override_names_its_section_s_fields():
       config_lib.unknown_override(cfg, 'model.foo'))
 
 
-def test_unknown_key_is_one_line_without_a_traceback(tmp_path):
-  rc, out = run('train', tmp_path / 'w', '--config.model.pe.scale=1')
-  assert rc == 2 and 'Traceback' not in out, out
-  assert "config.model.pe has no field 'scale'; its fields are ['expm', 'expm_precision', 'init_scale'" in out
-
-
 def test_a_workdir_without_checkpoint_takes_a_corrected_config(tmp_path):
   # A start that fails after writing config.json (here: at the first step, NaN) leaves no
   # checkpoint; the rerun with another model is accepted.
-  rc, out = run('train', tmp_path, '--config.total_steps=2', '--config.lr=1e30',
-                '--config.model.pe.name=abs')
-  assert rc != 0 and (tmp_path / 'config.json').exists(), out
-  rc, out = run('train', tmp_path, '--config.total_steps=2', '--config.checkpoint_every=2')
-  assert rc == 0, out
+  with pytest.raises(FloatingPointError):
+    train_tiny(tmp_path, total_steps=2, lr=1e30, model__pe__name='abs')
+  assert (tmp_path / 'config.json').exists()
+  assert train_tiny(tmp_path, total_steps=2, checkpoint_every=2) is None
   assert checkpoint.read_config(str(tmp_path)).model.pe.name == 'liere8'
-
-
-def test_unprepared_dataset_says_how_to_prepare(tmp_path):
-  # The checkout's entry point and configs/ link, as a user of a clone runs them.
-  rc, out = python([os.path.join(ROOT, 'train.py'), '--config',
-                    os.path.join(ROOT, 'configs/cifar100.py:variant=Ti'), '--workdir',
-                    str(tmp_path / 'w'), f'--config.data.data_dir={tmp_path}'])
-  assert rc != 0 and 'liere_jax.data.prepare cifar100' in out, out
-  assert not (tmp_path / 'w').exists()
 
 
 def _metrics(workdir):
@@ -204,39 +181,38 @@ def _metrics(workdir):
   return read_metrics(workdir)
 
 
-def test_resume_takes_a_new_execution_and_new_cadences_and_refuses_a_different_model(tiny_run,
-                                                                                   tmp_path):
+def test_resume_takes_a_new_execution_and_new_cadences_and_refuses_a_different_model(
+    tiny_run, tmp_path, capsys):
   work = copy_run(tiny_run, tmp_path / 'run')
   before = sorted(os.listdir(work / 'checkpoints'))
   config_before = (work / 'config.json').read_text()
-  for changed in ('--config.model.pe.name=abs', '--config.model.width=64'):
-    rc, out = run('train', work, '--config.total_steps=6', changed)
-    key = changed.split('=')[0][len('--config.'):]
-    assert rc != 0 and f'holds a run of a different model ({key}' in out, out
+  for key, value in (('model.pe.name', 'abs'), ('model.width', 64)):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=re.escape(f'holds a run of a different model ({key}')):
+      train_tiny(work, total_steps=6, **{key: value})
     assert sorted(os.listdir(work / 'checkpoints')) == before
     assert (work / 'config.json').read_text() == config_before
   # How the same parameter tree is computed is not the model: these resume and evaluate.
-  same_tree = ['--config.model.remat=block', '--config.model.scan_layers=True',
-               '--config.model.dtype=bfloat16']
+  same_tree = dict(model__remat='block', model__scan_layers=True, model__dtype='bfloat16')
   # So are the loop's cadences: from step 4 to 7, log_every=2 logs steps 6 and 7 (the last),
   # eval_every=3 evaluates at 6 and 7, checkpoint_every=2 saves 6 and 7, keep=2 keeps those.
-  rc, out = run('train', work, '--config.total_steps=7', '--config.checkpoint_every=2',
-                '--config.keep=2', '--config.log_every=2', '--config.eval_every=3', *same_tree)
-  assert rc == 0 and 'Resumed from step 4.' in out, out
+  capsys.readouterr()
+  assert train_tiny(work, total_steps=7, checkpoint_every=2, keep=2, log_every=2, eval_every=3,
+                    **same_tree) is None
+  assert 'Resumed from step 4.' in capsys.readouterr().out
   lines = _metrics(work)
   assert [m['step'] for m in lines if m['step'] > 4 and 'loss' in m] == [6, 7]
   assert [m['step'] for m in lines if m['step'] > 4 and 'eval_accuracy' in m] == [6, 7]
   assert sorted(int(s) for s in os.listdir(work / 'checkpoints')) == [6, 7]
-  rc, out = run('eval', work, '--config.resolutions=()', '--num_eval=16', *same_tree)
-  assert rc == 0, out
+  evaluate(work, tiny_config(resolutions=(), data__num_eval=16, **same_tree))
   assert json.loads((work / 'eval' / 'results.json').read_text())['step'] == 7
 
 
 def test_non_finite_state_stops_and_keeps_the_last_good_checkpoint(tiny_run, tmp_path):
   work = copy_run(tiny_run, tmp_path / 'run')
-  rc, out = run('train', work, '--config.total_steps=8', '--config.checkpoint_every=1',
-                '--config.log_every=1', '--config.lr=1e30')  # resumes at step 4, then blows up
-  assert rc != 0 and 'at step 5; stopping' in out and 'checkpoint (step 4)' in out, out
+  with pytest.raises(FloatingPointError, match=r'at step 5; stopping. The last good checkpoint '
+                     r'\(step 4\)'):  # Resumes at step 4, then blows up.
+    train_tiny(work, total_steps=8, checkpoint_every=1, log_every=1, lr=1e30)
   config, p, step = checkpoint.load_params(str(work))
   assert step == 4 and all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(p))
   # "Good" means the checkpoint's own parameters give a finite loss on its step's batch.

@@ -68,12 +68,10 @@ def _platform():
 
 def _expm(log):
   cases = _CASE.value or DEFAULT_CASES
-  try:
+  with cli.refusing():
     [parse_case(c) for c in cases]
     if _PRECISION.value not in PRECISIONS:
       raise ValueError(f'--precision={_PRECISION.value!r} is unknown; use one of {PRECISIONS}.')
-  except ValueError as e:
-    raise app.UsageError(str(e))
   rows = bench_expm(cases, _IMPL.value or IMPLS, _REPEATS.value,
                     max(_WARMUP.value, 1) if _WARMUP.present else 1,
                     precision=_PRECISION.value, log=log)
@@ -116,10 +114,8 @@ def _lower(log):
 
 def _presets(log):
   case = (_CASE.value or ['imagenet_vitb16_liere64'])[0]
-  try:
+  with cli.refusing():
     parse_case(case)
-  except ValueError as e:
-    raise app.UsageError(str(e))
   rows = bench_presets(case, log=log)
   return (f'{case}: the exponential (fast_select) at emulated presets against float64 SciPy, '
           f"{rows[0]['n_matrices']} largest matrices", presets_table(rows), rows)
@@ -153,8 +149,8 @@ def _step(log):
     res = bench_step(_CONFIG.value, baseline, names=names, steps=_STEPS.value,
                      warmup=_WARMUP.value, breakdown=_BREAKDOWN.value, official=official,
                      baseline_switches=baseline_switches, log=log)
-  except OfficialError as e:
-    sys.exit(f'bench step --official: {e}')
+  except OfficialError as e:  # Found before anything is compiled.
+    raise app.UsageError(f'bench step --official: {e}') from None
   res['overrides'] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in overrides.items()}
   head = (f'platform: {res["platform"]} x{res["devices"]}, jax {jax.__version__}, '
           f'batch {res["batch_size"]}, {res["steps"]} timed steps (medians)')
@@ -174,4 +170,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=config_lib.parse_flags)
+  cli.run(main, 'bench', flags_parser=config_lib.parse_flags)

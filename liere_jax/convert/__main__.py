@@ -28,7 +28,7 @@ Bad input stops in one line (exit status 2) before anything is written.
 import sys
 from typing import Sequence
 
-from absl import app, logging
+from absl import logging
 from absl import flags
 
 from liere_jax import cli, convert
@@ -117,4 +117,4 @@ def call(argv: Sequence[str]) -> int:
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  cli.run(main, 'convert')

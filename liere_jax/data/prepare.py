@@ -32,7 +32,6 @@ import os
 import pathlib
 import resource
 import shutil
-import sys
 import tempfile
 import types
 from typing import Optional
@@ -42,7 +41,7 @@ from etils import epath
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import shuffle as tfds_shuffle
 
-from liere_jax import paths
+from liere_jax import cli, paths
 from liere_jax.data import originals
 
 DATASETS = originals.DATASETS
@@ -158,11 +157,9 @@ def main(argv):
   if not _DOWNLOAD_DIR.value:
     raise app.UsageError('--download_dir is required: the directory with the original '
                          'downloads.')
-  try:
+  with cli.refusing():  # Missing downloads, a prepared copy: found before anything is written.
     prepare(argv[1], _DOWNLOAD_DIR.value, _DATA_DIR.value, overwrite=_OVERWRITE.value)
-  except (FileNotFoundError, FileExistsError) as e:
-    sys.exit(f'Error: {e}')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main, 'data.prepare')

@@ -1,6 +1,7 @@
 """The reproduction CLI: run a suite, rebuild its report, or rebuild the results index."""
 from absl import app, flags
 
+from liere_jax import cli
 from liere_jax.reproduce import reports, runner
 from liere_jax.reproduce.suites import SUITES
 
@@ -28,10 +29,8 @@ def main(argv):
       print(f'{name:8s} {len(suite.runs):3d} runs  {suite.doc}')
     return
   if _INDEX.value:
-    try:
+    with cli.refusing():
       print('index:', reports.write_index(_OUT.value))
-    except ValueError as e:
-      raise app.UsageError(str(e)) from None
     return
   if not _SUITE.value:
     raise app.UsageError(f'--suite is required: one of {list(SUITES)} (or --list, --index).')
@@ -50,4 +49,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main, 'reproduce')

@@ -1,0 +1,74 @@
+"""Every command line refuses bad input in one line with exit status 2 and writes nothing
+(liere_jax/cli: cli.run, cli.refusing), whichever check finds it: absl's flag parsing, the run's
+config, the dataset, the processes, --config.model_init's checkpoint, the converters, the
+preparation, the benchmarks, the reproduction suites. Refusals come before anything is compiled,
+so each case is one short process."""
+import os
+import re
+
+import pytest
+
+from tests import helpers
+
+# A tiny run's train flags (helpers.TINY_RUN), for the cases that would otherwise train.
+TRAIN = ('--config', helpers.ARROWS + ':grid=4', '--workdir', '{tmp}/w', *helpers.TINY_RUN)
+# absl's log lines (TFDS's warnings about a data_dir it probed) may precede the refusal.
+LOG_LINE = re.compile(r'^[IWEF]\d{4} ')
+
+CASES = {
+    'train: a required flag left out': (
+        'train', ('--config', helpers.ARROWS), 'flag --workdir=None: Flag --workdir must have'),
+    'train: a config file that does not exist': (
+        'train', ('--config', '{tmp}/nonexistent.py', '--workdir', '{tmp}/w'),
+        "No such file or directory: '{tmp}/nonexistent.py'"),
+    'train: an override of a field the config lacks': (
+        'train', (*TRAIN, '--config.model.pe.scale=1'),
+        "config.model.pe has no field 'scale'; its fields are ['expm', 'expm_precision', "
+        "'init_scale'"),
+    'train: a bad value': ('train', (*TRAIN, '--config.batch_size=0'),
+                           "--config.batch_size=0 must be a positive multiple of the mesh's 1"),
+    'train: one process flag of three': (
+        'train', (*TRAIN, '--coordinator_address=127.0.0.1:1'), 'give all three, or none'),
+    'train: an unprepared dataset': (  # The checkout's train.py and configs/, as in a clone.
+        os.path.join(helpers.ROOT, 'train.py'),
+        ('--config', os.path.join(helpers.ROOT, 'configs/cifar100.py:variant=Ti'), '--workdir',
+         '{tmp}/w', '--config.data.data_dir={tmp}'), 'liere_jax.data.prepare cifar100'),
+    'train: model_init of another width': (
+        'train', (*TRAIN, '--config.model_init={run}', '--config.model.width=64'),
+        '--config.model_init={run}: parameter blocks/0/attn/proj/bias has shape (32,) in the '
+        'checkpoint and (64,) in this model;'),
+    'eval: a workdir that is not a run': (
+        'eval', ('--workdir', '{tmp}'), '--workdir {tmp} has no config.json'),
+    'eval: resolutions that are not sizes': (
+        'eval', ('--workdir', '{run}', '--resolutions=48,big'), 'input sizes are integers'),
+    'convert: no action': ('convert', (), 'takes one action, one of to_torch'),
+    'data.prepare: a download that is missing': (
+        'data.prepare', ('cifar100', '--download_dir={tmp}', '--data_dir={tmp}/tfds'),
+        '{tmp}/cifar-100-binary.tar.gz is missing'),
+    'bench: an unknown action': ('bench', ('expmm',), 'takes one action, one of expm, rotations'),
+    'bench: an official checkout that is not one': (
+        'bench', ('step', '--config', 'configs/cifar100.py:variant=Ti,pe=liere64', '--vs',
+                  'pe=abs', '--official', '{tmp}'), '{tmp} has no models/rope_vit.py'),
+    'reproduce: a --set without a value': (
+        'reproduce', ('--suite', 'fig7', '--set', 'total_steps'), "--set 'total_steps': write "
+        'KEY=VALUE'),
+}
+
+
+def _tree(root):
+  """Every file and folder under root with its size and modification time."""
+  stats = ((os.path.join(d, n), os.stat(os.path.join(d, n)))
+           for d, dirs, files in os.walk(root) for n in dirs + files)
+  return sorted((os.path.relpath(p, root), s.st_size, s.st_mtime_ns) for p, s in stats)
+
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_a_refusal_is_one_line_with_exit_status_2_and_writes_nothing(case, tiny_run, tmp_path):
+  program, args, message = CASES[case]
+  fill = lambda s: s.format(tmp=tmp_path, run=tiny_run)
+  before = _tree(tmp_path), _tree(tiny_run)
+  command = [program] if program.endswith('.py') else ['-m', f'liere_jax.{program}']
+  rc, out = helpers.python([*command, *map(fill, args)])
+  lines = [line for line in out.splitlines() if not LOG_LINE.match(line)]
+  assert rc == 2 and len(lines) == 1 and fill(message) in lines[0], out
+  assert (_tree(tmp_path), _tree(tiny_run)) == before
