@@ -2,10 +2,10 @@
 (latest, :best, :STEP), a .safetensors export and an official LieRE .ckpt the parameters carry
 over exactly, the optimizer state is fresh and the step 0; the absolute embedding is resized as
 evaluation resizes it (same logits at the new grid); a head is reinitialised only when asked;
-every other mismatch stops in one line before train.py writes anything."""
+every other mismatch stops in one line before training writes anything (tests/test_cli.py: the
+command line's refusal)."""
 import os
-import subprocess
-import sys
+import re
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +18,6 @@ from liere_jax import model as model_lib
 from liere_jax.model import ViT
 from tests import foreign_formats, helpers, official_fixtures
 from tests.helpers import tiny_model_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(num_classes=5, qkv_bias=True, **kw):
@@ -175,31 +173,27 @@ def test_mismatch_is_one_line_naming_the_fix(tmp_path, kw, head, message):
   assert '\n' not in str(e.value)
 
 
-def _train(workdir, *args):
-  cmd = [sys.executable, os.path.join(ROOT, 'train.py'), '--config',
-         os.path.join(ROOT, 'configs/arrows.py:grid=5'), '--workdir', workdir, '--noprogress',
-         '--config.model.width=32', '--config.model.depth=1', '--config.model.heads=2',
-         '--config.model.mlp_dim=64', '--config.batch_size=8', '--config.eval_batch_size=8',
-         '--config.data.num_eval=8', '--config.total_steps=1', '--config.warmup_steps=0',
-         '--config.resolutions=()', *args]
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
-             XLA_FLAGS=helpers.xla_flags(1))
-  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-  return proc.returncode, proc.stdout + proc.stderr
+def _train(workdir, **overrides):
+  """One step of the tiny run on the 5 x 5 grid, in this process (helpers.train)."""
+  config = helpers.tiny_config('grid=5', **{
+      **dict(batch_size=8, eval_batch_size=8, data__num_eval=8, total_steps=1, warmup_steps=0,
+             resolutions=()), **overrides})
+  assert helpers.train(config, workdir) is None
 
 
-def test_train_py_fine_tunes_resumes_and_refuses_before_writing(tmp_path):
-  source = config_lib.load(os.path.join(ROOT, 'configs/arrows.py:grid=4'))
-  source.model.update(width=32, depth=1, heads=2, mlp_dim=64)
+def test_training_fine_tunes_resumes_and_refuses_before_writing(tmp_path, capsys):
+  source = helpers.tiny_config()  # The 4 x 4 grid.
   run = _save_run(str(tmp_path / 'base'), source, {3: _random_params(source, 7)})
   bad = str(tmp_path / 'bad')
-  rc, out = _train(bad, f'--config.model_init={run}', '--config.model.width=64')
-  assert rc != 0 and not os.path.exists(bad), out
-  assert (f'ValueError: --config.model_init={run}: parameter blocks/0/attn/proj/bias has shape '
-          '(32,) in the checkpoint and (64,) in this model;') in out, out
+  with pytest.raises(ValueError, match=re.escape(
+      f'--config.model_init={run}: parameter blocks/0/attn/proj/bias has shape (32,) in the '
+      'checkpoint and (64,) in this model;')):
+    _train(bad, model_init=run, model__width=64)
+  assert not os.path.exists(bad)
   work = str(tmp_path / 'ft')
-  rc, out = _train(work, f'--config.model_init={run}')
-  assert rc == 0 and f'Started from the parameters of {run}' in out, out
+  _train(work, model_init=run)
+  assert f'Started from the parameters of {run}' in capsys.readouterr().out
   assert checkpoint.read_config(work).model_init == run
-  rc, out = _train(work, f'--config.model_init={run}', '--config.total_steps=2')
-  assert rc == 0 and 'Resumed from step 1.' in out and 'is ignored' in out, out
+  _train(work, model_init=run, total_steps=2)
+  out = capsys.readouterr().out
+  assert 'Resumed from step 1.' in out and 'is ignored' in out, out
