@@ -13,11 +13,11 @@ import math
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 from flax import nnx
 from ml_collections import config_flags
 
-from liere_jax import config_lib
+from liere_jax import cli, config_lib
 from liere_jax.model import ViT
 from liere_jax.spec import resolve
 
@@ -65,7 +65,8 @@ def summarize(model_cfg) -> dict:
 
 def main(argv):
   del argv
-  s = summarize(flags.FLAGS.config.model)
+  with cli.refusing():  # The config file and its model's values are checked first.
+    s = summarize(flags.FLAGS.config.model)
   print(f"position encoding      {s['pe']}")
   print(f"parameters             {s['params_total']:,}")
   print(f"  position encoding    {s['params_pe']:,} "
@@ -82,4 +83,4 @@ if __name__ == '__main__':  # Flags only here: the module is imported by tests a
   config_flags.DEFINE_config_file('config', None, 'Config file[:args].', lock_config=True)
   flags.DEFINE_bool('json', False, 'Print one JSON object as the last line.')
   flags.mark_flag_as_required('config')
-  app.run(main, flags_parser=config_lib.parse_flags)
+  cli.run(main, 'summary', flags_parser=config_lib.parse_flags)

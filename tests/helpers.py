@@ -158,14 +158,15 @@ def train_tiny(workdir, **overrides):
   return train(tiny_config(**overrides), workdir)
 
 
-def evaluate(workdir, config=None, devices=1, **overrides):
-  """`python -m liere_jax.eval --workdir WORKDIR` in this process on the first `devices`
-  devices: the run's own config (or `config`) with `overrides`; returns the results."""
+def evaluate(workdir, config=None, devices=1, out='eval', **overrides):
+  """`python -m liere_jax.eval --workdir WORKDIR --out OUT` in this process on the first
+  `devices` devices: the run's own config (or `config`) with `overrides`; returns the
+  results."""
   import jax
   from liere_jax import checkpoint, eval as eval_lib, run_spec
   config = override(config or checkpoint.read_config(str(workdir)), overrides)
   checkpoint.check_same_model(str(workdir), config)
-  return eval_lib.evaluate_workdir(run_spec.resolve(config, devices), str(workdir),
+  return eval_lib.evaluate_workdir(run_spec.resolve(config, devices), str(workdir), out=out,
                                    devices=jax.devices()[:devices])
 
 

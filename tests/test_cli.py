@@ -49,6 +49,8 @@ CASES = {
     'bench: an official checkout that is not one': (
         'bench', ('step', '--config', 'configs/cifar100.py:variant=Ti,pe=liere64', '--vs',
                   'pe=abs', '--official', '{tmp}'), '{tmp} has no models/rope_vit.py'),
+    'summary: a bad value': ('summary', ('--config', helpers.ARROWS, '--config.model.pe.name='
+                                         'liere128'), 'block size 128'),
     'reproduce: a --set without a value': (
         'reproduce', ('--suite', 'fig7', '--set', 'total_steps'), "--set 'total_steps': write "
         'KEY=VALUE'),

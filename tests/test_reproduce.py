@@ -1,5 +1,5 @@
-"""The reproduction suites: real liere_jax.train / liere_jax.eval runs, resume/skip, the report
-files and the results index."""
+"""The reproduction suites: real training and evaluation runs (the runner's commands carried
+out by the library in this process), resume/skip, the report files and the results index."""
 import json
 import os
 import shutil
@@ -11,6 +11,7 @@ import pytest
 import liere_jax
 from liere_jax import paths, reproduce
 from liere_jax.reproduce import reports, runner, tables
+from tests import helpers
 
 # A run small enough for CI: the suite's own commands, shrunk by config overrides only.
 SHRINK = ('--config.total_steps=2', '--config.batch_size=8', '--config.eval_batch_size=16',
@@ -124,13 +125,35 @@ def test_a_dry_run_shows_the_larger_grids_budget():
           '--config.total_steps=600 --progress=false') in text
 
 
+def _in_process(args, **kwargs):
+  """The runner's `python -m liere_jax.train|eval FLAGS` carried out by the library in this
+  process (helpers.train, helpers.evaluate): the command lines are tested elsewhere."""
+  del kwargs  # The log file: the output stays with pytest.
+  program, flags, rest = args[2], {}, iter(args[3:])
+  for arg in rest:
+    key, value = arg.split('=', 1) if '=' in arg else (arg, next(rest))
+    flags[key.lstrip('-')] = value
+  if program == 'liere_jax.train':
+    path, _, arg = flags.pop('config').partition(':')
+    overrides = helpers.flag_overrides(f'--{k}={v}' for k, v in flags.items()
+                                       if k.startswith('config.'))
+    helpers.train(helpers.override(helpers.load_config(path, arg), overrides), flags['workdir'])
+  else:
+    sizes = tuple(int(s) for s in flags['resolutions'].split(',') if s)
+    helpers.evaluate(flags['workdir'], out=flags['out'], resolutions=sizes,
+                     data__num_eval=int(flags['num_eval']))
+  return subprocess.CompletedProcess(args, 0)
+
+
 def test_a_suite_trains_evaluates_skips_when_done_and_reports(tmp_path, monkeypatch):
   suite = reproduce.Suite('test', (reproduce.Run('liere8', seed=1),),
                           reproduce.Eval('eval_fig7', (96,), 16), tables.report_fig7,
                           tables.headline_fig7)
   monkeypatch.setitem(reproduce.SUITES, 'tiny', suite)
   runs, lines = str(tmp_path / 'runs'), []
-  rows = reproduce.run_suite('tiny', runs, SHRINK, log=lines.append)
+  with monkeypatch.context() as patch:
+    patch.setattr(runner.subprocess, 'run', _in_process)
+    rows = reproduce.run_suite('tiny', runs, SHRINK, log=lines.append)
   name = suite.runs[0].dirname(SHRINK)  # liere8_108px_s1_set<hash of SHRINK>
   assert name.startswith('liere8_108px_s1_set') and [r['run'] for r in rows] == [name]
   row = rows[0]
@@ -161,7 +184,7 @@ def test_a_suite_trains_evaluates_skips_when_done_and_reports(tmp_path, monkeypa
   calls = []
   real_run = subprocess.run
   monkeypatch.setattr(runner.subprocess, 'run',
-                      lambda args, **k: calls.append(args[2]) or real_run(args, **k))
+                      lambda args, **k: calls.append(args[2]) or _in_process(args))
   (row2,) = reproduce.run_suite('tiny2', runs, SHRINK, log=lines.append)
   monkeypatch.setattr(runner.subprocess, 'run', real_run)  # matplotlib's first import runs one.
   assert calls == ['liere_jax.eval'] and row2['resolutions'] == {}

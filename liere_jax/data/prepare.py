@@ -143,23 +143,22 @@ def _prepare_to_store(dataset: str, download_dir: str, data_dir: str, overwrite:
   return str(target)
 
 
-_DOWNLOAD_DIR = flags.DEFINE_string(
-    'download_dir', None, 'Where the original downloads are (see the module docstring).')
-_DATA_DIR = flags.DEFINE_string(
-    'data_dir', None, 'TFDS data directory to write to (default: $TFDS_DATA_DIR or '
-    '~/tensorflow_datasets); train with --config.data.data_dir=DATA_DIR.')
-_OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace an already prepared copy.')
-
-
 def main(argv):
   if len(argv) != 2 or argv[1] not in DATASETS:
     raise app.UsageError(f'Give one dataset, one of {DATASETS}; got {argv[1:]}.')
-  if not _DOWNLOAD_DIR.value:
+  args = flags.FLAGS
+  if not args.download_dir:
     raise app.UsageError('--download_dir is required: the directory with the original '
                          'downloads.')
   with cli.refusing():  # Missing downloads, a prepared copy: found before anything is written.
-    prepare(argv[1], _DOWNLOAD_DIR.value, _DATA_DIR.value, overwrite=_OVERWRITE.value)
+    prepare(argv[1], args.download_dir, args.data_dir, overwrite=args.overwrite)
 
 
-if __name__ == '__main__':
+if __name__ == '__main__':  # Flags only here: tests and tools import the module.
+  flags.DEFINE_string('download_dir', None,
+                      'Where the original downloads are (see the module docstring).')
+  flags.DEFINE_string('data_dir', None, 'TFDS data directory to write to (default: '
+                      '$TFDS_DATA_DIR or ~/tensorflow_datasets); train with '
+                      '--config.data.data_dir=DATA_DIR.')
+  flags.DEFINE_bool('overwrite', False, 'Replace an already prepared copy.')
   cli.run(main, 'data.prepare')
