@@ -2,7 +2,7 @@
 # Mutation testing of the core with mutmut (not in CI: hours for the whole core on 2 cores).
 #   bash scripts/mutation.sh                                # every mutant of [tool.mutmut]
 #   bash scripts/mutation.sh 'liere_jax.rotations.x_rotate*'   # the mutants of some functions
-#   bash scripts/mutation.sh --sample [--only central|sampled] [--per_module 10] [--seed 0]
+#   bash scripts/mutation.sh --sample [--only central|sampled] [--per_module 5] [--seed 0]
 #       # the scoped run of docs/mutation.md (scripts/mutation_sample.py): the central functions'
 #       # mutants and a seeded sample of the rest, those without a result yet (resumable)
 # One worker, at nice 15 (the cores are shared; JAX is not fork-safe: forkserver isolation).
