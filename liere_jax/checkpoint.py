@@ -26,10 +26,11 @@ import orbax.checkpoint as ocp
 
 from liere_jax import paths
 from liere_jax import spec as spec_lib
+from liere_jax.config.run import upgrade
 from liere_jax.checkpoint_damage import (DAMAGED, CheckpointError, first_readable,
                                          set_aside_unreadable_metrics, steps_in,
                                          stored_target)
-from liere_jax.model import to_loop_params, to_scan_params
+from liere_jax.param_tree import int_keys, shaping_fields, to_loop_params, to_scan_params
 
 CONFIG_FILE = 'config.json'
 
@@ -48,13 +49,7 @@ def read_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
     raise CheckpointError(
         f'{path} cannot be read (invalid JSON: {e}). Move it away to resume with the --config '
         'of the same model (a new one is written), or use a new --workdir.') from None
-  if 'pe' in config.get('model', {}):  # Fields added since the run was written.
-    config['model'] = {**spec_lib.MODEL_ADDED, **config['model']}
-    config['model']['pe'] = {**spec_lib.PE_ADDED, **config['model']['pe']}
-  if 'data' in config:
-    from liere_jax.data.spec import DATA_ADDED
-    config['data'] = {**DATA_ADDED, **config['data']}
-  return ml_collections.ConfigDict(config)
+  return ml_collections.ConfigDict(upgrade(config))  # Fields added since it was written.
 
 
 def _tuples(x):
@@ -62,36 +57,22 @@ def _tuples(x):
       tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x)
 
 
-def _leaves(tree, prefix=''):
-  """{'model.pe.name': value, ...} of a nested dict."""
-  if not isinstance(tree, dict):
-    return {prefix: tree}
-  return {k: v for key, sub in tree.items() for k, v in _leaves(sub, f'{prefix}.{key}'
-                                                              if prefix else key).items()}
-
-
 def has_checkpoint(workdir: str) -> bool:
   return bool(steps_in(paths.path(workdir) / 'checkpoints'))
 
 
-def _tree_fields(model, stored: bool = False) -> dict:
-  """{'model.width': 32, ...}: the fields that define the parameter tree (ModelSpec.tree_fields).
+def _shaping(model, stored: bool = False) -> dict:
+  """{'width': 32, ...}: the model's fields that shape the parameter tree (param_tree.SHAPING).
 
   A `stored` run may carry options its encoding ignored then and refuses now; those are reset.
   """
   try:
-    fields = spec_lib.resolve(model).tree_fields()
+    return shaping_fields(spec_lib.resolve(model))
   except ValueError:
     if not stored:
       raise
-    from liere_jax.encodings import registry
     m = model.to_dict() if hasattr(model, 'to_dict') else dict(model)
-    facts, pe = registry.facts(m['pe']['name']), dict(m['pe'])
-    pe.update({k: v for k, v in spec_lib.PE_OPTION_DEFAULTS.items() if k not in facts.options})
-    if not facts.reads_positions:
-      pe.update(positions=None, jitter=0.0)
-    fields = spec_lib.resolve({**m, 'pe': pe}).tree_fields()
-  return _leaves(fields, 'model')
+    return shaping_fields(spec_lib.resolve({**m, 'pe': spec_lib.reset_unread_options(m['pe'])}))
 
 
 def check_same_model(workdir: str, config: ml_collections.ConfigDict):
@@ -103,26 +84,27 @@ def check_same_model(workdir: str, config: ml_collections.ConfigDict):
   stored = read_config(workdir)
   if stored is None or not has_checkpoint(workdir):
     return
-  new = _tree_fields(config.model)
+  new = _shaping(config.model)
   try:
-    old = _tree_fields(stored.model, stored=True)
+    old = _shaping(stored.model, stored=True)
   except ValueError as e:
     raise CheckpointError(f'--workdir {workdir} holds a run whose model section no longer '
                           f'resolves ({e}); use a new --workdir.') from None
-  raw = _leaves(_tuples(stored.model.to_dict()), 'model')
-  # Fields a config sets (model.width) before the ones derived from them (model.head_dim).
-  diff = sorted((k for k in set(old) | set(new) if old.get(k) != new.get(k)),
-                key=lambda k: (spec_lib.json_ready(raw.get(k)) != old.get(k), k))
+  diff = [k for k in old if old[k] != new[k]]
   if not diff:
     return
-  key, value = diff[0], old.get(diff[0])
-  also = f'; also {", ".join(diff[1:4])}' + (' ...' if len(diff) > 4 else '') if diff[1:] else ''
+  key, value = diff[0], old[diff[0]]
+  more = ', '.join(f'model.{k}' for k in diff[1:4]) + (' ...' if len(diff) > 4 else '')
+  also = f'; also {more}' if more else ''
+  raw = stored.model.to_dict()
+  for part in key.split('.'):
+    raw = raw.get(part) if isinstance(raw, dict) else None
   flag = f'"{tuple(value)}"' if isinstance(value, list) else value
-  resume = (f'--config.{key}={flag}' if spec_lib.json_ready(raw.get(key)) == value
+  resume = (f'--config.model.{key}={flag}' if spec_lib.json_ready(raw) == value
             else f"that run's config ({CONFIG_FILE} there)")
   raise CheckpointError(
-      f'--workdir {workdir} holds a run of a different model ({key}: {value!r} there, '
-      f'{new.get(key)!r} now{also}): another parameter tree. Use a new --workdir, or {resume} '
+      f'--workdir {workdir} holds a run of a different model (model.{key}: {value!r} there, '
+      f'{new[key]!r} now{also}): another parameter tree. Use a new --workdir, or {resume} '
       'to resume it.')
 
 
@@ -270,15 +252,7 @@ def load_params(workdir: str, step: Optional[int] = None, best: bool = False):
     step, state = first_readable(mngr, order, read, fix)
   finally:
     mngr.close()
-  return config, _int_keys(state['params']), step
-
-
-def _int_keys(tree):
-  """Orbax returns the layer indices of `blocks` as strings; the model's tree uses ints."""
-  if not isinstance(tree, dict):
-    return tree
-  return {int(k) if isinstance(k, str) and k.isdigit() else k: _int_keys(v)
-          for k, v in tree.items()}
+  return config, int_keys(state['params']), step
 
 
 def save_params(workdir: str, config: ml_collections.ConfigDict, params, step: int = 0):

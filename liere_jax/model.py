@@ -31,8 +31,8 @@ Parameter tree (stable names; the PyTorch port maps them one to one):
   head/{kernel [D, classes], bias [classes]}
 With model.scan_layers the model holds the blocks stacked, blocks/... [depth, ...] (one Block
 whose parameters have a leading layer axis, run under one lax.scan); checkpoints, exports and
-the port see blocks/<i>/... either way (to_loop_params / to_scan_params convert at those
-boundaries).
+the port see blocks/<i>/... either way (liere_jax.param_tree.to_loop_params / to_scan_params
+convert at those boundaries).
 """
 import math
 from typing import Optional, Sequence, Union
@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from liere_jax import encodings
+from liere_jax import config_lib, encodings
 from liere_jax import positions as positions_lib
 from liere_jax import switches
 from liere_jax.spec import LN_EPS, ModelSpec, resolve
@@ -85,16 +85,16 @@ class Attention(nnx.Module):
     self.proj = nnx.Linear(width, width, dtype=dtype, rngs=rngs,
                            **linear_inits(init, width, _XAVIER, ('heads', 'embed')))
 
-  def __call__(self, x, pe: encodings.LayerContext, return_weights=False):
-    """Self-attention [B, T, D] -> ([B, T, D], weights [B, H, T, T] or None); `pe` is this
+  def __call__(self, x, ctx: encodings.LayerContext, return_weights=False):
+    """Self-attention [B, T, D] -> ([B, T, D], weights [B, H, T, T] or None); `ctx` is this
     layer's position-encoding context (encodings.Encoding.layer).
 
     Without weights it is `jax.nn.dot_product_attention` (fused kernels on accelerators);
     with them an explicit softmax (attention maps). Logits and softmax in float32 either way.
     """
     b, t, width = x.shape
-    if pe.projects:  # A linear map of q and k folded into the projection, once per step.
-      kernel, bias = pe.project(self.qkv.kernel[...],
+    if ctx.projects:  # A linear map of q and k folded into the projection, once per step.
+      kernel, bias = ctx.project(self.qkv.kernel[...],
                                 self.qkv.bias[...] if self.qkv.bias is not None else None)
       dtype = self.qkv.dtype or x.dtype
       qkv = jnp.dot(x.astype(dtype), kernel.astype(dtype))
@@ -102,7 +102,7 @@ class Attention(nnx.Module):
     else:
       qkv = self.qkv(x)
     q, k, v = jnp.moveaxis(qkv.reshape(b, t, 3, self.heads, -1), 2, 0)
-    q, k, bias = pe.attend(q, k)
+    q, k, bias = ctx.attend(q, k)
     if not return_weights:
       bias = None if bias is None else bias[None].astype(q.dtype)
       out = _fused_attention(q, k, v, bias)
@@ -165,56 +165,11 @@ class Block(nnx.Module):
   def _drop(self, site, y):
     return self.dropout(y) if site in self.sites else y
 
-  def __call__(self, x, pe: encodings.LayerContext, return_weights=False):
-    y, weights = self.attn(self.norm1(x), pe, return_weights)
+  def __call__(self, x, ctx: encodings.LayerContext, return_weights=False):
+    y, weights = self.attn(self.norm1(x), ctx, return_weights)
     x = x + self._drop('attn', y)
     x = x + self._drop('mlp', self.mlp(self.norm2(x), rngs=self.dropout.rngs))
     return x, weights
-
-
-def _blocks_of(x):
-  return isinstance(x, dict) and isinstance(x.get('blocks'), dict) and bool(x['blocks'])
-
-
-def _is_layer(key) -> bool:
-  return isinstance(key, int) or (isinstance(key, str) and key.isdigit())
-
-
-def _layer(x, i: int):
-  """Layer i of a stacked leaf: an array, or a ShapeDtypeStruct (its sharding less axis 0)."""
-  if not isinstance(x, jax.ShapeDtypeStruct):
-    return x[i]
-  sharding = x.sharding
-  if isinstance(sharding, jax.sharding.NamedSharding):
-    sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(
-        *sharding.spec[1:]))
-  return jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=sharding)
-
-
-def to_loop_params(tree):
-  """Every parameter-shaped dict in `tree` (parameters, Adam's mu and nu, shapes) with stacked
-  blocks/... [depth, ...] as blocks/<i>/...; a tree in that layout already is returned as is."""
-  def unstack(d):
-    if all(map(_is_layer, d['blocks'])):
-      return d
-    depth = jax.tree.leaves(d['blocks'])[0].shape[0]
-    return {**d, 'blocks': {i: jax.tree.map(lambda v, i=i: _layer(v, i), d['blocks'])
-                            for i in range(depth)}}
-  return jax.tree.map(lambda x: unstack(x) if _blocks_of(x) else x, tree, is_leaf=_blocks_of)
-
-
-def to_scan_params(tree):
-  """The inverse of to_loop_params: blocks/<i>/... (int or digit-string i) stacked into
-  blocks/... [depth, ...]; a stacked tree is returned as is."""
-  def stack(d):
-    if not all(map(_is_layer, d['blocks'])):
-      return d
-    layers = sorted(d['blocks'], key=int)
-    if [int(k) for k in layers] != list(range(len(layers))):
-      raise ValueError(f'blocks/<i> has layers {layers}; expected 0 .. {len(layers) - 1}.')
-    return {**d, 'blocks': jax.tree.map(lambda *v: jnp.stack(v),
-                                        *[d['blocks'][k] for k in layers])}
-  return jax.tree.map(lambda x: stack(x) if _blocks_of(x) else x, tree, is_leaf=_blocks_of)
 
 
 def stack_blocks(blocks: Sequence[nnx.Module]) -> nnx.Module:
@@ -250,9 +205,9 @@ def reseed(model: nnx.Module, **stream_keys):
 
 
 @nnx.remat
-def _remat_block(block, x, pe):
+def _remat_block(block, x, ctx):
   """A block whose activations the backward pass recomputes (model.remat='block')."""
-  return block(x, pe)
+  return block(x, ctx)
 
 
 class PositionJitter(nnx.Module):
@@ -268,6 +223,20 @@ class PositionJitter(nnx.Module):
     if not self.intensity or self.deterministic:
       return None
     return positions_lib.jitter(self.rngs(), grid, self.intensity)
+
+
+def create_encoding(name: str, *, grid: Sequence[int], heads: int, head_dim: int,
+                    depth: int = 1, num_prefix: int = 0, rngs: nnx.Rngs,
+                    **options) -> encodings.Encoding:
+  """An encoding for attention outside our ViT: `depth` layers of `heads` heads of `head_dim`
+  dims, tokens on `grid` (the training grid; one axis per position coordinate), `num_prefix`
+  (0 or 1) prefix tokens first. options: model.pe fields (positions, share, init_scale, expm),
+  checked as a model config's."""
+  m = config_lib.model_config(pe=name, variant='', patch=(1,) * len(grid), input_size=grid,
+                              channels=1, num_classes=1, pool='cls' if num_prefix else 'mean',
+                              width=heads * head_dim, depth=depth, heads=heads)
+  m.pe.update(options)
+  return encodings.build(resolve(m), rngs=rngs)
 
 
 class ViT(nnx.Module):
@@ -362,17 +331,22 @@ class ViT(nnx.Module):
     x = self.pe.embed(x, grid, self.num_prefix)
     if 'embed' in self.spec.dropout_sites:
       x = self.dropout(x)
+    # The blocks run one of three ways: stacked under one lax.scan (model.scan_layers, the
+    # train and eval steps); one by one over per-layer views of the stacked blocks (scan_layers
+    # with return_attention: the maps of every layer); or as a Python loop over nnx.List blocks
+    # (scan_layers off), each rematerialised under model.remat='block' unless the maps are asked
+    # for (remat under scan is in _scan_blocks).
     attention = []
     if self.spec.scan_layers and not return_attention:
       x = self._scan_blocks(x, ctx)
     else:
       blocks = self._unstacked() if self.spec.scan_layers else self.blocks
       for layer, block in enumerate(blocks):
-        pe = self.pe.layer(ctx, layer)
+        layer_ctx = self.pe.layer(ctx, layer)
         if self.spec.remat == 'block' and not return_attention:
-          x, weights = _remat_block(block, x, pe)
+          x, weights = _remat_block(block, x, layer_ctx)
         else:
-          x, weights = block(x, pe, return_attention)
+          x, weights = block(x, layer_ctx, return_attention)
         attention.append(weights)
       if self.spec.scan_layers:  # The views' dropout counts moved on.
         nnx.update(self.blocks, jax.tree.map(

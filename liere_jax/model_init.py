@@ -33,18 +33,19 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from liere_jax import convert, paths
-from liere_jax import model as model_lib
+from liere_jax import param_tree, paths
 from liere_jax.spec import resolve
 
 HEAD_MODES = ('load', 'reinit')
 HEAD = (('head', 'kernel'), ('head', 'bias'))
 EMBEDDING = ('pe', 'embedding')
 OFFICIAL_SUFFIXES = ('.ckpt', '.pt')
-# Resolved model fields that shape the parameters: the first that differs is the fix we name.
-SHAPING = ('patch', 'channels', 'width', 'depth', 'heads', 'mlp_dim', 'pool', 'qkv_bias')
+# The fields that shape the tree and must agree: the encoding is compared first (its own
+# message), the head and the absolute embedding follow the rules above.
+MUST_AGREE = tuple(f for f in param_tree.SHAPING if f not in ('pe.name', 'input_size',
+                                                              'num_classes'))
 
-Params = Dict[Tuple[str, ...], Optional[np.ndarray]]  # Flat, convert.flatten's keys.
+Params = Dict[Tuple[str, ...], Optional[np.ndarray]]  # Flat, param_tree.flatten's keys.
 
 
 def parse(source: str) -> Tuple[str, Optional[int], bool]:
@@ -62,6 +63,9 @@ def read_source(source: str, model: ml_collections.ConfigDict):
   paths.check_store(path, 'the source')
   if not paths.path(path).exists():
     raise FileNotFoundError(f'{path} does not exist.')
+  if path.endswith('.safetensors') or path.endswith(OFFICIAL_SUFFIXES):
+    # The converters read the foreign layouts; a workdir needs none of them.
+    from liere_jax import convert
   if path.endswith('.safetensors'):
     from safetensors.numpy import load
     json_path = convert.json_path(path)
@@ -99,7 +103,7 @@ def read_source(source: str, model: ml_collections.ConfigDict):
              if best else '') + '.')
     src, params, _ = checkpoint.load_params(path, step, best=best)
     src = src.model
-  return src, {k: np.asarray(v) for k, v in convert.flatten(params).items()}
+  return src, {k: np.asarray(v) for k, v in param_tree.flatten(params).items()}
 
 
 def _official_model(state, model):
@@ -121,10 +125,6 @@ def _official_model(state, model):
   return src
 
 
-def _setting(spec, field):
-  return getattr(spec.pe, field[3:]) if field.startswith('pe.') else getattr(spec, field)
-
-
 def _flag(value):
   return f"({','.join(map(str, value))})" if isinstance(value, tuple) else str(value)
 
@@ -143,14 +143,15 @@ def load(config: ml_collections.ConfigDict, source: Optional[str] = None) -> Par
   except (ValueError, FileNotFoundError, ImportError) as e:
     raise type(e)(f'{flag}: {e}') from None
   there, here = resolve(src_model), resolve(config.model)
+  value = param_tree.field_value
   for field in ('pe.name', 'pe.positions'):  # Aliases (paper_rope_mixed = liere2) agree.
-    if _setting(there, field) != _setting(here, field) and (field != 'pe.name' or (
+    if value(there, field) != value(here, field) and (field != 'pe.name' or (
         there.pe.family, there.pe.block) != (here.pe.family, here.pe.block)):
       raise ValueError(
-          f'{flag}: the checkpoint was trained with model.{field}={_setting(there, field)!r}, '
-          f'this run has {_setting(here, field)!r}; set --config.model.{field}='
-          f'{_setting(there, field)} (the parameters of one encoding mean nothing to another).')
-  dst = convert.flatten(convert.abstract_params(config.model))
+          f'{flag}: the checkpoint was trained with model.{field}={value(there, field)!r}, '
+          f'this run has {value(here, field)!r}; set --config.model.{field}='
+          f'{value(there, field)} (the parameters of one encoding mean nothing to another).')
+  dst = param_tree.flatten(param_tree.abstract_params(here))
   shapes = {k: tuple(v.shape) for k, v in src.items()}
   reinit = config.model_init_head == 'reinit'
   resize = here.pe.name == 'abs' and there.train_grid != here.train_grid
@@ -160,11 +161,10 @@ def load(config: ml_collections.ConfigDict, source: Optional[str] = None) -> Par
     raise ValueError(f"{flag}: parameter {'/'.join(key)} has shape {shapes.get(key, 'none')} in "
                      f'the checkpoint and {here_shape} in this model; {fix}.')
 
-  field = next((f for f in SHAPING + ('pe.share',) if _setting(there, f) != _setting(here, f)),
-               None)
-  fix = (f'the checkpoint has model.{field}={_flag(_setting(there, field))}, this run '
-         f'{_flag(_setting(here, field))}: set --config.model.{field}='
-         f'{_flag(_setting(there, field))}' if field else
+  field = param_tree.first_difference(there, here, MUST_AGREE)
+  fix = (f'the checkpoint has model.{field}={_flag(value(there, field))}, this run '
+         f'{_flag(value(here, field))}: set --config.model.{field}='
+         f'{_flag(value(there, field))}' if field else
          "make --config.model match the checkpoint's model")
   for key in list(dst) + [k for k in shapes if k not in dst]:
     same = key in dst and shapes.get(key) == tuple(dst[key].shape)
@@ -204,9 +204,10 @@ def resize_embedding(embedding: np.ndarray, train_grid, grid, num_prefix: int) -
 def init_state(trainer, seed: int, params: Params):
   """The train state of a new run: `params` (load()) placed like the trainer's, a fresh
   optimizer state and step 0; None entries (a new head) take the init of `seed`."""
-  fresh = model_lib.to_loop_params(trainer.init_state(seed)['params'])  # blocks/<i>, as loaded.
-  flat = {k: v if params[k] is None else params[k] for k, v in convert.flatten(fresh).items()}
-  tree = trainer.place_params(convert.unflatten_like(fresh, flat))  # Stacked if scanned.
+  fresh = param_tree.to_loop_params(trainer.init_state(seed)['params'])  # blocks/<i>, as loaded.
+  flat = {k: v if params[k] is None else params[k]
+          for k, v in param_tree.flatten(fresh).items()}
+  tree = trainer.place_params(param_tree.unflatten_like(fresh, flat))  # Stacked if scanned.
   return jax.jit(lambda p: {'params': p, 'opt_state': trainer.tx.init(p),
                             'step': jnp.zeros((), jnp.int32)},
                  out_shardings=trainer.state_sharding)(tree)

@@ -14,18 +14,12 @@ import math
 from typing import Tuple
 
 from liere_jax import spec as spec_lib
+from liere_jax.config.run import RUN
 from liere_jax.data import spec as data_spec
 from liere_jax.encodings import registry
 
 SHARDINGS = ('data', 'fsdp')
 INIT_HEADS = ('load', 'reinit')  # model_init_head (liere_jax/model_init.py).
-# The top-level fields of a config (config_lib.base_config).
-FIELDS = ('seed', 'model', 'data', 'batch_size', 'total_steps', 'lr', 'warmup_steps', 'b1',
-          'b2', 'eps', 'weight_decay', 'grad_clip', 'sharding', 'model_parallel', 'log_every',
-          'eval_every', 'checkpoint_every', 'keep', 'eval_batch_size', 'resolutions',
-          'model_init', 'model_init_head')
-# Top-level fields added after runs existed, with the value that reproduces those runs.
-ADDED = dict(resolutions=(), model_parallel=1, model_init='', model_init_head='load')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,12 +88,11 @@ def resolve(config, num_devices: int) -> RunSpec:
   if isinstance(config, RunSpec):
     return config
   c = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
-  unknown = sorted(set(c) - set(FIELDS))
+  unknown = sorted(set(c) - set(RUN.names))
   if unknown:
     raise ValueError(f'--config.{unknown[0]} is not a field of a run; remove it (the fields are '
-                     f'{list(FIELDS)}).')
-  c = {**ADDED, **c}
-  missing = [k for k in FIELDS if k not in c]
+                     f'{list(RUN.names)}).')
+  missing = [k for k in RUN.names if k not in c]
   if missing:
     raise ValueError(f'config.{missing[0]} is missing; build the config with '
                      'liere_jax.config_lib.base_config (it sets every field).')
@@ -112,8 +105,7 @@ def resolve_optimizer(config) -> OptimizerSpec:
   """The optimizer of a config alone (an OptimizerSpec or RunSpec gives its own)."""
   if isinstance(config, (OptimizerSpec, RunSpec)):
     return config if isinstance(config, OptimizerSpec) else config.optimizer
-  return _optimizer({**ADDED, **(config.to_dict() if hasattr(config, 'to_dict')
-                                 else dict(config))})
+  return _optimizer(config.to_dict() if hasattr(config, 'to_dict') else dict(config))
 
 
 def _optimizer(c: dict) -> OptimizerSpec:

@@ -14,7 +14,8 @@ import dataclasses
 import math
 from typing import Optional, Tuple
 
-from liere_jax import encodings, expm
+from liere_jax import encodings
+from liere_jax.config.model import MODEL, PE
 from liere_jax.encodings import registry
 from liere_jax.positions import MODES as POSITION_MODES
 
@@ -24,35 +25,21 @@ VARIANTS = {'Ti': (192, 12, 3), 'S': (384, 12, 6), 'B': (768, 12, 12), 'L': (102
             'paper_tiny': (384, 12, 6, 768)}
 POOLS = ('cls', 'mean')
 DTYPES = ('float32', 'bfloat16')
-SHARE = ('none', 'layers', 'heads', 'all')
 LN_EPS = 1e-5  # PyTorch's default, as in the official LieRE code.
 # model.dropout_sites (model.py): the official code's four dropouts.
 DROPOUT_SITES = ('embed', 'attn', 'mlp_hidden', 'mlp')
 # model.init -> the init std of the CLS token and the absolute embedding (model.py): 'jax' the
 # DeiT 0.02, 'official' torch.randn (official models/vit.py:174,177).
 INIT_EMBED_STD = {'jax': 0.02, 'official': 1.0}
-MODEL_FIELDS = ('variant', 'width', 'depth', 'heads', 'mlp_dim', 'patch', 'input_size',
-                'channels', 'num_classes', 'pool', 'dropout', 'dropout_sites', 'qkv_bias', 'init',
-                'dtype', 'remat', 'scan_layers', 'pe')
-PE_FIELDS = ('name', 'positions', 'share', 'init_scale', 'expm', 'expm_precision', 'jitter')
-# Fields added after runs and exports existed, with the value that reproduces those runs.
-MODEL_ADDED = {'remat': 'none', 'scan_layers': False, 'dropout_sites': ('embed', 'attn', 'mlp'),
-               'init': 'jax'}
-PE_ADDED = {'jitter': 0.0, 'expm_precision': 'highest'}
 REMAT = ('none', 'block')
 # model.scan_layers=None (the configs' default) scans models this deep and loops shallower ones.
 # Measured train steps, scan / loop (docs/design.md, "Depth"): ViT-L 0.82x (compile 0.47x, peak
 # memory 0.70x), ViT-B 1.08x, the main job's 2 blocks 1.14x.
 SCAN_FROM_DEPTH = 24
-# The model.pe options that only some encodings read (registry.Facts.options), at the values
-# liere_jax.config_lib.model_config writes; any other value is refused for the others.
-PE_OPTION_DEFAULTS = {'share': 'none', 'init_scale': 2 * math.pi, 'expm': 'fast',
-                      'expm_precision': 'auto'}
-# ModelSpec fields that leave the parameter tree (names and shapes) as it is: a resumed run may
-# change them (ModelSpec.tree_fields). The variant is in width, depth, heads and mlp_dim.
-NOT_TREE_FIELDS = ('variant', 'dtype', 'remat', 'scan_layers', 'dropout', 'dropout_sites',
-                   'init', 'layer_norm_eps')
-NOT_TREE_PE_FIELDS = ('positions', 'init_scale', 'expm', 'expm_precision', 'jitter')
+# The model.pe options that only some encodings read (encodings.Facts.options), at their
+# defaults (config/model.py); any other value is refused for the other encodings.
+PE_OPTION_DEFAULTS = {key: PE[key].default for key in PE.names
+                      if any(key in f.options for f in registry.FAMILIES.values())}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +49,7 @@ class PESpec:
   #             'comrope_ap<b>', 'comrope_ld<b>', 'string_cayley', 'string_circulant<b>',
   #             'paper_rope_mixed', 'paper_visionllama' (encodings.registry.NAMES).
   family: str  # name without its block size: 'liere' for every liere<b> and for
-  #               paper_rope_mixed (registry.ALIASES), 'comrope_ap', ...
+  #               paper_rope_mixed (encodings.Facts.aliases), 'comrope_ap', ...
   block: Optional[int]  # The block size b of a <b> name; None for the others.
   positions: str  # Position mode at the training grid (one of POSITION_MODES).
   share: str  # LieRE generators shared over 'none', 'layers', 'heads' or 'all'.
@@ -112,16 +99,10 @@ class ModelSpec:
   def to_json(self) -> dict:
     return json_ready(dataclasses.asdict(self))
 
-  def tree_fields(self) -> dict:
-    """The fields that define the parameter tree, JSON-ready: two models with equal
-    tree_fields() have the same parameter names and shapes (and read the same checkpoints)."""
-    obj = {k: v for k, v in self.to_json().items() if k not in NOT_TREE_FIELDS}
-    obj['pe'] = {k: v for k, v in obj['pe'].items() if k not in NOT_TREE_PE_FIELDS}
-    return obj
-
   @classmethod
   def from_json(cls, obj: dict) -> 'ModelSpec':
-    obj = {**MODEL_ADDED, **obj}
+    """The ModelSpec of to_json()'s output, of any vintage (config.model.MODEL.upgrade)."""
+    obj = MODEL.upgrade(obj)
     fields = {f.name for f in dataclasses.fields(cls)}
     missing = sorted(fields - set(obj))
     if missing:
@@ -129,8 +110,7 @@ class ModelSpec:
                        'liere_jax.spec.resolve(config.model).to_json().')
     kw = {k: tuple(obj[k]) if k in ('patch', 'input_size', 'train_grid', 'dropout_sites')
           else obj[k] for k in fields}
-    pe = {**PE_ADDED, **obj['pe']}
-    kw['pe'] = PESpec(**{f.name: pe[f.name] for f in dataclasses.fields(PESpec)})
+    kw['pe'] = PESpec(**{f.name: obj['pe'][f.name] for f in dataclasses.fields(PESpec)})
     return cls(**kw)
 
 
@@ -155,15 +135,15 @@ def resolve(model) -> ModelSpec:
   and the fix. A ModelSpec is returned as it is."""
   if isinstance(model, ModelSpec):
     return model
-  m = {**MODEL_ADDED, **(model.to_dict() if hasattr(model, 'to_dict') else dict(model))}
-  _check_fields(m, MODEL_FIELDS, 'model')
-  missing = [k for k in MODEL_FIELDS if k not in m]
+  m = model.to_dict() if hasattr(model, 'to_dict') else dict(model)
+  _check_fields(m, MODEL.names, 'model')
+  missing = [k for k in MODEL.names if k not in m]
   if missing:
     raise ValueError(f'model.{missing[0]} is missing; build the model section with '
                      'liere_jax.config_lib.model_config.')
-  pe = {**PE_ADDED, **m['pe']}
-  _check_fields(pe, PE_FIELDS, 'model.pe')
-  missing = [k for k in PE_FIELDS if k not in pe]
+  pe = m['pe']
+  _check_fields(pe, PE.names, 'model.pe')
+  missing = [k for k in PE.names if k not in pe]
   if missing:
     raise ValueError(f'model.pe.{missing[0]} is missing; build the model section with '
                      'liere_jax.config_lib.model_config.')
@@ -223,21 +203,31 @@ def resolve(model) -> ModelSpec:
       pe=pe_spec)
 
 
+def reset_unread_options(pe: dict) -> dict:
+  """The model.pe section `pe` with every option its encoding does not read (Facts.options,
+  positions and jitter where it reads no positions) at its default: what a stored run that set
+  one, when it was not refused, meant."""
+  facts = registry.facts(pe['name'])
+  unread = {k: v for k, v in PE_OPTION_DEFAULTS.items() if k not in facts.options}
+  return {**pe, **unread, **({} if facts.reads_positions else dict(positions=None, jitter=0.0))}
+
+
 def _resolve_pe(pe: dict, *, width: int, depth: int, heads: int, n_dims: int) -> PESpec:
   """The model.pe section -> PESpec; options the encoding does not read must be unset."""
   name = pe['name']
   family, block = registry.parse(name)
+  facts = registry.facts(name)  # Raises on an unknown name.
   encodings.validate(family, block=block, head_dim=width // heads, width=width, n_dims=n_dims,
                      name=name)
-  facts = registry.FAMILIES[family]
   for key, default in PE_OPTION_DEFAULTS.items():
     value = pe[key]
     if key not in facts.options and (value != default if isinstance(default, str) else
                                      not math.isclose(float(value), default, rel_tol=1e-9)):
-      users = [f + '<b>' * registry.FAMILIES[f].blocks for f in registry.FAMILIES
-               if key in registry.FAMILIES[f].options]
+      users = [f.family + '<b>' * f.blocks for f in registry.FAMILIES.values()
+               if key in f.options]
       raise ValueError(f'model.pe.{key}={value!r} does not apply to pe={name} (only to '
                        f"{', '.join(users)}); leave it at {default!r}.")
+  encodings.families()[family].check_options(pe, name=name)
   if pe['positions'] is not None and not facts.reads_positions:
     raise ValueError(f"model.pe.positions={pe['positions']!r} does not apply to pe={name} (it "
                      'reads no positions); leave it at None.')
@@ -245,17 +235,7 @@ def _resolve_pe(pe: dict, *, width: int, depth: int, heads: int, n_dims: int) ->
   if positions not in POSITION_MODES:
     raise ValueError(f'model.pe.positions={positions!r} is unknown; use one of '
                      f'{POSITION_MODES} or None for the encoding default.')
-  if pe['share'] not in SHARE:
-    raise ValueError(f"model.pe.share={pe['share']!r} is unknown; use one of {SHARE}.")
-  if pe['expm'] not in expm.METHODS:
-    raise ValueError(f"model.pe.expm={pe['expm']!r} is unknown; use one of {expm.METHODS} "
-                     '(e.g. --config.model.pe.expm=fast).')
-  if pe['expm_precision'] not in expm.PRECISIONS:
-    raise ValueError(f"model.pe.expm_precision={pe['expm_precision']!r} is unknown; use one of "
-                     f'{expm.PRECISIONS} (e.g. --config.model.pe.expm_precision=auto).')
   init_scale = float(pe['init_scale'])
-  if not init_scale > 0:
-    raise ValueError(f'model.pe.init_scale={init_scale} must be positive (LieRE: 2 pi).')
   jitter = float(pe['jitter'])
   if not (math.isfinite(jitter) and jitter >= 0) or (jitter and not facts.reads_positions):
     raise ValueError(f'model.pe.jitter={jitter} must be >= 0 (0 = off; ComRoPE trains with 1)'

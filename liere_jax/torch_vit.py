@@ -465,7 +465,7 @@ def circulant_rotate(x, phase, block):
 
 # family -> its module here, from the resolved `pe` section and the model's dims (width, depth,
 # heads, head_dim, n, train_grid, num_prefix): the mirror of the JAX encodings' registry
-# (liere_jax/encodings/registry.py FAMILIES).
+# (liere_jax.encodings.FAMILIES, declared by each class at its registration).
 BUILDERS = {
     'none': lambda pe, d: NoPE(),
     'abs': lambda pe, d: Absolute(d['width'], d['train_grid'], d['num_prefix']),

@@ -16,7 +16,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from liere_jax import run_spec
+from liere_jax import param_tree, run_spec
 from liere_jax.data import spec as data_spec
 from liere_jax import model as model_lib
 from liere_jax.model import ViT
@@ -205,7 +205,7 @@ class EvalSteps:
   def place_params(self, params):
     """Parameters in either layout (blocks/<i>/... as checkpoints hold them, or stacked) in
     these steps' layout (stacked under model.scan_layers) and shardings."""
-    convert = model_lib.to_scan_params if self.spec.scan_layers else model_lib.to_loop_params
+    convert = param_tree.to_scan_params if self.spec.scan_layers else param_tree.to_loop_params
     # Arrays this process holds whole (a checkpoint read onto one device, numpy) go in as host
     # values, so the jit may place them on any devices; global arrays stay as they are.
     params = jax.tree.map(lambda x: np.asarray(x) if getattr(x, 'is_fully_addressable', True)

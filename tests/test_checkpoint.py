@@ -15,7 +15,8 @@ from flax import nnx
 
 import liere_jax.configs
 from liere_jax import checkpoint, checkpoint_damage, config_lib, train_lib
-from liere_jax.model import ViT, to_loop_params
+from liere_jax.model import ViT
+from liere_jax.param_tree import to_loop_params
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -300,19 +301,25 @@ def test_same_model_refuses_another_parameter_free_encoding(tmp_path):
 
 
 def test_same_model_reads_an_old_workdir(tmp_path):
-  # config.json of a run written before remat, scan_layers, dropout_sites, init and pe.jitter,
-  # with a pe option its encoding ignored then (refused today).
+  # config.json of a run written before remat, scan_layers, dropout_sites, init, pe.jitter,
+  # pe.expm_precision and the top-level fields added since, with a pe option its encoding
+  # ignored then (refused today).
   _write_run(tmp_path, steps=(2,))
   config = _config()
   config.model.pe.name = 'rope_mixed'
   old = config.to_dict()
   for key in ('remat', 'scan_layers', 'dropout_sites', 'init'):
     del old['model'][key]
-  del old['model']['pe']['jitter']
+  del old['model']['pe']['jitter'], old['model']['pe']['expm_precision']
+  for key in ('resolutions', 'model_parallel', 'model_init', 'model_init_head'):
+    old.pop(key, None)
   old['model']['pe']['init_scale'] = 1.0
   (tmp_path / checkpoint.CONFIG_FILE).write_text(
       checkpoint.config_to_json(ml_collections.ConfigDict(old)))
   checkpoint.check_same_model(str(tmp_path), config)
+  stored = checkpoint.read_config(str(tmp_path))
+  assert (stored.model.scan_layers, stored.model.pe.expm_precision) == (False, 'highest')
+  assert (stored.model_init, tuple(stored.resolutions)) == ('', ())
   config.model.width = 64
   with pytest.raises(checkpoint.CheckpointError, match='model.width: 32 there, 64 now'):
     checkpoint.check_same_model(str(tmp_path), config)

@@ -12,6 +12,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from liere_jax import checkpoint, config_lib, evaluation, train_lib
+from liere_jax.config.data import DATA
 from liere_jax.data import arrows
 from liere_jax.data import augment
 from liere_jax.data import pipeline
@@ -631,9 +632,9 @@ def test_device_normalisation_sends_the_pixels_of_the_host_batch():
 def test_old_run_configs_read_back_with_the_data_fields_added_since(tmp_path):
   """eval.py on a workdir written before crop, eval_views, workers, normalise, ... existed."""
   old = json.loads(checkpoint.config_to_json(config_lib.load('configs/arrows.py')))
-  for key in data_spec.DATA_ADDED:
+  for key in DATA.added():
     del old['data'][key]
   (tmp_path / checkpoint.CONFIG_FILE).write_text(json.dumps(old))
   data = checkpoint.read_config(str(tmp_path)).data
-  assert {k: data[k] for k in data_spec.DATA_ADDED} == data_spec.DATA_ADDED
+  assert {k: data[k] for k in DATA.added()} == DATA.added()
   assert pipeline.dataset_info(data)['input_shape'] == (108, 108, 3)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from liere_jax import encodings, model as model_lib, spec as spec_lib
+from liere_jax import encodings, param_tree, spec as spec_lib
 from liere_jax.model import ViT
 from liere_jax.positions import grid_positions, with_prefix
 from liere_jax.summary import param_counts
@@ -274,7 +274,7 @@ def test_parameter_tree_is_the_documented_one_and_scan_matches_the_loop(pe):
     other = ViT(cfg, rngs=nnx.Rngs(1))
     other.eval()
     state = nnx.to_pure_dict(nnx.state(model))
-    nnx.update(other, model_lib.to_scan_params(state) if key == 'scan_layers' else state)
+    nnx.update(other, param_tree.to_scan_params(state) if key == 'scan_layers' else state)
     np.testing.assert_allclose(other(x), ref, atol=1e-5, err_msg=f'{pe} {key}')
     cfg[key] = False if key == 'scan_layers' else 'none'
   if encodings.facts(pe).reads_positions:  # The positions reach attention.

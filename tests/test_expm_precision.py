@@ -98,13 +98,13 @@ def test_expm_precision_highest_keeps_float32_products_on_accelerators():
   """model.pe.expm_precision reaches the products: the encoding's rotations and their gradient
   lowered for cuda take the bf16 x6 preset under 'auto' and HIGHEST under 'highest'."""
   from flax import nnx
-  from liere_jax import encodings
+  from liere_jax import model as model_lib
   from liere_jax.positions import grid_positions
   pos = grid_positions((3, 3), (3, 3), 'normalized')
   found = {}
   for precision in ('auto', 'highest'):
-    enc = encodings.create('liere8', grid=(3, 3), heads=2, head_dim=16, rngs=nnx.Rngs(0),
-                           expm_precision=precision)
+    enc = model_lib.create_encoding('liere8', grid=(3, 3), heads=2, head_dim=16,
+                                    rngs=nnx.Rngs(0), expm_precision=precision)
     graphdef, state = nnx.split(enc)
     rot_sum = lambda s: jnp.sum(nnx.merge(graphdef, s).context(pos).rot)
     module = jax.jit(jax.grad(rot_sum)).trace(state).lower(

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from liere_jax import checkpoint, config_lib, data, model_init, paths
+from liere_jax import checkpoint, config_lib, data, model_init, param_tree, paths
 from liere_jax.convert import __main__ as convert_cli
 from liere_jax.data import prepare
 from tests import datasets, gcs, helpers
@@ -50,7 +50,7 @@ def gs_run(store, tmp_path_factory):
 
 
 def _same_params(a, b):
-  for x, y in zip(*(sorted(model_init.convert.flatten(p).items()) for p in (a, b))):
+  for x, y in zip(*(sorted(param_tree.flatten(p).items()) for p in (a, b))):
     assert x[0] == y[0] and np.array_equal(np.asarray(x[1]), np.asarray(y[1])), x[0]
 
 
@@ -90,7 +90,7 @@ def test_convert_both_ways_and_fine_tune_from_gcs(gs_run, tmp_path):
   # --config.model_init from the gs:// workdir (a step of it) and from the gs:// export.
   for source in (f'{RUN}:4', export):
     loaded = model_init.load(config, source)
-    for key, value in model_init.convert.flatten(params).items():
+    for key, value in param_tree.flatten(params).items():
       assert np.array_equal(loaded[key], np.asarray(value)), (source, key)
 
 

@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from liere_jax import checkpoint, config_lib, convert, model_init, train_lib
-from liere_jax import model as model_lib
+from liere_jax import param_tree
 from liere_jax.model import ViT
 from tests import foreign_formats, helpers, official_fixtures
 from tests.helpers import tiny_model_config
@@ -82,7 +82,7 @@ def test_workdir_latest_best_and_step_fresh_optimizer(tmp_path):
   scanned.model.scan_layers = True  # Stacked blocks in the state; blocks/<i> in the checkpoint.
   state = _fresh_start(scanned, model_init.load(scanned, run))
   _assert_equal({k: np.asarray(v) for k, v in convert.flatten(
-      model_lib.to_loop_params(state['params'])).items()}, steps[2])
+      param_tree.to_loop_params(state['params'])).items()}, steps[2])
   with pytest.raises(FileNotFoundError, match=r'holds no checkpoint of step 3 \(it holds '
                      r'\[1, 2\]\)'):
     model_init.load(config, run + ':3')

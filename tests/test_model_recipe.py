@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 from liere_jax import config_lib
+from liere_jax.config.model import MODEL
 from liere_jax import encodings
 from liere_jax import model as model_lib
 from liere_jax import spec as spec_lib
@@ -220,7 +221,7 @@ def test_old_spec_json_loads_with_the_old_model():
   assert (old.dropout_sites, old.init) == (('embed', 'attn', 'mlp'), 'jax')
   old_config = {k: v for k, v in tiny_model_config().to_dict().items()
                 if k not in ('dropout_sites', 'init')}
-  assert spec_lib.resolve(old_config) == old
+  assert spec_lib.resolve(MODEL.upgrade(old_config)) == old
   # The PyTorch port: the same three sites for an old JSON, all four for a new one.
   dropouts = lambda m: [name for name, mod in m.named_modules()
                         if isinstance(mod, torch_vit.nn.Dropout) and mod.p > 0]

@@ -30,6 +30,7 @@ from flax import nnx  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from liere_jax import checkpoint, config_lib, convert, torch_vit  # noqa: E402
+from liere_jax.config.model import MODEL, PE  # noqa: E402
 from liere_jax.convert import __main__ as convert_cli  # noqa: E402
 from liere_jax import spec as spec_lib  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
@@ -395,10 +396,10 @@ def test_to_torch_exports_the_newest_readable_checkpoint(tmp_path, capsys):
 
 def test_an_old_export_json_reads_with_the_fields_of_its_time():
   """A model JSON written before dropout_sites / pe.jitter existed gets the values its run had
-  (spec.MODEL_ADDED, PE_ADDED), not today's defaults, in every shape that can lack them."""
+  (the fields' `added` values), not today's defaults, in every shape that can lack them."""
   cfg = tiny_model_config('liere8')
   config = _full_config(cfg)
-  assert tuple(cfg.dropout_sites) != spec_lib.MODEL_ADDED['dropout_sites']  # Else no test.
+  assert tuple(cfg.dropout_sites) != MODEL.added()['dropout_sites']  # Else no test.
   new = convert.export_json(config)
   old = json.loads(json.dumps(new))
   for section in (old, old['source_config']['model']):
@@ -407,8 +408,8 @@ def test_an_old_export_json_reads_with_the_fields_of_its_time():
   workdir_config = old['source_config']
   for obj in (old, plain, workdir_config, workdir_config['model']):
     model = spec_lib.resolve(convert.config_from_json(obj, 'test').model)
-    assert model.dropout_sites == spec_lib.MODEL_ADDED['dropout_sites'], obj.keys()
-    assert model.pe.jitter == spec_lib.PE_ADDED['jitter'], obj.keys()
+    assert model.dropout_sites == MODEL.added()['dropout_sites'], obj.keys()
+    assert model.pe.jitter == PE.added()['jitter'], obj.keys()
   for obj in (new, {k: v for k, v in new.items() if k != 'source_config'}):  # Today's: as is.
     assert spec_lib.resolve(convert.config_from_json(obj, 'test').model) == spec_lib.resolve(cfg)
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from liere_jax import model as model_lib, rotations, spec as spec_lib, train_lib
+from liere_jax import param_tree, rotations, spec as spec_lib, train_lib
 from liere_jax.expm import expm
 from liere_jax.model import ViT
 from tests.helpers import tiny_config_and_batch, tiny_model, tiny_model_config
@@ -101,12 +101,12 @@ def test_scanned_blocks_give_the_loop_s_train_step_with_the_same_parameter_tree(
     blocks = state['params']['blocks']  # Stacked under scan_layers: blocks/... [3, ...].
     assert sorted(blocks) == ([0, 1, 2] if not scan else ['attn', 'mlp', 'norm1', 'norm2'])
     assert not scan or blocks['attn']['qkv']['kernel'].shape[0] == 3
-    inits.append(jax.device_get(model_lib.to_loop_params(state['params'])))
+    inits.append(jax.device_get(param_tree.to_loop_params(state['params'])))
     jaxpr = str(jax.make_jaxpr(trainer._train_step)(state, trainer.global_batch(batch)))
     scans.append(jaxpr.count('scan['))
     for _ in range(2):  # The second step uses new dropout masks in both.
       state, metrics = trainer.train_step(state, trainer.global_batch(batch))
-    steps.append((model_lib.to_loop_params(state['params']), metrics))
+    steps.append((param_tree.to_loop_params(state['params']), metrics))
   assert scans[1] > scans[0]
   assert jax.tree.structure(inits[0]) == jax.tree.structure(inits[1])
   for a, b in zip(jax.tree.leaves(inits[0]), jax.tree.leaves(inits[1])):

@@ -1,14 +1,16 @@
 """The resolved model configuration (liere_jax/spec.py): one place for every derived value."""
 import dataclasses
 import json
+import os
 
 import pytest
-from flax import nnx, traverse_util
 
 from liere_jax import spec as spec_lib
+from liere_jax import param_tree
+from liere_jax.config import run as config_run
+from liere_jax.config.data import DATA
+from liere_jax.config.model import MODEL, PE
 from liere_jax.encodings import registry
-from liere_jax import model as model_lib
-from liere_jax.model import ViT
 from tests.helpers import load_config, tiny_model_config
 
 
@@ -84,8 +86,9 @@ NON_LIERE = tuple(name.replace('<b>', '8') for name in registry.NAMES
                   if registry.facts(name.replace('<b>', '8')).family != 'liere')
 
 
-def test_option_defaults_are_what_the_configs_write():
+def test_the_options_some_encodings_read_are_lieres_at_the_configs_defaults():
   pe = tiny_model_config().pe
+  assert set(spec_lib.PE_OPTION_DEFAULTS) == {'share', 'init_scale', 'expm', 'expm_precision'}
   assert {key: pe[key] for key in spec_lib.PE_OPTION_DEFAULTS} == spec_lib.PE_OPTION_DEFAULTS
 
 
@@ -121,30 +124,60 @@ def test_every_shipped_config_resolves_for_every_encoding(config):
     assert s.pe.name == pe
 
 
-def test_tree_fields_are_the_fields_that_shape_the_parameters():
-  """Fields outside tree_fields() leave the parameter tree as it is; each field inside it
+def test_the_shaping_fields_are_the_fields_that_shape_the_parameters():
+  """Fields outside param_tree.SHAPING leave the parameter tree as it is; each field inside it
   changes the tree for some model."""
   base = spec_lib.resolve(tiny_model_config(pe='liere8'))
+  fields = param_tree.shaping_fields
 
   def tree(s):
-    model = nnx.eval_shape(lambda: ViT(s, rngs=nnx.Rngs(0)))  # Checkpoint layout: blocks/<i>.
-    params = model_lib.to_loop_params(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-    return {k: v.shape for k, v in traverse_util.flatten_dict(params).items()}
+    return {k: v.shape for k, v in param_tree.flatten(param_tree.abstract_params(s)).items()}
 
   same = dict(dtype='bfloat16', remat='block', scan_layers=True, dropout=0.1, init='official',
               dropout_sites=('attn',), layer_norm_eps=1e-6, variant='S')
   for key, value in same.items():
     other = dataclasses.replace(base, **{key: value})
-    assert other.tree_fields() == base.tree_fields(), key
+    assert fields(other) == fields(base), key
     assert tree(other) == tree(base), key
   for key, value in dict(positions='integer', init_scale=1.0, expm='scipy',
                          jitter=1.0).items():
     other = dataclasses.replace(base, pe=dataclasses.replace(base.pe, **{key: value}))
-    assert other.tree_fields() == base.tree_fields(), key
+    assert fields(other) == fields(base), key
   for cfg in (tiny_model_config(pe='liere8', share='layers'), tiny_model_config(pe='liere4'),
               tiny_model_config(pe='rope_mixed'), tiny_model_config(pe='liere8', width=48),
               tiny_model_config(pe='liere8', pool='mean')):
     other = spec_lib.resolve(cfg)
-    assert other.tree_fields() != base.tree_fields()
+    assert param_tree.first_difference(other, base) is not None
     assert tree(other) != tree(base)
-  assert json.loads(json.dumps(base.tree_fields())) == base.tree_fields()
+  small, large = (spec_lib.resolve(tiny_model_config(pe='abs', size=s)) for s in (16, 32))
+  assert param_tree.first_difference(small, large) == 'input_size'  # The embedding's length.
+  assert tree(small) != tree(large)
+  assert json.loads(json.dumps(fields(base))) == fields(base)
+
+
+def test_the_docs_table_of_every_field_is_made_from_the_declarations():
+  with open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'configs.md')) as f:
+    doc = f.read()
+  assert config_run.docs_table() in doc, (
+      'docs/configs.md "Every field" is stale; paste the output of python -c "from '
+      'liere_jax.config.run import docs_table; print(docs_table())"')
+
+
+def test_a_stored_config_of_each_vintage_is_upgraded_to_what_it_ran():
+  """A config.json written before a field existed reads back with the value that reproduces its
+  run, not today's default; a field it has is kept."""
+  config = load_config('configs/arrows.py').to_dict()
+  for section, added in (('', config_run.RUN.added()), ('model', MODEL.added()),
+                         ('model.pe', PE.added()), ('data', DATA.added())):
+    stored = json.loads(json.dumps(config))
+    inner = stored
+    for part in filter(None, section.split('.')):
+      inner = inner[part]
+    for key in added:
+      del inner[key]
+    inner = config_run.upgrade(stored)
+    for part in filter(None, section.split('.')):
+      inner = inner[part]
+    assert {key: inner[key] for key in added} == added, section
+  assert config_run.upgrade(json.loads(json.dumps(config))) == json.loads(json.dumps(config))
+  assert MODEL.added()['scan_layers'] is False and PE.added()['expm_precision'] == 'highest'

@@ -7,8 +7,8 @@ liere_jax.convert ACTION` (see __main__.py); the same in Python:
   import_torch('model.safetensors', out_workdir)    # a params-only checkpoint
   import_official('model.pt', 'model.json', out_workdir)
 
-Modules: config_json (the model JSON, read and written), tree (parameter trees and key
-checks), torch_layout (the port's layout, STRING folding), official_args and official_layout
+Modules: config_json (the model JSON, read and written), tree (key checks over
+liere_jax.param_tree), torch_layout (the port's layout, STRING folding), official_args and official_layout
 (the official model's arguments and state_dict), files (the export and import files).
 """
 from liere_jax.convert.config_json import (FORMAT, config_from_json, export_json, model_fields,
@@ -20,4 +20,5 @@ from liere_jax.convert.official_layout import (Layer0BugWarning, from_official_l
 from liere_jax.convert.official_args import (model_from_official, official_spec,
                                              rope_vit_kwargs)
 from liere_jax.convert.torch_layout import fold_string_cayley, from_torch_layout, torch_layout
-from liere_jax.convert.tree import abstract_params, check_keys, flatten, unflatten_like
+from liere_jax.convert.tree import abstract_params, check_keys
+from liere_jax.param_tree import flatten, unflatten_like

@@ -7,8 +7,8 @@ model description we read back into a liere_jax config.
   - a workdir's config.json, or a plain model section;
   - the official model's description: its RoPEViT keyword arguments, or a
     LiereImageClassification's init_args (the `model` section of its lightning_conf YAML).
-A model written before a field existed gets the value that reproduces it (spec.MODEL_ADDED,
-spec.PE_ADDED), not today's default.
+A model written before a field existed gets the value that reproduces it (the fields' `added`
+values, liere_jax/config/), not today's default.
 """
 import json
 
@@ -16,6 +16,8 @@ import ml_collections
 
 from liere_jax import paths
 from liere_jax import spec as spec_lib
+from liere_jax.config.model import MODEL
+from liere_jax.config.run import upgrade
 from liere_jax.convert import official_args
 
 FORMAT = 'liere_jax.torch_vit'
@@ -32,11 +34,6 @@ def export_json(config: ml_collections.ConfigDict) -> dict:
           'source_config': json.loads(config.to_json())}
 
 
-def _with_added(model: dict) -> dict:
-  """A model section with the fields added since it was written, at their old values."""
-  return {**spec_lib.MODEL_ADDED, **model, 'pe': {**spec_lib.PE_ADDED, **model['pe']}}
-
-
 def _model_section(obj: dict) -> ml_collections.ConfigDict:
   """A plain model section (JSON) over config_lib's defaults; the fields added since it was
   written at their old values."""
@@ -48,7 +45,7 @@ def _model_section(obj: dict) -> ml_collections.ConfigDict:
   except (KeyError, TypeError) as e:
     raise ValueError(f'The model section lacks the field {e}; write it with '
                      'liere_jax.spec.resolve(config.model).to_json().') from None
-  for key, value in _with_added(obj).items():  # Derived fields (head_dim, ...) are skipped.
+  for key, value in MODEL.upgrade(obj).items():  # Derived fields (head_dim, ...) are skipped.
     if key == 'pe':
       for k, v in value.items():
         if k in m.pe:
@@ -84,10 +81,9 @@ def _from_ours(obj: dict, what: str) -> ml_collections.ConfigDict:
   source = dict(obj['source_config'])
   if not isinstance(source.get('model'), dict) or 'pe' not in source['model']:
     raise ValueError(f'{what}: source_config has no model section; remove source_config.')
-  source['model'] = _with_added(source['model'])
-  config = ml_collections.ConfigDict(source)
+  config = ml_collections.ConfigDict(upgrade(source))
   found = json.loads(json.dumps(model_fields(config.model)))
-  ours = json.loads(json.dumps(_with_added(obj)))
+  ours = json.loads(json.dumps(MODEL.upgrade(obj)))
   wanted = {k: ours[k] for k in found if k in ours}
   diff = [k for k in wanted if found[k] != wanted[k]]
   if diff:
@@ -108,7 +104,7 @@ def config_from_json(obj: dict, what: str) -> ml_collections.ConfigDict:
   if obj.get('format') == FORMAT:
     return _from_ours(obj, what)
   if isinstance(obj.get('model'), dict) and 'pe' in obj['model']:
-    config = ml_collections.ConfigDict({**obj, 'model': _with_added(obj['model'])})
+    config = ml_collections.ConfigDict(upgrade(obj))
   elif 'patch' in obj and 'pe' in obj:
     config = ml_collections.ConfigDict({'model': _model_section(obj)})
   else:

@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 
+from liere_jax import param_tree
 from liere_jax.convert import tree
 from liere_jax.convert.official_args import OFFICIAL_HEAD_DIM, official_spec
 from liere_jax.spec import resolve
@@ -117,7 +118,7 @@ def from_official_layout(state, m) -> dict:
   kw = official_spec(m)
   ms = resolve(m)
   reference = tree.abstract_params(m)
-  ref_flat = tree.flatten(reference)
+  ref_flat = param_tree.flatten(reference)
   name = ms.pe.name
   state = {k: np.asarray(v, np.float32) for k, v in state.items()}
   # Every key accounted for, every shape checked.
@@ -148,7 +149,7 @@ def from_official_layout(state, m) -> dict:
                      'with pe=abs.')
   if kw['positional_encoding_type'] == 'liere':
     flat.update(_import_generators(state[GENERATORS], ms, kw['generator_dim']))
-  return tree.unflatten_like(reference, flat)
+  return param_tree.unflatten_like(reference, flat)
 
 
 def _import_generators(p, ms, b):

@@ -3,6 +3,7 @@ of a string_cayley run into the plain rope_mixed model the port runs."""
 import ml_collections
 import numpy as np
 
+from liere_jax import param_tree
 from liere_jax.convert import tree
 from liere_jax.spec import resolve
 
@@ -42,14 +43,14 @@ def from_torch_layout(state, m) -> dict:
   reference = tree.abstract_params(m)
   n = resolve(m).n_dims
   expected, inverse = {}, {}
-  for path, leaf in tree.flatten(reference).items():
+  for path, leaf in param_tree.flatten(reference).items():
     name, _, inv, shape = _torch_leaf(path, n)
     expected[name] = shape(tuple(leaf.shape))
     inverse[path] = (name, inv, leaf.dtype)
   tree.check_keys(expected, state, 'The weights file')
   flat = {path: np.ascontiguousarray(inv(np.asarray(state[name]))).astype(dtype, copy=False)
           for path, (name, inv, dtype) in inverse.items()}
-  return tree.unflatten_like(reference, flat)
+  return param_tree.unflatten_like(reference, flat)
 
 
 def fold_string_cayley(params, config: ml_collections.ConfigDict):

@@ -1,36 +1,17 @@
-"""Parameter trees: nested dicts <-> {path: leaf}, the model's abstract tree, key checks."""
-from typing import Any, Dict, Tuple
+"""The converters' key checks, over the model's parameter tree (liere_jax.param_tree)."""
+from typing import Dict
 
 import numpy as np
-from flax import traverse_util
 
-from liere_jax import model as model_lib
+from liere_jax import param_tree
+from liere_jax.param_tree import Path, flatten
 from liere_jax.spec import resolve
-
-Path = Tuple[str, ...]
-
-
-def flatten(tree) -> Dict[Path, Any]:
-  """Nested dict -> {path: leaf}; every key a string (layer 0 of `blocks`: ('blocks', '0'))."""
-  return {tuple(map(str, path)): leaf
-          for path, leaf in traverse_util.flatten_dict(tree).items()}
-
-
-def unflatten_like(reference, flat: Dict[Path, Any]) -> dict:
-  """The nested dict with `reference`'s keys (integer keys stay integers) and `flat`'s leaves
-  (keyed as `flatten` keys them)."""
-  paths = traverse_util.flatten_dict(reference, keep_empty_nodes=True)
-  return traverse_util.unflatten_dict({
-      path: leaf if leaf is traverse_util.empty_node else flat[tuple(map(str, path))]
-      for path, leaf in paths.items()})
 
 
 def abstract_params(m) -> dict:
-  """The parameter tree of model section `m` as checkpoints and exports hold it (blocks/<i>/...,
-  whatever model.scan_layers), with ShapeDtypeStruct leaves (nothing allocated)."""
-  from flax import nnx
-  abstract = nnx.eval_shape(lambda: model_lib.ViT(resolve(m), rngs=nnx.Rngs(0)))
-  return model_lib.to_loop_params(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))
+  """The parameter tree of model section `m` as checkpoints and exports hold it
+  (param_tree.abstract_params of its ModelSpec)."""
+  return param_tree.abstract_params(resolve(m))
 
 
 def check_keys(expected: dict, found: dict, what: str):

@@ -37,7 +37,7 @@ from liere_jax.data import arrows
 from liere_jax.data import augment
 from liere_jax.data import sources
 from liere_jax.data import transform
-from liere_jax.data.spec import DATA_ADDED, DATASETS, normalisation  # noqa: F401  # Re-exported.
+from liere_jax.data.spec import DATASETS, normalisation  # noqa: F401  # Re-exported.
 from liere_jax.data.spec import resolve_data
 
 Example = Dict[str, Any]

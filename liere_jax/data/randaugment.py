@@ -80,14 +80,14 @@ Where this is not the official code, and why:
   ~500 px ImageNet image by ~9%. O's UCF101 order: timm_randaugment on the decoded frames,
   normalise, rrc_box + resized_crop(antialias=False), hflip, random_erasing.
 """
-import functools
-import re
-from typing import Any, List, NamedTuple, Tuple
+from typing import Any, List, Tuple
 
 import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
 from liere_jax.data import augment
+from liere_jax.data.timm_policy import TIMM_MAX_LEVEL as _TIMM_MAX_LEVEL
+from liere_jax.data.timm_policy import TimmPolicy, parse_timm_policy  # noqa: F401  Re-exported.
 
 
 # The official RandAugment (O dataset/randomaug.py; CIFAR-100 and ImageNet).
@@ -153,7 +153,6 @@ def official_randaugment(x: np.ndarray, rng: np.random.Generator, num_ops: int =
 
 # timm's RandAugment as the official UCF101 run configured it (O dataset/rand_augment.py).
 
-_TIMM_MAX_LEVEL = 10.0
 _TIMM_FILL = (128, 128, 128)  # VideoMAE passes no img_mean (video_transforms.py:647-649).
 _TIMM_RESAMPLE = Image.BICUBIC  # train_interpolation='bicubic' (data_image.py:237).
 
@@ -223,49 +222,6 @@ TIMM_INCREASING = ('auto_contrast', 'equalize', 'invert', 'rotate', 'posterize_i
                    'contrast_increasing', 'brightness_increasing', 'sharpness_increasing',
                    'shear_x', 'shear_y', 'translate_x_rel',
                    'translate_y_rel')  # rand_augment.py:404-420.
-
-
-class TimmPolicy(NamedTuple):
-  """A parsed 'rand-...' string; the defaults are timm's for a token left out."""
-  magnitude: int = 10  # m, of 10.
-  num_ops: int = 2  # n, drawn with replacement.
-  magnitude_std: float = 0.0  # mstd: per application, magnitude ~ N(m, mstd) clipped to [0, 10].
-  increasing: bool = False  # inc1: TIMM_INCREASING, inc0: TIMM_STANDARD.
-  prob: float = 0.5  # p: the probability that each drawn op is applied.
-
-
-_FLOAT = r'\d+(\.\d*)?|\.\d+'
-_POLICY_TOKENS = {  # key -> (value pattern, field, parse).
-    'm': (r'\d+', 'magnitude', int),
-    'n': (r'\d+', 'num_ops', int),
-    'mstd': (_FLOAT, 'magnitude_std', float),
-    'inc': (r'[01]', 'increasing', lambda v: v == '1'),
-    'p': (_FLOAT, 'prob', float),
-}
-
-
-@functools.lru_cache(maxsize=64)
-def parse_timm_policy(policy: str) -> TimmPolicy:
-  """'rand-m7-n4-mstd0.5-inc1[-p0.5]' -> TimmPolicy; tokens after 'rand' in any order."""
-  head, *tokens = policy.split('-')
-  if head != 'rand':
-    raise ValueError(f"timm policy {policy!r} must start with 'rand-' (e.g. "
-                     "'rand-m7-n4-mstd0.5-inc1').")
-  fields = {}
-  for token in tokens:
-    key, value = re.fullmatch(r'([a-z]*)(.*)', token).groups()
-    pattern, field, parse = _POLICY_TOKENS.get(key, ('', None, None))
-    if field is None or not re.fullmatch(pattern, value):
-      raise ValueError(f'timm policy {policy!r}: token {token!r} is not one of m<int>, n<int>, '
-                       'mstd<float>, inc<0|1>, p<float>.')
-    fields[field] = parse(value)
-  parsed = TimmPolicy(**fields)
-  if parsed.magnitude > _TIMM_MAX_LEVEL:
-    raise ValueError(f'timm policy {policy!r}: m{parsed.magnitude} is out of 10 (timm would '
-                     'clip it to 10); use m <= 10.')
-  if parsed.prob > 1:
-    raise ValueError(f'timm policy {policy!r}: p{parsed.prob} is a probability; use p <= 1.')
-  return parsed
 
 
 def sample_timm_ops(rng: np.random.Generator, policy: str) -> List[Tuple[str, float, Any]]:

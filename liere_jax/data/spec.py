@@ -13,64 +13,24 @@ Datasets (data.name; TFDS name, input shape, classes, default splits):
                 rendered on the fly
 A TFDS name with a config or version ('ucf101/ucf101_2', 'cifar100:3.0.2') may be given.
 
-Config fields (data.*):
-  name          see above.
-  data_dir      TFDS data directory; None = TFDS default ($TFDS_DATA_DIR or ~/tensorflow_datasets).
-                For arrows, None renders on the fly: train is an unlimited stream (2**31 - 1
-                examples, or num_train) of seed stream `arrows.split_seed(seed, 'train')`, eval
-                the first num_eval examples of the 'test' stream; with a data_dir the prepared
+The data section's fields, their defaults and docs are declared in liere_jax/config/data.py
+(the table in docs/configs.md is made from them); resolve_data checks them. More on some:
+  augment='videomae' also samples training clips as VideoMAE's loader does (O
+                videodataset.py:390-417): floor(linspace) of num_frames points over a random
+                window of num_frames * stride frames; RandAugment before the crop sees the native
+                image under crop='rrc' (images: PIL's antialiased bilinear as torchvision on PIL;
+                video: plain bilinear as O's torch interpolate).
+  eval_views    (5, 3), O's protocol (O dataset/videodataset.py:171-296): clips start at 5 evenly
+                spaced points of the stride grid (short videos repeat their last frame), and 3
+                S x S crops are evenly spaced along the longer side of frames resized to shorter
+                side S. Eval batches then carry `video`; evaluation.py reports per-view (O's
+                number) and per-video accuracy.
+  data_dir      arrows with None: train is an unlimited stream (2**31 - 1 examples, or
+                num_train) of seed stream `arrows.split_seed(seed, 'train')`, eval the first
+                num_eval examples of the 'test' stream; with a data_dir the prepared
                 liere_arrows/grid{G} is read instead (see tfds_builders.py).
-  train_split, eval_split   split names (TFDS slicing like 'train[:90%]' works for cifar100
-                and imagenet2012).
-  fraction      train on the first fraction of the training split, 0 < fraction <= 1 (Fig. 4).
-  augment       what a training example goes through, in this order (a video clip gets the
-                same transform on every frame; Arrows must use 'none': a flip changes the label):
-                  'none'              nothing (decode: shorter side to S, centre crop);
-                  'light'             crop, flip;
-                  'randaug'           crop, flip, RandAugment(2, 14) with the project's 14
-                                      torchvision-style ops (augment.randaugment);
-                  'official_randaug'  the official RandAugment(2, 14) (O dataset/randomaug.py),
-                                      then crop, flip: O's CIFAR-100 / ImageNet order;
-                  'videomae'          timm RandAugment(randaug_policy), then crop, flip: O's
-                                      UCF101 order; training clips are also sampled as VideoMAE's
-                                      loader does (see num_frames).
-  crop          the crop of augment != 'none': 'pad': decode to S (shorter side to S, centre
-                crop), zero-pad by S/8, random S x S crop, flip; 'rrc': decode at native size,
-                RandomResizedCrop to S (area 0.08-1, ratio 3/4-4/3; images: PIL's antialiased
-                bilinear as torchvision on PIL; video: plain bilinear as O's torch interpolate),
-                flip. RandAugment before the crop thus sees the native image under 'rrc'.
-  randaug_policy   augment='videomae': the timm policy, default O's 'rand-m7-n4-mstd0.5-inc1'.
-  random_erasing   probability that a training example gets one random box of N(0, 1) noise,
-                after normalisation and the crop (the same box on every frame; O's UCF101: 0.25);
-                0 = off.
-  eval_crop     'resize_center': shorter side to S, centre crop; 'center': the centre S x S of the
-                native image, zero-padded where smaller (torchvision CenterCrop; O's ImageNet).
-  eval_views    ucf101: (temporal, spatial) views of every video, default (1, 1): the centred
-                clip and crop. (5, 3) is O's protocol (O dataset/videodataset.py:171-296): clips
-                start at 5 evenly spaced points of the stride grid 0, stride, 2 stride, ... (short
-                videos repeat its last frame), and 3 S x S crops are evenly spaced along the
-                longer side of frames resized to shorter side S. Eval batches then carry `video`
-                and evaluation.py reports per-view (O's number) and per-video accuracy.
-  mixup         Beta(alpha, alpha) mixup of each per-process batch with its reverse; 0 = off.
-  image_size    S, the training size (imagenet2012 and ucf101: required; cifar100 and arrows:
-                0 or their native 32 / 12 G).
-  num_frames, frame_stride   ucf101 clips: frames t0, t0 + stride, ...; t0 uniform in training,
-                centred in eval; short videos repeat their last frame. Under augment='videomae'
-                training clips are VideoMAE's (O videodataset.py:390-417): floor(linspace) of
-                num_frames points over a random window of num_frames * stride frames.
-  grid          arrows: cells per side G (12 px cells).
-  num_eval      arrows: examples in the eval set (ignored by other datasets).
-  num_train     arrows: size of the training set (None/0 = unlimited).
-  seed          arrows on the fly: picks the example streams (what the data is; the order and
-                augmentation come from train_dataset(seed)). Prepared arrows are seed 0.
-  workers, threads, prefetch   the training iterator (pipeline.to_iterator): Grain worker
-                processes (0 = threads of the main process only), threads in each process,
-                batches each computes ahead. The batches are the same whatever they are;
-                `python -m liere_jax.bench data --config C` times them on stand-in data.
-  normalise     'host': train batches are float32, normalised on the host; 'device': uint8
-                pixels, normalised by the trainer on the accelerator (normalisation(data)): 4x
-                less to copy between processes and to the device, no host time (not with mixup or
-                random erasing, which work on normalised values). Eval batches are float32.
+  workers, threads, prefetch   the batches are the same whatever they are; `python -m
+                liere_jax.bench data --config C` times them on stand-in data.
 Eval has no augmentation (eval_crop, eval_views). Normalisation: (x / 255 - mean) / std per
 channel with the dataset's constants. O = the official code, github.com/StanfordMIMI/LieRE.
 """
@@ -79,8 +39,9 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from liere_jax.config.data import DATA
 from liere_jax.data import arrows
-from liere_jax.data import randaugment
+from liere_jax.data import timm_policy
 
 AUGMENTS = ('none', 'light', 'randaug', 'official_randaug', 'videomae')
 CROPS = ('pad', 'rrc')
@@ -121,14 +82,6 @@ DATASETS = {
         'tfds_builders.prepare_arrows(\'{root}\', grid={grid})"` (nothing to download), or set '
         'data.data_dir=None to render the examples on the fly'),
 }
-FIELDS = ('name', 'data_dir', 'train_split', 'eval_split', 'fraction', 'augment', 'crop',
-          'randaug_policy', 'random_erasing', 'eval_crop', 'eval_views', 'mixup', 'image_size',
-          'num_frames', 'frame_stride', 'grid', 'num_eval', 'num_train', 'seed',
-          'workers', 'threads', 'prefetch', 'normalise')
-# Fields added after runs existed, with the value that reproduces those runs (read_config).
-DATA_ADDED = dict(crop='pad', randaug_policy='rand-m7-n4-mstd0.5-inc1', random_erasing=0.0,
-                  eval_crop='resize_center', eval_views=(1, 1), workers=0, threads=2,
-                  prefetch=2, normalise='host')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,10 +128,10 @@ def resolve_data(data_config) -> DataSpec:
   if isinstance(data_config, DataSpec):
     return data_config
   cfg = data_config.to_dict() if hasattr(data_config, 'to_dict') else dict(data_config)
-  unknown = sorted(set(cfg) - set(FIELDS))
+  unknown = sorted(set(cfg) - set(DATA.names))
   if unknown:
-    raise ValueError(f'data config fields {unknown} are unknown; the fields are {FIELDS}.')
-  missing = [k for k in FIELDS if k not in cfg]
+    raise ValueError(f'data config fields {unknown} are unknown; the fields are {DATA.names}.')
+  missing = [k for k in DATA.names if k not in cfg]
   if missing:
     raise ValueError(f'data.{missing[0]} is missing; build the data section with '
                      'liere_jax.config_lib.data_config (it sets every field).')
@@ -195,7 +148,7 @@ def resolve_data(data_config) -> DataSpec:
     raise ValueError(f"data.augment={augment!r} would flip or rotate arrows and change their "
                      "label; the arrows task needs augment='none'.")
   if augment == 'videomae':
-    randaugment.parse_timm_policy(cfg['randaug_policy'])  # Raises naming the bad token.
+    timm_policy.parse_timm_policy(cfg['randaug_policy'])  # Raises naming the bad token.
   crop, eval_crop = cfg['crop'], cfg['eval_crop']
   if crop not in CROPS:
     raise ValueError(f'data.crop={crop!r} is unknown; use one of {CROPS}.')

@@ -1,7 +1,8 @@
 """Every position encoding of the paper behind one interface, chosen by name (`model.pe.name`).
 
-  registry.py   the names and facts of every family (standard library only)
-  base.py       the interface (Encoding), the per-layer contexts, build / validate / create
+  base.py       the interface (Encoding), the per-layer contexts, `register` (a family's
+                facts, declared on its class), build / validate
+  registry.py   the names: parse / facts / label of every registered family and alias
   absolute.py   none, abs, sincos
   rope.py       rope_axial, paper_visionllama, rope_mixed, alibi
   liere.py      liere<b> (and its alias paper_rope_mixed = liere2)
@@ -11,8 +12,8 @@ Parameters (names are an API: checkpoints and the PyTorch port depend on them):
   abs         embedding   [1, T_train, D]  (CLS slot first when there is a CLS token)
   rope_mixed  freqs       [n, depth, heads * d/2]   (naver-ai/rope-vit layout)
   liere<b>    generators  [L, H, n, d//b, b(b-1)/2]  L = depth or 1, H = heads or 1 (sharing)
-  paper_rope_mixed     generators [L, H, n, d//2, 1]: liere2 itself (registry.ALIASES), is the
-                       paper's RoPE-Mixed column; not naver-ai's RoPE-Mixed (rope_mixed).
+  paper_rope_mixed     generators [L, H, n, d//2, 1]: liere2 itself (an alias LieRE declares),
+                       is the paper's RoPE-Mixed column; not naver-ai's RoPE-Mixed (rope_mixed).
   paper_visionllama    no parameters: is the paper's VisionLlama column; not rope-vit's axial
                        RoPE (rope_axial).
   comrope_ap<b>        skew_params  [depth, heads, d//b, b, b]   block j: B_j = P_j - P_j^T
@@ -22,13 +23,24 @@ Parameters (names are an API: checkpoints and the PyTorch port depend on them):
   string_circulant<b>  circulant    [depth, heads, n, d//b, b]   first columns c of C_{a,j}
   none, sincos, rope_axial, alibi: no parameters.
 """
-from liere_jax.encodings.registry import ALIASES, FAMILIES, NAMES, Facts, facts, label, parse
-from liere_jax.encodings.base import (Bias, Encoding, LayerContext, Rotate, build, create,
+from liere_jax.encodings.base import (Bias, Encoding, Facts, LayerContext, Rotate, build,
                                       families, layer, register, validate)
 from liere_jax.encodings.absolute import Absolute, NoPE, SinCos, sincos_table
 from liere_jax.encodings.rope import ALiBi, PaperVisionLlama, RopeAxial, RopeMixed
 from liere_jax.encodings.liere import LieRE
-from liere_jax.encodings.commuting import (COMROPE_INIT_STD, Circulant, ComRoPEAP, ComRoPELD,
-                                           Projected, StringCayley, StringCirculant,
-                                           cayley_orthogonal, circulant_rotate,
-                                           comrope_position_map, expm_skew_lines)
+from liere_jax.encodings.commuting import (ComRoPEAP, ComRoPELD, StringCayley,
+                                           StringCirculant, cayley_orthogonal, expm_skew_lines)
+from liere_jax.encodings.registry import ALIASES, FAMILIES, NAMES, facts, label, parse
+
+__all__ = [
+    # Names and facts.
+    'ALIASES', 'FAMILIES', 'NAMES', 'Facts', 'facts', 'label', 'parse',
+    # The interface and the builder.
+    'Bias', 'Encoding', 'LayerContext', 'Rotate', 'build', 'families', 'layer', 'register',
+    'validate',
+    # The encodings.
+    'NoPE', 'Absolute', 'SinCos', 'RopeAxial', 'PaperVisionLlama', 'RopeMixed', 'ALiBi', 'LieRE',
+    'ComRoPEAP', 'ComRoPELD', 'StringCayley', 'StringCirculant',
+    # Their math, for tests and the port's parity checks.
+    'sincos_table', 'cayley_orthogonal', 'expm_skew_lines',
+]

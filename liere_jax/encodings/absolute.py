@@ -10,12 +10,12 @@ from liere_jax.encodings.base import Encoding, register
 from liere_jax.positions import grid_positions
 
 
-@register('none')
+@register('none', reads_positions=False, official=True, label='None')
 class NoPE(Encoding):
   pass
 
 
-@register('abs')
+@register('abs', reads_positions=False, official=True, label='Absolute')
 class Absolute(Encoding):
   """Learned embedding added to the tokens (DeiT-III); resized to new grids.
 
@@ -53,7 +53,7 @@ def sincos_table(pos: np.ndarray, dim: int, temperature: float = 10000.) -> np.n
   return np.pad(feats, ((0, 0), (0, dim - feats.shape[-1]))).astype(np.float32)
 
 
-@register('sincos')
+@register('sincos', reads_positions=False, label='Sin-cos')
 class SinCos(Encoding):
   """Fixed 2D/3D sin-cos embedding (MAE style) on integer positions; CLS gets zeros."""
 

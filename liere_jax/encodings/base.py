@@ -14,16 +14,33 @@ A LayerContext is a small pytree that acts inside attention:
 Prefix tokens (CLS) sit at position 0: the identity rotation (string_cayley: its P), no ALiBi
 bias.
 
-Each family registers its class with `register('family')`; its facts are in registry.py.
+Each family declares itself where its class is defined: `@register('family', **facts)` gives
+the facts the rest of the library reads (registry.py looks them up by name), and the class's
+`check` / `check_options` hold its rules.
 """
-from typing import Dict, Sequence, Type
+import dataclasses
+from typing import Dict, Mapping, Optional, Sequence, Tuple, Type
 
 import jax
 from flax import nnx
 from flax import struct
 
 from liere_jax import rotations
-from liere_jax.encodings import registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+  """What the rest of the library needs to know about an encoding family."""
+  family: str  # 'liere', 'comrope_ap', 'rope_mixed', ...
+  blocks: bool  # Names are family<b> (liere8, comrope_ld4, ...).
+  min_block: int  # The smallest block size b.
+  positions: str  # Default position mode (liere_jax.positions.MODES) at the training grid.
+  reads_positions: bool  # False: the encoding ignores token positions (and jitter).
+  options: Tuple[str, ...]  # model.pe options that apply besides name, positions and jitter.
+  official: bool  # Converts to / from the official LieRE code's checkpoint layout.
+  label: str  # Report label; '{b}' stands for the block size.
+  # Names that are this family at a fixed block size: alias -> (block, report label).
+  aliases: Mapping[str, Tuple[int, str]] = dataclasses.field(default_factory=dict)
 
 
 class LayerContext(struct.PyTreeNode):
@@ -60,7 +77,7 @@ def layer(ctx: LayerContext, i) -> LayerContext:
 
 class Encoding(nnx.Module):
   """The interface; the defaults do nothing (`pe=none`)."""
-  facts: registry.Facts  # Set by `register`.
+  facts: Facts  # Set by `register`.
 
   @classmethod
   def from_spec(cls, spec, *, rngs: nnx.Rngs) -> 'Encoding':
@@ -70,6 +87,12 @@ class Encoding(nnx.Module):
   @classmethod
   def check(cls, *, block, head_dim: int, width: int, n_dims: int, name: str):
     """Rules of the family beyond its block range; raises a ValueError naming the fix."""
+
+  @classmethod
+  def check_options(cls, pe: Mapping, *, name: str):
+    """Rules of the model.pe options it reads (facts.options); raises a ValueError naming the
+    value and the fix. The options it does not read are checked by the caller (left at their
+    defaults)."""
 
   def embed(self, x, grid: Sequence[int], num_prefix: int):
     return x
@@ -84,13 +107,16 @@ class Encoding(nnx.Module):
 _CLASSES: Dict[str, Type[Encoding]] = {}
 
 
-def register(family: str):
-  """Class decorator: the implementation of `family` (a registry.FAMILIES entry)."""
+def register(family: str, *, label: str, blocks: bool = False, min_block: int = 2,
+             positions: str = 'integer', reads_positions: bool = True,
+             options: Tuple[str, ...] = (), official: bool = False,
+             aliases: Optional[Mapping[str, Tuple[int, str]]] = None):
+  """Class decorator: `cls` implements `family`, with these facts (see Facts)."""
   def add(cls):
-    if family not in registry.FAMILIES:
-      raise ValueError(f'Encoding family {family!r} has no facts; add them to '
-                       'liere_jax/encodings/registry.py FAMILIES.')
-    cls.facts = registry.FAMILIES[family]
+    if family in _CLASSES:
+      raise ValueError(f'Encoding family {family!r} is registered twice.')
+    cls.facts = Facts(family, blocks, min_block, positions, reads_positions, tuple(options),
+                      official, label, dict(aliases or {}))
     _CLASSES[family] = cls
     return cls
   return add
@@ -99,10 +125,11 @@ def register(family: str):
 def validate(family: str, *, block, head_dim: int, width: int, n_dims: int, name: str = ''):
   """The encoding's own rules; raises a ValueError naming the bad value and the fix.
 
-  name: the model.pe.name (default family<block>), for the messages (registry.ALIASES).
+  name: the model.pe.name (default family<block>), for the messages (Facts.aliases).
   """
   name = name or f"{family}{block or ''}"
-  facts = registry.facts(family)
+  cls = _CLASSES[family]
+  facts = cls.facts
   if facts.blocks and block is None:
     raise ValueError(f'model.pe.name={family!r} needs a block size; use e.g. {family}8.')
   low = facts.min_block
@@ -110,28 +137,14 @@ def validate(family: str, *, block, head_dim: int, width: int, n_dims: int, name
     raise ValueError(f'model.pe.name={name}: block size {block} must be in [{low}, '
                      f'head_dim={head_dim}]; use e.g. {family}{max(low, min(8, head_dim))} or '
                      f'{family}{head_dim}.')
-  _CLASSES[family].check(block=block, head_dim=head_dim, width=width, n_dims=n_dims, name=name)
+  cls.check(block=block, head_dim=head_dim, width=width, n_dims=n_dims, name=name)
 
 
 def build(spec, *, rngs: nnx.Rngs) -> Encoding:
-  """The encoding of a resolved model (liere_jax.spec.ModelSpec)."""
+  """The encoding of a resolved model (a ModelSpec)."""
   return _CLASSES[spec.pe.family].from_spec(spec, rngs=rngs)
 
 
-def create(name: str, *, grid: Sequence[int], heads: int, head_dim: int, depth: int = 1,
-           num_prefix: int = 0, rngs: nnx.Rngs, **options) -> Encoding:
-  """An encoding for attention outside our ViT: `depth` layers of `heads` heads of `head_dim`
-  dims, tokens on `grid` (the training grid; one axis per position coordinate), `num_prefix`
-  (0 or 1) prefix tokens first. options: model.pe fields (positions, share, init_scale, expm)."""
-  from liere_jax import config_lib, spec as spec_lib  # Late: spec imports this package.
-  m = config_lib.model_config(pe=name, variant='', patch=(1,) * len(grid), input_size=grid,
-                              channels=1, num_classes=1, pool='cls' if num_prefix else 'mean',
-                              width=heads * head_dim, depth=depth, heads=heads)
-  m.pe.update(options)
-  return build(spec_lib.resolve(m), rngs=rngs)
-
-
 def families() -> Dict[str, Type[Encoding]]:
-  """family -> its registered class."""
+  """family -> its registered class, in registration order."""
   return dict(_CLASSES)
-

@@ -121,7 +121,8 @@ class _ComRoPE(Encoding):
 COMROPE_INIT_STD = 1.0
 
 
-@register('comrope_ap')
+# ComRoPE's centred patch coordinates on [0, 1] positions.
+@register('comrope_ap', blocks=True, positions='normalized', label='ComRoPE-AP{b}')
 class ComRoPEAP(_ComRoPE):
   """ComRoPE-AP (axis partition): R(x) = blockdiag_j exp(x_{j mod n} B_j), B_j = P_j - P_j^T.
 
@@ -156,7 +157,7 @@ class ComRoPEAP(_ComRoPE):
     return Rotate(jnp.swapaxes(rot, 2, 3))  # [L, H, T, k, b, b]
 
 
-@register('comrope_ld')
+@register('comrope_ld', blocks=True, positions='normalized', label='ComRoPE-LD{b}')
 class ComRoPELD(_ComRoPE):
   """ComRoPE-LD (linearly dependent): R(x) = blockdiag_j exp((sum_a theta_{a,j} x_a) S_{h,j}).
 
@@ -211,7 +212,7 @@ class Projected(LayerContext):
     return rotations.rotate(q, self.rot), rotations.rotate(k, self.rot), None
 
 
-@register('string_cayley')
+@register('string_cayley', label='STRING (Cayley)')
 class StringCayley(RopeMixed):
   """Cayley-STRING: R(x) = RoPE-Mixed(x) P, P = (I - S)(I + S)^-1 per layer and head.
 
@@ -247,7 +248,8 @@ class Circulant(LayerContext):
             circulant_rotate(k, self.phase, self.block), None)
 
 
-@register('string_circulant')
+# min_block 3: a 2 x 2 circulant is symmetric, C - C^T = 0.
+@register('string_circulant', blocks=True, min_block=3, label='STRING (circulant {b})')
 class StringCirculant(Encoding):
   """Circulant-STRING: R(x) = blockdiag_j exp(sum_a x_a L_{a,j}), L = C - C^T, C circulant.
 

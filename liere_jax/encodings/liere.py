@@ -1,16 +1,22 @@
 """LieRE: rotations R(p) = expm(sum_i p_i A_i) with learned skew-symmetric generators A_i.
 
 The names liere<b> (b x b blocks) and paper_rope_mixed (= liere2: the paper's RoPE-Mixed
-column ran the official code's LieRE with 2 x 2 blocks; registry.ALIASES).
+column ran the official code's LieRE with 2 x 2 blocks; its Table 10's b = 2 row equals it).
 """
 import jax
 from flax import nnx
 
 from liere_jax import rotations
 from liere_jax.encodings.base import Encoding, Rotate, register
+from liere_jax.expm import METHODS, PRECISIONS
+
+SHARE = ('none', 'layers', 'heads', 'all')  # model.pe.share: generators shared over these.
 
 
-@register('liere')
+# Normalized positions: the U[0, 2 pi) generators are sized for positions in [0, 1].
+@register('liere', blocks=True, positions='normalized', official=True, label='LieRE{b}',
+          options=('share', 'init_scale', 'expm', 'expm_precision'),
+          aliases={'paper_rope_mixed': (2, 'RoPE-Mixed (paper: LieRE2)')})
 class LieRE(Encoding):
   """LieRE: R(p) = expm(sum_i p_i A_i) with learned block-diagonal skew-symmetric A_i.
 
@@ -24,6 +30,20 @@ class LieRE(Encoding):
     self.block, self.expm, self.expm_precision = block, expm, expm_precision
     shape = (layers, heads, n_dims, head_dim // block, rotations.num_free(block))
     self.generators = nnx.Param(init_scale * jax.random.uniform(rngs.params(), shape))
+
+  @classmethod
+  def check_options(cls, pe, *, name):
+    if pe['share'] not in SHARE:
+      raise ValueError(f"model.pe.share={pe['share']!r} is unknown; use one of {SHARE}.")
+    if pe['expm'] not in METHODS:
+      raise ValueError(f"model.pe.expm={pe['expm']!r} is unknown; use one of {METHODS} "
+                       '(e.g. --config.model.pe.expm=fast).')
+    if pe['expm_precision'] not in PRECISIONS:
+      raise ValueError(f"model.pe.expm_precision={pe['expm_precision']!r} is unknown; use one "
+                       f'of {PRECISIONS} (e.g. --config.model.pe.expm_precision=auto).')
+    if not float(pe['init_scale']) > 0:
+      raise ValueError(f"model.pe.init_scale={float(pe['init_scale'])} must be positive "
+                       '(LieRE: 2 pi).')
 
   @classmethod
   def from_spec(cls, spec, *, rngs):

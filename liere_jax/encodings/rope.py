@@ -18,7 +18,7 @@ class _Angles(Encoding):
                        f'positions, got {head_dim}; use fewer heads.')
 
 
-@register('rope_axial')
+@register('rope_axial', label='Axial RoPE (rope-vit)')
 class RopeAxial(_Angles):
   """VisionLlama / RoPE-Axial: fixed frequencies, each axis owns an equal share of the pairs.
 
@@ -40,7 +40,9 @@ class RopeAxial(_Angles):
     return Rotate(rotations.angle_rotations(angles)[None, None])  # [1, 1, T, pairs, 2, 2]
 
 
-@register('paper_visionllama')
+# The official code's [0, 1] positions.
+@register('paper_visionllama', positions='normalized', official=True,
+          label='VisionLlama RoPE (paper)')
 class PaperVisionLlama(RopeAxial):
   """The paper's VisionLlama column: the official LieRE code's "tiled" encoding (phase_type
   "inverse_exp"), rotate-by-angle RoPE with fixed axial frequencies.
@@ -69,7 +71,7 @@ def _random_frame(key, n):
   return q * jnp.sign(jnp.diag(r))
 
 
-@register('rope_mixed')
+@register('rope_mixed', official=True, label='RoPE-Mixed (naver-ai)')
 class RopeMixed(_Angles):
   """RoPE-Mixed (Heo et al. 2024): learned frequencies per layer and head, mixed over axes.
 
@@ -106,7 +108,7 @@ class RopeMixed(_Angles):
     return Rotate(self.rotations(pos))
 
 
-@register('alibi')
+@register('alibi', label='2D ALiBi')
 class ALiBi(Encoding):
   """2D/3D ALiBi (CROMA): logit bias -m_h * ||p_q - p_k||, slopes 2^(-8(h+1)/H).
 

@@ -1,0 +1,94 @@
+"""A config field declared once: its name, default, one-line doc and, for a field added after
+runs were written, the value that reproduces those runs. The ConfigDict builders, the field
+lists, the upgrade of stored configs and the docs table all read these declarations.
+
+  MODEL = Section('model', [Field('width', 0, 'Token width; 0 = the variant's.'), ...])
+  MODEL.build(width=32) -> ConfigDict; MODEL.names; MODEL.upgrade(stored) -> dict
+"""
+import dataclasses
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import ml_collections
+
+REQUIRED = object()  # A field every builder call must give (no default).
+NEW = object()  # `added` of a field every stored config has.
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+  name: str
+  default: Any  # REQUIRED, a value, or a Section (a nested section).
+  doc: str  # One line: what it is, its values, what 0 / None means.
+  added: Any = NEW  # Stored configs written before the field existed get this value.
+  kind: Optional[type] = None  # The type of a None default (ml_collections placeholder).
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+  """The fields of one config section (`where`: 'model', 'model.pe', 'data', '' = the top)."""
+  where: str
+  fields: Tuple[Field, ...]
+
+  def __init__(self, where: str, fields: Sequence[Field]):
+    object.__setattr__(self, 'where', where)
+    object.__setattr__(self, 'fields', tuple(fields))
+
+  @property
+  def names(self) -> Tuple[str, ...]:
+    return tuple(f.name for f in self.fields)
+
+  def __getitem__(self, name: str) -> Field:
+    return next(f for f in self.fields if f.name == name)
+
+  def build(self, **values) -> ml_collections.ConfigDict:
+    """The section with every field at its default, `values` over them; nested sections are
+    built from their own defaults unless given."""
+    unknown = sorted(set(values) - set(self.names))
+    if unknown:
+      raise TypeError(f'{self.where or "config"} has no field {unknown[0]!r}; its fields are '
+                      f'{list(self.names)}.')
+    c = ml_collections.ConfigDict()
+    for f in self.fields:
+      if f.name in values:
+        c[f.name] = values[f.name]
+      elif isinstance(f.default, Section):
+        c[f.name] = f.default.build()
+      elif f.default is REQUIRED:
+        raise TypeError(f'{self.where or "config"}.{f.name} has no default; give it.')
+      elif f.default is None:
+        c[f.name] = ml_collections.config_dict.placeholder(f.kind)
+      else:
+        c[f.name] = f.default
+    return c
+
+  def upgrade(self, stored: Dict[str, Any]) -> Dict[str, Any]:
+    """A stored section (plain dict) with the fields added since it was written at the values
+    that reproduce it; nested sections likewise. Other fields are left as they are."""
+    out = dict(stored)
+    for f in self.fields:
+      if isinstance(f.default, Section) and isinstance(out.get(f.name), dict):
+        out[f.name] = f.default.upgrade(out[f.name])
+      elif f.name not in out and f.added is not NEW:
+        out[f.name] = f.added
+    return out
+
+  def added(self) -> Dict[str, Any]:
+    """{name: value for stored configs} of the fields added since runs were written."""
+    return {f.name: f.added for f in self.fields if f.added is not NEW}
+
+  def defaults(self) -> Dict[str, Any]:
+    """{name: default} of the fields that have one (no nested sections)."""
+    return {f.name: f.default for f in self.fields
+            if f.default is not REQUIRED and not isinstance(f.default, Section)}
+
+  def table(self) -> str:
+    """The fields as Markdown table rows: | `where.name` | default | doc |."""
+    rows = []
+    for f in self.fields:
+      if isinstance(f.default, Section):
+        rows.append(f.default.table())
+        continue
+      key = f'{self.where}.{f.name}' if self.where else f.name
+      default = 'required' if f.default is REQUIRED else f'`{f.default!r}`'
+      rows.append(f'| `{key}` | {default} | {f.doc} |')
+    return '\n'.join(rows)
