@@ -233,6 +233,15 @@ def test_torchvision_style_ops_match_their_definition(name, m):
   assert np.array_equal(out, CLIP) == (name == 'identity'), name
 
 
+def test_autocontrast_keeps_a_flat_channel_as_pil_does():
+  """A channel of one value (hi == lo) stays as it is, as PIL's autocontrast leaves it."""
+  clip = CLIP.copy()
+  clip[..., 1] = 77
+  out = augment.RANDAUG_OPS['autocontrast'](clip, 0.5)
+  np.testing.assert_array_equal(out[..., 1], clip[..., 1])
+  assert np.abs(out.astype(int) - per_frame(pil(ImageOps.autocontrast), clip)).max() <= 1
+
+
 def test_torchvision_style_table(monkeypatch):
   assert list(augment.RANDAUG_OPS) == [
       'identity', 'shear_x', 'shear_y', 'translate_x', 'translate_y', 'rotate', 'brightness',
