@@ -140,8 +140,8 @@ def _in_process(args, **kwargs):
     helpers.train(helpers.override(helpers.load_config(path, arg), overrides), flags['workdir'])
   else:
     sizes = tuple(int(s) for s in flags['resolutions'].split(',') if s)
-    helpers.evaluate(flags['workdir'], out=flags['out'], resolutions=sizes,
-                     data__num_eval=int(flags['num_eval']))
+    num_eval = {'data__num_eval': int(flags['num_eval'])} if 'num_eval' in flags else {}
+    helpers.evaluate(flags['workdir'], out=flags['out'], resolutions=sizes, **num_eval)
   return subprocess.CompletedProcess(args, 0)
 
 
