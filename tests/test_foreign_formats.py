@@ -52,7 +52,7 @@ def test_a_safetensors_file_written_from_the_specification_loads_in_jax_and_in_t
     np.testing.assert_array_equal(ported[name].numpy(), value, err_msg=name)
 
 
-def test_our_safetensors_export_decodes_under_the_specification_with_the_model_json(tmp_path):
+def test_our_safetensors_export_decodes_under_the_specification_with_the_run_s_json(tmp_path):
   config = _config(pe='rope_mixed', width=32, heads=2)
   params = _random_params(config, 1)
   run = str(tmp_path / 'run')
@@ -69,3 +69,6 @@ def test_our_safetensors_export_decodes_under_the_specification_with_the_model_j
     beside = json.load(f)
   assert json.loads(metadata['liere_jax']) == {k: v for k, v in beside.items()
                                                if k != 'source_config'}
+  again = convert.config_from_json(beside, 'model.json')  # The whole run, not just its model.
+  fields = lambda c: (c.data.name, c.data.grid, c.batch_size, c.total_steps, c.lr)
+  assert fields(again) == fields(config)
