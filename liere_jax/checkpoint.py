@@ -25,11 +25,11 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from liere_jax import paths
-from liere_jax import spec as spec_lib
-from liere_jax.config.run import upgrade
 from liere_jax.checkpoint_damage import (DAMAGED, CheckpointError, first_readable,
                                          set_aside_unreadable_metrics, steps_in,
                                          stored_target)
+from liere_jax.config import model as config_model
+from liere_jax.config.run import upgrade
 from liere_jax.param_tree import int_keys, shaping_fields, to_loop_params, to_scan_params
 
 CONFIG_FILE = 'config.json'
@@ -67,12 +67,13 @@ def _shaping(model, stored: bool = False) -> dict:
   A `stored` run may carry options its encoding ignored then and refuses now; those are reset.
   """
   try:
-    return shaping_fields(spec_lib.resolve(model))
+    return shaping_fields(config_model.resolve(model))
   except ValueError:
     if not stored:
       raise
     m = model.to_dict() if hasattr(model, 'to_dict') else dict(model)
-    return shaping_fields(spec_lib.resolve({**m, 'pe': spec_lib.reset_unread_options(m['pe'])}))
+    pe = config_model.reset_unread_options(m['pe'])
+    return shaping_fields(config_model.resolve({**m, 'pe': pe}))
 
 
 def check_same_model(workdir: str, config: ml_collections.ConfigDict):
@@ -100,7 +101,7 @@ def check_same_model(workdir: str, config: ml_collections.ConfigDict):
   for part in key.split('.'):
     raw = raw.get(part) if isinstance(raw, dict) else None
   flag = f'"{tuple(value)}"' if isinstance(value, list) else value
-  resume = (f'--config.model.{key}={flag}' if spec_lib.json_ready(raw) == value
+  resume = (f'--config.model.{key}={flag}' if config_model.json_ready(raw) == value
             else f"that run's config ({CONFIG_FILE} there)")
   raise CheckpointError(
       f'--workdir {workdir} holds a run of a different model (model.{key}: {value!r} there, '
@@ -169,7 +170,11 @@ def manager(workdir: str, name: str = 'checkpoints', keep: int = 2,
   directory = paths.path(workdir) / name
   options = ocp.CheckpointManagerOptions(
       max_to_keep=1 if best else keep, create=True, enable_async_checkpointing=True,
-      best_fn=(lambda m: m['accuracy']) if best else None, best_mode='max')
+      best_fn=(lambda m: m['accuracy']) if best else None, best_mode='max',
+      # Several processes: each manager's barriers under its own name. At an evaluation step
+      # the latest and the best manager save at once, and under Orbax's default names their
+      # finishing threads meet at one barrier ("... is already ongoing"): the run hung.
+      multiprocessing_options=ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=name))
 
   def make():
     return ocp.CheckpointManager(
@@ -260,6 +265,7 @@ def save_params(workdir: str, config: ml_collections.ConfigDict, params, step: i
   check_same_model(workdir, config)
   write_config(workdir, config)
   mngr = manager(workdir)
-  save(mngr, step, {'params': to_loop_params(params)}, {'step': step, 'data_position': step, 'imported': True})
+  save(mngr, step, {'params': to_loop_params(params)},
+       {'step': step, 'data_position': step, 'imported': True})
   mngr.wait_until_finished()
   mngr.close()

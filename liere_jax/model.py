@@ -45,7 +45,7 @@ from flax import nnx
 from liere_jax import config_lib, encodings
 from liere_jax import positions as positions_lib
 from liere_jax import switches
-from liere_jax.spec import LN_EPS, ModelSpec, resolve
+from liere_jax.config.model import LN_EPS, ModelSpec, resolve
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 _XAVIER = nnx.initializers.xavier_uniform()

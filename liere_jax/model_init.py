@@ -34,7 +34,7 @@ import ml_collections
 import numpy as np
 
 from liere_jax import param_tree, paths
-from liere_jax.spec import resolve
+from liere_jax.config.model import resolve
 
 HEAD_MODES = ('load', 'reinit')
 HEAD = (('head', 'kernel'), ('head', 'bias'))

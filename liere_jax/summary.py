@@ -19,7 +19,7 @@ from ml_collections import config_flags
 
 from liere_jax import cli, config_lib
 from liere_jax.model import ViT
-from liere_jax.spec import resolve
+from liere_jax.config.model import resolve
 
 def _flops(fn, *args) -> float:
   cost = jax.jit(fn).lower(*args).compile().cost_analysis()

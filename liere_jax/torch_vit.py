@@ -561,7 +561,7 @@ ADDED_FIELDS = {'dropout_sites': ('embed', 'attn', 'mlp')}
 
 
 def spec_fields(config):
-  """The resolved model of an exported JSON (liere_jax.spec.ModelSpec.to_json(): every value
+  """The resolved model of an exported JSON (liere_jax.config.model.ModelSpec.to_json(): every value
   given, no default applied here)."""
   config = {**ADDED_FIELDS, **config}
   missing = [k for k in SPEC_FIELDS if k not in config]

@@ -155,7 +155,8 @@ def check(run, workdir: str, config):
   refused, before anything is compiled or written: the store, the dataset, a workdir that all
   processes see, the same model as the workdir's checkpoints, and --config.model_init's
   parameters, which it returns (None when fresh or resumed)."""
-  from liere_jax import checkpoint, model_init, run_spec
+  from liere_jax import checkpoint, model_init
+  from liere_jax.config import run as run_spec
   paths.check_store(workdir, '--workdir', tensorboard=True)
   run_spec.check_data(run)  # Says how to prepare an unprepared dataset.
   # Several processes: one workdir, seen alike (before any of them reads it).

@@ -16,8 +16,9 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from liere_jax import param_tree, run_spec
-from liere_jax.data import spec as data_spec
+from liere_jax import param_tree
+from liere_jax.config import run as run_spec
+from liere_jax.config import data as data_spec
 from liere_jax import model as model_lib
 from liere_jax.model import ViT
 

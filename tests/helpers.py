@@ -146,7 +146,8 @@ def train(config, workdir, devices=1):
   liere_jax.train` with that many devices trains (the same steps, bit for bit); returns the
   step SIGTERM stopped it at, or None, and prints what the program prints."""
   import jax
-  from liere_jax import run_spec, train as training
+  from liere_jax import train as training
+  from liere_jax.config import run as run_spec
   return training.train_and_evaluate(run_spec.resolve(config, devices), str(workdir),
                                      config=config, progress=False,
                                      devices=jax.devices()[:devices])
@@ -163,7 +164,8 @@ def evaluate(workdir, config=None, devices=1, out='eval', **overrides):
   `devices` devices: the run's own config (or `config`) with `overrides`; returns the
   results."""
   import jax
-  from liere_jax import checkpoint, eval as eval_lib, run_spec
+  from liere_jax import checkpoint, eval as eval_lib
+  from liere_jax.config import run as run_spec
   config = override(config or checkpoint.read_config(str(workdir)), overrides)
   checkpoint.check_same_model(str(workdir), config)
   return eval_lib.evaluate_workdir(run_spec.resolve(config, devices), str(workdir), out=out,

@@ -18,7 +18,7 @@ import scipy.linalg
 from flax import nnx
 
 from liere_jax import convert, encodings
-from liere_jax import spec as spec_lib
+from liere_jax.config import model as spec_lib
 from liere_jax.model import ViT
 from liere_jax.positions import grid_positions, with_prefix
 from tests.helpers import tiny_model_config

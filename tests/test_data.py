@@ -18,7 +18,7 @@ from liere_jax.data import augment
 from liere_jax.data import pipeline
 from liere_jax.data import randaugment
 from liere_jax.data import sources
-from liere_jax.data import spec as data_spec
+from liere_jax.config import data as data_spec
 from liere_jax.data import tfds_builders
 from liere_jax.data import transform
 from tests import datasets
@@ -606,7 +606,7 @@ def test_a_data_spec_is_accepted_wherever_the_data_section_is():
 
 
 def test_the_data_spec_imports_without_tfds_or_grain():
-  code = ('import sys; from liere_jax.data import spec; '
+  code = ('import sys; from liere_jax.config import data; '
           "print(sorted({'grain', 'tensorflow_datasets', 'jax'} & set(sys.modules)))")
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from liere_jax import encodings, param_tree, spec as spec_lib
+from liere_jax import encodings, param_tree
+from liere_jax.config import model as spec_lib
 from liere_jax.model import ViT
 from liere_jax.positions import grid_positions, with_prefix
 from liere_jax.summary import param_counts

@@ -1,5 +1,5 @@
 """The official LieRE recipe's model details: dropout sites, initialisation, the paper's
-ViT-Tiny, bfloat16 compute (liere_jax/model.py, spec.py)."""
+ViT-Tiny, bfloat16 compute (liere_jax/model.py, config/model.py)."""
 import dataclasses
 import json
 import math
@@ -14,7 +14,7 @@ from liere_jax import config_lib
 from liere_jax.config.model import MODEL
 from liere_jax import encodings
 from liere_jax import model as model_lib
-from liere_jax import spec as spec_lib
+from liere_jax.config import model as spec_lib
 from liere_jax import torch_vit
 from liere_jax.model import Block, Mlp, ViT
 from tests.helpers import tiny_model_config

@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 from liere_jax import convert, encodings, expm as expm_lib, rotations
-from liere_jax import spec as spec_lib
+from liere_jax.config import model as spec_lib
 from liere_jax.data import randaugment
 from tests.helpers import tiny_model_config
 
@@ -213,7 +213,8 @@ def test_arrows_examples_come_from_the_stream_of_the_data_seed_and_the_split():
 @pytest.mark.parametrize('policy,n,m', [('rand-m3-n2-p1', 2, 3), ('rand-m9-n3-p1', 3, 9)])
 def test_videomae_augment_applies_the_configs_timm_policy(monkeypatch, policy, n, m):
   from liere_jax import config_lib
-  from liere_jax.data import spec as data_spec, transform
+  from liere_jax.config import data as data_spec
+  from liere_jax.data import transform
   drawn = []
   real = randaugment.sample_timm_ops
   monkeypatch.setattr(randaugment, 'sample_timm_ops',

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from liere_jax import encodings, positions, reproduce
-from liere_jax import spec as spec_lib
+from liere_jax.config import model as spec_lib
 from liere_jax.model import ViT
 from tests.helpers import tiny_model_config
 

@@ -32,7 +32,7 @@ from safetensors.numpy import load_file, save_file  # noqa: E402
 from liere_jax import checkpoint, config_lib, convert, torch_vit  # noqa: E402
 from liere_jax.config.model import MODEL, PE  # noqa: E402
 from liere_jax.convert import __main__ as convert_cli  # noqa: E402
-from liere_jax import spec as spec_lib  # noqa: E402
+from liere_jax.config import model as spec_lib  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
 from tests.helpers import tiny_model_config  # noqa: E402
 

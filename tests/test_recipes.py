@@ -4,7 +4,8 @@ import pathlib
 
 import pytest
 
-from liere_jax import config_lib, configs, recipes, spec
+from liere_jax import config_lib, configs, recipes
+from liere_jax.config import model as spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

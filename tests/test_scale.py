@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from liere_jax import param_tree, rotations, spec as spec_lib, train_lib
+from liere_jax import param_tree, rotations, train_lib
+from liere_jax.config import model as spec_lib
 from liere_jax.expm import expm
 from liere_jax.model import ViT
 from tests.helpers import tiny_config_and_batch, tiny_model, tiny_model_config

@@ -1,11 +1,12 @@
-"""The resolved model configuration (liere_jax/spec.py): one place for every derived value."""
+"""The model section resolved (liere_jax/config/model.py): one place for every derived value;
+the declarations every config field is built from (liere_jax/config/)."""
 import dataclasses
 import json
 import os
 
 import pytest
 
-from liere_jax import spec as spec_lib
+from liere_jax.config import model as spec_lib
 from liere_jax import param_tree
 from liere_jax.config import run as config_run
 from liere_jax.config.data import DATA

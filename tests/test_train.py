@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from liere_jax import checkpoint, config_lib, data, evaluation, run_spec, train_lib
+from liere_jax import checkpoint, config_lib, data, evaluation, train_lib
+from liere_jax.config import run as run_spec
 from liere_jax.data import pipeline
 import liere_jax.configs
 from tests.helpers import copy_run, evaluate, free_port, load_config, run_tiny as run
@@ -273,7 +274,7 @@ def test_the_run_spec_is_resolved_once_and_names_a_bad_field():
   old = cfg.to_dict()  # A config.json written before model_parallel and model_init existed.
   for key in ('model_parallel', 'model_init', 'model_init_head', 'resolutions'):
     del old[key]
-  assert run_spec.resolve(old, 1).loop.model_parallel == 1
+  assert run_spec.resolve(run_spec.upgrade(old), 1).loop.model_parallel == 1  # As read back.
   for key, value, message in (
       ('bach_size', 8, "--config.bach_size is not a field of a run; remove it (the fields"),
       ('batch_size', 100, "--config.batch_size=100 must be a positive multiple of the mesh's 8"),

@@ -62,8 +62,9 @@ def bench_data(config, *, workers: Sequence[int] = (0, 1, 2), batches: int = 10,
   """Rows {workers, threads, images_per_s, cpu_ms_per_image, runs} (video: per frame, and also
   clips_per_s, frames_per_s, cpu_ms_per_clip) for `config` (its data section and batch_size),
   with what was measured."""
-  from liere_jax.data import pipeline, spec, standin  # TFDS and Grain: only for this benchmark.
-  data = spec.resolve_data(config.data)
+  from liere_jax.config.data import resolve_data
+  from liere_jax.data import pipeline, standin  # TFDS and Grain: only for this benchmark.
+  data = resolve_data(config.data)
   name = data.name
   with tempfile.TemporaryDirectory(prefix='liere_bench_data_') as tmp:
     stand_in = not data.data_dir and name in STANDIN_EXAMPLES

@@ -49,7 +49,7 @@ def official_kwargs(model) -> dict:
   liere_jax.convert.official_spec (which the parity tests load into the real RoPEViT), plus our
   dropout. ValueError naming why when the official code has no such model."""
   from liere_jax import convert
-  from liere_jax.spec import resolve
+  from liere_jax.config.model import resolve
   s = resolve(model)
   try:
     kw = convert.official_spec(model)

@@ -45,7 +45,8 @@ def _config(workdir: str):
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  from liere_jax import checkpoint, run_spec
+  from liere_jax import checkpoint
+  from liere_jax.config import run as run_spec
   workdir = _WORKDIR.value
   cli.init_distributed(_PROCESS)
   with cli.refusing():

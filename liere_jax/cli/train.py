@@ -19,7 +19,7 @@ PREEMPTED_EXIT = 143
 
 def main(argv):
   del argv
-  from liere_jax import run_spec
+  from liere_jax.config import run as run_spec
   logging.set_verbosity(logging.WARNING)
   cli.init_distributed(_PROCESS)
   workdir = _WORKDIR.value

@@ -1,14 +1,50 @@
-"""The data section's fields (`config.data`): each declared once, with its default and doc;
-liere_jax.data.spec checks them and resolves the section into a DataSpec. O = the official
-code, github.com/StanfordMIMI/LieRE; S = the training size (image_size, or the native one)."""
+"""The data section of a config (`config.data`): each field declared once with its default and
+doc, the builder, and `resolve_data`, which checks the section once into a DataSpec.
+O = the official code, github.com/StanfordMIMI/LieRE; S = the training size (image_size, or the
+native one). The datasets themselves are in liere_jax/data/datasets.py.
+
+  spec = resolve_data(config.data)   # Raises one clear error on a bad field.
+  train_dataset(spec, ...); eval_batches(spec, ...)   # They also take the ConfigDict.
+
+More on some fields:
+  augment='videomae' also samples training clips as VideoMAE's loader does (O
+                videodataset.py:390-417): floor(linspace) of num_frames points over a random
+                window of num_frames * stride frames; RandAugment before the crop sees the native
+                image under crop='rrc' (images: PIL's antialiased bilinear as torchvision on PIL;
+                video: plain bilinear as O's torch interpolate).
+  eval_views    (5, 3), O's protocol (O dataset/videodataset.py:171-296): clips start at 5 evenly
+                spaced points of the stride grid (short videos repeat their last frame), and 3
+                S x S crops are evenly spaced along the longer side of frames resized to shorter
+                side S. Eval batches then carry `video`; evaluation.py reports per-view (O's
+                number) and per-video accuracy.
+  data_dir      arrows with None: train is an unlimited stream (2**31 - 1 examples, or
+                num_train) of seed stream `arrows.split_seed(seed, 'train')`, eval the first
+                num_eval examples of the 'test' stream; with a data_dir the prepared
+                liere_arrows/grid{G} is read instead (see tfds_builders.py).
+  workers, threads, prefetch   the batches are the same whatever they are; `python -m
+                liere_jax.bench data --config C` times them on stand-in data.
+Eval has no augmentation (eval_crop, eval_views). Normalisation: (x / 255 - mean) / std per
+channel with the dataset's constants.
+"""
+import dataclasses
+from typing import Optional, Tuple
+
 import ml_collections
+import numpy as np
 
 from liere_jax.config.fields import REQUIRED, Field, Section
+from liere_jax.data import arrows
+from liere_jax.data import timm_policy
+from liere_jax.data.datasets import DATASETS, Dataset
 
+AUGMENTS = ('none', 'light', 'randaug', 'official_randaug', 'videomae')
+CROPS = ('pad', 'rrc')
+EVAL_CROPS = ('resize_center', 'center')
+NORMALISE = ('host', 'device')
 _RRC = "'rrc'"
 DATA = Section('data', [
     Field('name', REQUIRED, "'cifar100', 'imagenet2012', 'ucf101' or 'arrows' (see "
-          "liere_jax/data/spec.py), or a TFDS name with a config or version "
+          "liere_jax/data/datasets.py), or a TFDS name with a config or version "
           "('ucf101/ucf101_1', 'cifar100:3.0.2')."),
     Field('data_dir', None, 'TFDS data directory; None: the TFDS default ($TFDS_DATA_DIR or '
           '~/tensorflow_datasets), and arrows rendered on the fly.', kind=str),
@@ -58,3 +94,142 @@ DATA = Section('data', [
 def data_config(*, name: str, **values) -> ml_collections.ConfigDict:
   """The data section: DATA's defaults, `values` over them."""
   return DATA.build(name=name, **values)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+  """The data section of a config, resolved (defaults filled in) and checked."""
+  name: str  # Key of DATASETS.
+  tfds_name: str  # What TFDS opens, with any config or version given in data.name.
+  data_dir: Optional[str]
+  train_split: str
+  eval_split: str
+  fraction: float
+  augment: str
+  crop: str
+  randaug_policy: str
+  random_erasing: float
+  eval_crop: str
+  eval_views: Tuple[int, int]  # (temporal, spatial).
+  mixup: float
+  size: int  # Training spatial size: data.image_size, or the native size for 0.
+  num_frames: int
+  frame_stride: int
+  grid: int
+  num_eval: int
+  num_train: int  # 0 = unlimited (arrows on the fly).
+  seed: int
+  workers: int
+  threads: int
+  prefetch: int
+  normalise: str  # Train batches: 'host' (float32) or 'device' (uint8, the trainer's).
+
+  @property
+  def info(self) -> Dataset:
+    return DATASETS[self.name]
+
+  def input_shape(self, size: Optional[int] = None) -> Tuple[int, ...]:
+    """[num_frames,] size, size, 3 (size: default the training size)."""
+    size = size or self.size
+    frames = (self.num_frames,) if self.name == 'ucf101' else ()
+    return frames + (size, size, 3)
+
+
+def resolve_data(data_config) -> DataSpec:
+  """The DataSpec of a data section (ConfigDict or dict); a DataSpec is returned unchanged."""
+  if isinstance(data_config, DataSpec):
+    return data_config
+  cfg = data_config.to_dict() if hasattr(data_config, 'to_dict') else dict(data_config)
+  unknown = sorted(set(cfg) - set(DATA.names))
+  if unknown:
+    raise ValueError(f'data config fields {unknown} are unknown; the fields are {DATA.names}.')
+  missing = [k for k in DATA.names if k not in cfg]
+  if missing:
+    raise ValueError(f'data.{missing[0]} is missing; build the data section with '
+                     'liere_jax.config_lib.data_config (it sets every field).')
+  full_name = cfg['name'] or ''
+  name = full_name.split('/')[0].split(':')[0]
+  if name not in DATASETS:
+    raise ValueError(f'data.name={full_name!r} is unknown; use one of {list(DATASETS)}.')
+  info = DATASETS[name]
+  tfds_name = full_name if full_name != name else info.tfds_name
+  augment = cfg['augment']
+  if augment not in AUGMENTS:
+    raise ValueError(f'data.augment={augment!r} is unknown; use one of {AUGMENTS}.')
+  if name == 'arrows' and augment != 'none':
+    raise ValueError(f"data.augment={augment!r} would flip or rotate arrows and change their "
+                     "label; the arrows task needs augment='none'.")
+  if augment == 'videomae':
+    timm_policy.parse_timm_policy(cfg['randaug_policy'])  # Raises naming the bad token.
+  crop, eval_crop = cfg['crop'], cfg['eval_crop']
+  if crop not in CROPS:
+    raise ValueError(f'data.crop={crop!r} is unknown; use one of {CROPS}.')
+  if eval_crop not in EVAL_CROPS:
+    raise ValueError(f'data.eval_crop={eval_crop!r} is unknown; use one of {EVAL_CROPS}.')
+  random_erasing = float(cfg['random_erasing'])
+  if not 0 <= random_erasing <= 1 or (name == 'arrows' and random_erasing):
+    raise ValueError(f'data.random_erasing={random_erasing} must be a probability in [0, 1] '
+                     '(0 = off), and 0 for arrows (erasing can hide the arrow that is the label).')
+  views = cfg['eval_views']
+  if not (isinstance(views, (tuple, list)) and len(views) == 2
+          and all(isinstance(v, int) and v >= 1 for v in views)):
+    raise ValueError(f'data.eval_views={views!r} must be (temporal, spatial) counts >= 1, e.g. '
+                     "(5, 3), the official UCF101 protocol.")
+  views = tuple(views)
+  if views != (1, 1) and name != 'ucf101':
+    raise ValueError(f'data.eval_views={views} is for video; {name} has one view: set (1, 1).')
+  if views[1] > 1 and eval_crop != 'resize_center':
+    raise ValueError(f"data.eval_views={views}: spatial views are crops along the longer side of "
+                     "frames resized to shorter side S; they need eval_crop='resize_center'.")
+  fraction = float(cfg['fraction'])
+  if not 0 < fraction <= 1:
+    raise ValueError(f'data.fraction={fraction} must be in (0, 1] (paper Fig. 4: 0.2-0.9).')
+  mixup = float(cfg['mixup'])
+  if mixup < 0:
+    raise ValueError(f'data.mixup={mixup} is the Beta(alpha, alpha) alpha: >= 0 (0 = off).')
+  grid = int(cfg['grid'])
+  size = int(cfg['image_size'])
+  native = {'cifar100': 32, 'arrows': arrows.CELL * grid}.get(name)
+  if native is None and size <= 0:
+    raise ValueError(f'data.image_size={size}: {name} images are resized to image_size x '
+                     'image_size; set it (the paper uses 224).')
+  if native is not None and size not in (0, native):
+    raise ValueError(
+        f'data.image_size={size} but {name} images are {native}x{native}'
+        + (f' (grid={grid} cells of {arrows.CELL} px; set data.grid={size // arrows.CELL})'
+           if name == 'arrows' else '')
+        + '; set image_size=0 (native), and use eval input_size to test other resolutions.')
+  for key, low, what in (('workers', 0, 'worker processes; 0 = none'),
+                         ('threads', 1, 'threads in each process'),
+                         ('prefetch', 1, 'batches computed ahead by each process')):
+    if int(cfg[key]) < low:
+      raise ValueError(f'data.{key}={cfg[key]} must be >= {low} ({what}).')
+  normalise = cfg['normalise']
+  if normalise not in NORMALISE:
+    raise ValueError(f'data.normalise={normalise!r} is unknown; use one of {NORMALISE}.')
+  if normalise == 'device' and (mixup or random_erasing):
+    raise ValueError(f"data.normalise='device' sends uint8 pixels, but mixup={mixup} and "
+                     f'random_erasing={random_erasing} work on normalised values; set '
+                     "data.normalise='host' (or both to 0).")
+  num_frames, frame_stride = int(cfg['num_frames']), int(cfg['frame_stride'])
+  if name == 'ucf101' and (num_frames < 1 or frame_stride < 1):
+    raise ValueError(f'data.num_frames={num_frames} and data.frame_stride={frame_stride} must '
+                     'be >= 1.')
+  return DataSpec(
+      name=name, tfds_name=tfds_name, data_dir=cfg['data_dir'] or None,
+      train_split=cfg['train_split'] or info.splits[0],
+      eval_split=cfg['eval_split'] or info.splits[1],
+      fraction=fraction, augment=augment, crop=crop, randaug_policy=cfg['randaug_policy'],
+      random_erasing=random_erasing, eval_crop=eval_crop, eval_views=views, mixup=mixup,
+      size=size or native, num_frames=num_frames, frame_stride=frame_stride, grid=grid,
+      num_eval=int(cfg['num_eval']), num_train=int(cfg['num_train'] or 0),
+      seed=int(cfg['seed']), workers=int(cfg['workers']), threads=int(cfg['threads']),
+      prefetch=int(cfg['prefetch']), normalise=normalise)
+
+
+def normalisation(data) -> Tuple[np.ndarray, np.ndarray]:
+  """(scale, offset) float32 [channels]: normalised = pixels * scale + offset, i.e.
+  (x / 255 - mean) / std with the dataset's constants. data: a DataSpec or data section."""
+  info = resolve_data(data).info
+  mean, std = np.asarray(info.mean, np.float32), np.asarray(info.std, np.float32)
+  return 1 / (255 * std), -mean / std

@@ -45,7 +45,7 @@ class Section:
     built from their own defaults unless given."""
     unknown = sorted(set(values) - set(self.names))
     if unknown:
-      raise TypeError(f'{self.where or "config"} has no field {unknown[0]!r}; its fields are '
+      raise ValueError(f'{self.where or "config"} has no field {unknown[0]!r}; its fields are '
                       f'{list(self.names)}.')
     c = ml_collections.ConfigDict()
     for f in self.fields:

@@ -1,10 +1,26 @@
-"""The model section's fields (`config.model`, `config.model.pe`): each declared once, with its
-default and doc; liere_jax.spec checks them and resolves the section into a ModelSpec."""
+"""The model section of a config (`config.model`, `config.model.pe`): each field declared once
+with its default and doc, the builder, and `resolve`, the one place where the section becomes the
+values every consumer uses (the JAX model, training, evaluation, the export, the PyTorch port).
+
+The ConfigDict stays the user interface (configs/*.py, `--config.model.x=y`); `resolve` checks
+it, fills every derived value (the variant's dims, the encoding's position mode, LieRE's
+generator stacks from `share`) and returns a frozen `ModelSpec`. Nothing downstream reads a
+model field with a default of its own. `ModelSpec.to_json()` is what the export writes and the
+PyTorch port reads.
+
+  spec = resolve(config.model)
+  spec.width, spec.head_dim, spec.train_grid, spec.pe.positions, spec.pe.layers, ...
+"""
+import dataclasses
 import math
+from typing import Optional, Tuple
 
 import ml_collections
 
+from liere_jax import encodings
 from liere_jax.config.fields import REQUIRED, Field, Section
+from liere_jax.encodings import registry
+from liere_jax.positions import MODES as POSITION_MODES
 
 PE = Section('model.pe', [
     Field('name', REQUIRED, 'The encoding: any of liere_jax.encodings.NAMES (docs/encodings.md).'),
@@ -21,7 +37,7 @@ PE = Section('model.pe', [
 ])
 
 MODEL = Section('model', [
-    Field('variant', '', "'Ti', 'S', 'B', 'L' or 'paper_tiny' (spec.VARIANTS); '' = width, "
+    Field('variant', '', "'Ti', 'S', 'B', 'L' or 'paper_tiny' (VARIANTS); '' = width, "
           'depth and heads given.'),
     Field('width', 0, "Token width; 0 = the variant's."),
     Field('depth', 0, "Blocks; 0 = the variant's."),
@@ -43,7 +59,7 @@ MODEL = Section('model', [
     Field('remat', 'none', "'block': recompute each block in the backward pass (memory at "
           'scale).', added='none'),
     Field('scan_layers', None, 'One lax.scan over the blocks (compile time flat in depth); '
-          'None: on from depth 24 (spec.SCAN_FROM_DEPTH), off below.', added=False, kind=bool),
+          'None: on from depth 24 (SCAN_FROM_DEPTH), off below.', added=False, kind=bool),
     Field('pe', PE, 'The position encoding (model.pe.* above).'),
 ])
 
@@ -59,3 +75,233 @@ def model_config(*, pe: str, **values) -> ml_collections.ConfigDict:
     if key in values:
       values[key] = tuple(values[key])
   return MODEL.build(**values, pe=PE.build(name=pe))
+
+
+# name -> (width, depth, heads[, mlp_dim]); without mlp_dim the MLP is 4 x width. paper_tiny is
+# the official code's "tiny" (models/model_args.py), the paper's "ViT-Tiny (22M)": 14.2M.
+VARIANTS = {'Ti': (192, 12, 3), 'S': (384, 12, 6), 'B': (768, 12, 12), 'L': (1024, 24, 16),
+            'paper_tiny': (384, 12, 6, 768)}
+POOLS = ('cls', 'mean')
+DTYPES = ('float32', 'bfloat16')
+LN_EPS = 1e-5  # PyTorch's default, as in the official LieRE code.
+# model.dropout_sites (model.py): the official code's four dropouts.
+DROPOUT_SITES = ('embed', 'attn', 'mlp_hidden', 'mlp')
+# model.init -> the init std of the CLS token and the absolute embedding (model.py): 'jax' the
+# DeiT 0.02, 'official' torch.randn (official models/vit.py:174,177).
+INIT_EMBED_STD = {'jax': 0.02, 'official': 1.0}
+REMAT = ('none', 'block')
+# model.scan_layers=None (the configs' default) scans models this deep and loops shallower ones.
+# Measured train steps, scan / loop (docs/design.md, "Depth"): ViT-L 0.82x (compile 0.47x, peak
+# memory 0.70x), ViT-B 1.08x, the main job's 2 blocks 1.14x.
+SCAN_FROM_DEPTH = 24
+# The model.pe options that only some encodings read (encodings.Facts.options), at their
+# defaults (PE); any other value is refused for the other encodings.
+PE_OPTION_DEFAULTS = {key: PE[key].default for key in PE.names
+                      if any(key in f.options for f in registry.FAMILIES.values())}
+
+
+@dataclasses.dataclass(frozen=True)
+class PESpec:
+  """The position encoding, resolved."""
+  name: str  # 'none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere<b>',
+  #             'comrope_ap<b>', 'comrope_ld<b>', 'string_cayley', 'string_circulant<b>',
+  #             'paper_rope_mixed', 'paper_visionllama' (encodings.registry.NAMES).
+  family: str  # name without its block size: 'liere' for every liere<b> and for
+  #               paper_rope_mixed (encodings.Facts.aliases), 'comrope_ap', ...
+  block: Optional[int]  # The block size b of a <b> name; None for the others.
+  positions: str  # Position mode at the training grid (one of POSITION_MODES).
+  share: str  # LieRE generators shared over 'none', 'layers', 'heads' or 'all'.
+  layers: int  # LieRE generator stacks over layers: depth, or 1 when shared over layers.
+  heads: int  # ... and over heads: heads, or 1 when shared over heads.
+  init_scale: float  # LieRE generators ~ U[0, 1) * init_scale.
+  expm: str  # The exponential (liere_jax.expm.METHODS).
+  expm_precision: str  # Its products (liere_jax.expm.PRECISIONS).
+  jitter: float  # Training: patch positions += clip(N(0, 1) * jitter / 2, -1/2, 1/2) patches.
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """A ViT, resolved: every field a consumer needs, no defaults left to apply."""
+  variant: str
+  width: int
+  depth: int
+  heads: int
+  head_dim: int
+  mlp_dim: int
+  patch: Tuple[int, ...]
+  input_size: Tuple[int, ...]
+  train_grid: Tuple[int, ...]  # input_size // patch.
+  channels: int
+  num_classes: int
+  pool: str
+  num_prefix: int  # 1 with a CLS token (pool='cls'), else 0.
+  dropout: float
+  dropout_sites: Tuple[str, ...]  # Where the dropout acts: DROPOUT_SITES, in that order.
+  qkv_bias: bool
+  init: str  # 'jax' or 'official' (the official code's PyTorch defaults; model.py).
+  dtype: str
+  remat: str  # 'block': each block's activations are recomputed in the backward pass.
+  scan_layers: bool  # Blocks run under one lax.scan (compile time flat in depth); resolved.
+  layer_norm_eps: float
+  pe: PESpec
+
+  @property
+  def n_dims(self) -> int:
+    return len(self.patch)
+
+  @property
+  def embed_std(self) -> float:
+    """Init std of the CLS token and the absolute embedding."""
+    return INIT_EMBED_STD[self.init]
+
+  def to_json(self) -> dict:
+    return json_ready(dataclasses.asdict(self))
+
+  @classmethod
+  def from_json(cls, obj: dict) -> 'ModelSpec':
+    """The ModelSpec of to_json()'s output, of any vintage (config.model.MODEL.upgrade)."""
+    obj = MODEL.upgrade(obj)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    missing = sorted(fields - set(obj))
+    if missing:
+      raise ValueError(f'A resolved model spec needs {missing}; write it with '
+                       'liere_jax.config.model.resolve(config.model).to_json().')
+    kw = {k: tuple(obj[k]) if k in ('patch', 'input_size', 'train_grid', 'dropout_sites')
+          else obj[k] for k in fields}
+    kw['pe'] = PESpec(**{f.name: obj['pe'][f.name] for f in dataclasses.fields(PESpec)})
+    return cls(**kw)
+
+
+def json_ready(x):
+  """Tuples to lists, recursively (what json.dumps + json.loads would give)."""
+  if isinstance(x, dict):
+    return {k: json_ready(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [json_ready(v) for v in x]
+  return x
+
+
+def _check_fields(section: dict, fields, where: str):
+  unknown = sorted(set(section) - set(fields))
+  if unknown:
+    raise ValueError(f'{where}.{unknown[0]} is not a field; the fields of {where} are '
+                     f'{list(fields)}.')
+
+
+def resolve(model) -> ModelSpec:
+  """The model section (ConfigDict or dict) -> ModelSpec; raises a ValueError naming the value
+  and the fix. A ModelSpec is returned as it is."""
+  if isinstance(model, ModelSpec):
+    return model
+  m = model.to_dict() if hasattr(model, 'to_dict') else dict(model)
+  _check_fields(m, MODEL.names, 'model')
+  missing = [k for k in MODEL.names if k not in m]
+  if missing:
+    raise ValueError(f'model.{missing[0]} is missing; build the model section with '
+                     'liere_jax.config_lib.model_config.')
+  pe = m['pe']
+  _check_fields(pe, PE.names, 'model.pe')
+  missing = [k for k in PE.names if k not in pe]
+  if missing:
+    raise ValueError(f'model.pe.{missing[0]} is missing; build the model section with '
+                     'liere_jax.config_lib.model_config.')
+
+  variant = m['variant'] or ''
+  if variant and variant not in VARIANTS:
+    raise ValueError(f'model.variant={variant!r} is unknown; use one of {list(VARIANTS)} '
+                     "or variant='' with width, depth and heads.")
+  dims = VARIANTS.get(variant, (0, 0, 0))
+  width, depth, heads = (int(m[k] or v) for k, v in zip(('width', 'depth', 'heads'), dims))
+  for key, value in (('width', width), ('depth', depth), ('heads', heads)):
+    if value <= 0:
+      raise ValueError(f'model.{key} is {m[key]!r} and no variant gives it; set '
+                       f'--config.model.variant (one of {list(VARIANTS)}) or model.{key}.')
+  if width % heads:
+    raise ValueError(f'model.width={width} is not divisible by model.heads={heads}.')
+  mlp_dim = int(m['mlp_dim'] or (dims[3] if len(dims) > 3 else 4 * width))
+  patch, size = tuple(int(p) for p in m['patch']), tuple(int(s) for s in m['input_size'])
+  if not 1 <= len(patch) <= 3 or len(patch) != len(size):
+    raise ValueError(f'model.patch={patch} and model.input_size={size} need one entry per '
+                     'spatial axis (1, 2 or 3 axes), the same number in both.')
+  if any(p <= 0 for p in patch) or any(s % p for s, p in zip(size, patch)):
+    raise ValueError(f'model.input_size={size} is not divisible by model.patch={patch}.')
+  for key in ('channels', 'num_classes'):
+    if int(m[key]) <= 0:
+      raise ValueError(f'model.{key}={m[key]} must be positive.')
+  if m['pool'] not in POOLS:
+    raise ValueError(f"model.pool={m['pool']!r} is unknown; use one of {POOLS}.")
+  if m['dtype'] not in DTYPES:
+    raise ValueError(f"model.dtype={m['dtype']!r} is unknown; use one of {DTYPES}.")
+  if m['remat'] not in REMAT:
+    raise ValueError(f"model.remat={m['remat']!r} is unknown; use one of {REMAT}.")
+  if not 0 <= float(m['dropout']) < 1:
+    raise ValueError(f"model.dropout={m['dropout']} must be in [0, 1).")
+  sites = m['dropout_sites']
+  sites = (sites,) if isinstance(sites, str) else tuple(sites)
+  unknown = [site for site in sites if site not in DROPOUT_SITES]
+  if unknown:
+    raise ValueError(f'model.dropout_sites has {unknown[0]!r}, not a site; use some of '
+                     f'{DROPOUT_SITES} (e.g. --config.model.dropout_sites="(\'embed\', '
+                     f'\'attn\')").')
+  if m['init'] not in INIT_EMBED_STD:
+    raise ValueError(f"model.init={m['init']!r} is unknown; use one of {tuple(INIT_EMBED_STD)}.")
+
+  head_dim = width // heads
+  pe_spec = _resolve_pe(pe, width=width, depth=depth, heads=heads, n_dims=len(patch))
+  return ModelSpec(
+      variant=variant, width=width, depth=depth, heads=heads, head_dim=head_dim,
+      mlp_dim=mlp_dim, patch=patch, input_size=size,
+      train_grid=tuple(s // p for s, p in zip(size, patch)), channels=int(m['channels']),
+      num_classes=int(m['num_classes']), pool=m['pool'], num_prefix=int(m['pool'] == 'cls'),
+      dropout=float(m['dropout']),
+      dropout_sites=tuple(site for site in DROPOUT_SITES if site in sites),
+      qkv_bias=bool(m['qkv_bias']), init=m['init'], dtype=m['dtype'],
+      remat=m['remat'], layer_norm_eps=LN_EPS, scan_layers=(
+          depth >= SCAN_FROM_DEPTH if m['scan_layers'] is None else bool(m['scan_layers'])),
+      pe=pe_spec)
+
+
+def reset_unread_options(pe: dict) -> dict:
+  """The model.pe section `pe` with every option its encoding does not read (Facts.options,
+  positions and jitter where it reads no positions) at its default: what a stored run that set
+  one, when it was not refused, meant."""
+  facts = registry.facts(pe['name'])
+  unread = {k: v for k, v in PE_OPTION_DEFAULTS.items() if k not in facts.options}
+  return {**pe, **unread, **({} if facts.reads_positions else dict(positions=None, jitter=0.0))}
+
+
+def _resolve_pe(pe: dict, *, width: int, depth: int, heads: int, n_dims: int) -> PESpec:
+  """The model.pe section -> PESpec; options the encoding does not read must be unset."""
+  name = pe['name']
+  family, block = registry.parse(name)
+  facts = registry.facts(name)  # Raises on an unknown name.
+  encodings.validate(family, block=block, head_dim=width // heads, width=width, n_dims=n_dims,
+                     name=name)
+  for key, default in PE_OPTION_DEFAULTS.items():
+    value = pe[key]
+    if key not in facts.options and (value != default if isinstance(default, str) else
+                                     not math.isclose(float(value), default, rel_tol=1e-9)):
+      users = [f.family + '<b>' * f.blocks for f in registry.FAMILIES.values()
+               if key in f.options]
+      raise ValueError(f'model.pe.{key}={value!r} does not apply to pe={name} (only to '
+                       f"{', '.join(users)}); leave it at {default!r}.")
+  encodings.families()[family].check_options(pe, name=name)
+  if pe['positions'] is not None and not facts.reads_positions:
+    raise ValueError(f"model.pe.positions={pe['positions']!r} does not apply to pe={name} (it "
+                     'reads no positions); leave it at None.')
+  positions = pe['positions'] or facts.positions
+  if positions not in POSITION_MODES:
+    raise ValueError(f'model.pe.positions={positions!r} is unknown; use one of '
+                     f'{POSITION_MODES} or None for the encoding default.')
+  init_scale = float(pe['init_scale'])
+  jitter = float(pe['jitter'])
+  if not (math.isfinite(jitter) and jitter >= 0) or (jitter and not facts.reads_positions):
+    raise ValueError(f'model.pe.jitter={jitter} must be >= 0 (0 = off; ComRoPE trains with 1)'
+                     + (f', and pe={name!r} reads no positions: set it to 0.'
+                        if not facts.reads_positions else '.'))
+  share = pe['share']
+  return PESpec(name=name, family=family, block=block, positions=positions, share=share,
+                layers=1 if share in ('layers', 'all') else depth,
+                heads=1 if share in ('heads', 'all') else heads,
+                init_scale=init_scale, expm=pe['expm'],
+                expm_precision=pe['expm_precision'], jitter=jitter)

@@ -1,12 +1,25 @@
-"""A config's top-level fields (the run: optimizer, loop, evaluations) and its sections: each
-declared once, with its default and doc; liere_jax.run_spec checks them and resolves the whole
-config into a RunSpec. `RUN.upgrade` is the one place a stored config gets the fields added
-since it was written."""
+"""A whole config: its top-level fields (optimizer, loop, evaluations) declared once with their
+defaults and docs, the builder, `upgrade` (the one place a stored config gets the fields added
+since it was written) and `resolve`, which checks every section before anything is compiled or
+written and returns a frozen `RunSpec`: the model (config.model.ModelSpec), the data
+(config.data.DataSpec), the optimizer, the loop and the evaluations. Nothing downstream reads a
+training field from the config.
+
+  run = resolve(config, jax.device_count())
+  run.model.width, run.data.size, run.optimizer.lr, run.loop.batch_size, run.evaluation.resolutions
+"""
+import dataclasses
+import math
+from typing import Tuple
+
 import ml_collections
 
+from liere_jax.config import data as config_data
+from liere_jax.config import model as config_model
 from liere_jax.config.data import DATA
 from liere_jax.config.fields import REQUIRED, Field, Section
 from liere_jax.config.model import MODEL
+from liere_jax.encodings import registry
 
 RUN = Section('', [
     Field('seed', 0, 'Parameters, dropout and the data order: a pure function of (seed, step).'),
@@ -54,3 +67,165 @@ def upgrade(stored: dict) -> dict:
   """A stored config (plain dict, from a config.json or an export's JSON) with the fields added
   since it was written at the values that reproduce it; sections it lacks stay absent."""
   return RUN.upgrade(stored)
+
+
+SHARDINGS = ('data', 'fsdp')
+INIT_HEADS = ('load', 'reinit')  # model_init_head (liere_jax/model_init.py).
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+  """Adam(W) on a learning rate that rises linearly from 0 over `warmup_steps`, then follows a
+  cosine to 0 at `decay_steps`; optional global-norm clipping."""
+  lr: float  # Peak learning rate.
+  warmup_steps: int
+  decay_steps: int  # total_steps (at least warmup_steps + 1).
+  b1: float
+  b2: float
+  eps: float
+  weight_decay: float  # Decoupled (AdamW); 0 = Adam.
+  grad_clip: float  # Global-norm clipping threshold; 0 = off.
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSpec:
+  """The training loop: steps, batches, cadences, placement and the starting parameters."""
+  seed: int  # Parameters, dropout and the data order: a pure function of (seed, step).
+  batch_size: int  # Global, over all devices and processes.
+  total_steps: int
+  log_every: int
+  eval_every: int  # 0: evaluate at the end only.
+  checkpoint_every: int
+  keep: int  # Latest checkpoints kept (the best by eval accuracy is kept too).
+  sharding: str  # 'data' (replicated parameters) or 'fsdp' (parameters sharded too).
+  model_parallel: int  # Devices on the mesh's 'model' axis.
+  model_init: str  # Start from these parameters ('' = fresh); liere_jax/model_init.py.
+  model_init_head: str  # 'load' or 'reinit'.
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+  """The evaluations: batch size, and the input sizes with their position modes (Fig. 7)."""
+  batch_size: int  # Global.
+  resolutions: Tuple[int, ...]  # Input sizes evaluated besides the training one.
+  # The position modes at those sizes: the encoding's own, and 'rescaled' if it reads positions.
+  positions_modes: Tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """A whole run, resolved: every field a consumer needs, no defaults left to apply."""
+  model: config_model.ModelSpec
+  data: config_data.DataSpec
+  optimizer: OptimizerSpec
+  loop: LoopSpec
+  evaluation: EvalSpec
+
+
+def _need(ok: bool, key: str, value, what: str):
+  if not ok:
+    raise ValueError(f'--config.{key}={value!r} {what}.')
+
+
+def _int(c: dict, key: str, low: int, what: str):
+  value = c[key]
+  _need(isinstance(value, int) and not isinstance(value, bool) and value >= low, key, value,
+        what)
+
+
+def resolve(config, num_devices: int) -> RunSpec:
+  """A config (ConfigDict or dict) on `num_devices` devices -> RunSpec; raises one ValueError
+  naming the field and the fix. A RunSpec is returned as it is."""
+  if isinstance(config, RunSpec):
+    return config
+  c = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
+  unknown = sorted(set(c) - set(RUN.names))
+  if unknown:
+    raise ValueError(f'--config.{unknown[0]} is not a field of a run; remove it (the fields are '
+                     f'{list(RUN.names)}).')
+  missing = [k for k in RUN.names if k not in c]
+  if missing:
+    raise ValueError(f'config.{missing[0]} is missing; build the config with '
+                     'liere_jax.config_lib.base_config (it sets every field).')
+  model, loop = config_model.resolve(c['model']), _loop(c, num_devices)
+  return RunSpec(model=model, data=config_data.resolve_data(c['data']), optimizer=_optimizer(c),
+                 loop=loop, evaluation=_evaluation(c, model, num_devices // loop.model_parallel))
+
+
+def resolve_optimizer(config) -> OptimizerSpec:
+  """The optimizer of a config alone (an OptimizerSpec or RunSpec gives its own)."""
+  if isinstance(config, (OptimizerSpec, RunSpec)):
+    return config if isinstance(config, OptimizerSpec) else config.optimizer
+  return _optimizer(config.to_dict() if hasattr(config, 'to_dict') else dict(config))
+
+
+def _optimizer(c: dict) -> OptimizerSpec:
+  _int(c, 'total_steps', 1, 'must be a positive integer')
+  _int(c, 'warmup_steps', 0, 'must be an integer >= 0 (0 = off)')
+  _need(math.isfinite(c['lr']) and c['lr'] > 0, 'lr', c['lr'],
+        'must be a positive finite number')
+  for key in ('b1', 'b2'):
+    _need(0 <= c[key] < 1, key, c[key], 'must be in [0, 1)')
+  _need(c['eps'] > 0, 'eps', c['eps'], 'must be positive')
+  for key in ('weight_decay', 'grad_clip'):
+    _need(c[key] >= 0, key, c[key], 'must be >= 0 (0 = off)')
+  return OptimizerSpec(
+      lr=float(c['lr']), warmup_steps=c['warmup_steps'],
+      decay_steps=max(c['total_steps'], c['warmup_steps'] + 1), b1=float(c['b1']),
+      b2=float(c['b2']), eps=float(c['eps']), weight_decay=float(c['weight_decay']),
+      grad_clip=float(c['grad_clip']))
+
+
+def _loop(c: dict, num_devices: int) -> LoopSpec:
+  for key in ('total_steps', 'checkpoint_every', 'log_every', 'keep'):
+    _int(c, key, 1, 'must be a positive integer')
+  _int(c, 'eval_every', 0, 'must be an integer >= 0 (0 = at the end only)')
+  _need(isinstance(c['seed'], int), 'seed', c['seed'], 'must be an integer')
+  _need(c['sharding'] in SHARDINGS, 'sharding', c['sharding'],
+        f'is unknown; use one of {SHARDINGS}')
+  mp = c['model_parallel']
+  _need(isinstance(mp, int) and mp >= 1 and num_devices % mp == 0, 'model_parallel', mp,
+        f'must divide the {num_devices} devices')
+  _batch(c, 'batch_size', num_devices // mp)
+  _need(c['model_init_head'] in INIT_HEADS, 'model_init_head', c['model_init_head'],
+        f'is unknown; use one of {INIT_HEADS}')
+  return LoopSpec(
+      seed=c['seed'], batch_size=c['batch_size'], total_steps=c['total_steps'],
+      log_every=c['log_every'], eval_every=c['eval_every'],
+      checkpoint_every=c['checkpoint_every'], keep=c['keep'], sharding=c['sharding'],
+      model_parallel=mp, model_init=c['model_init'] or '', model_init_head=c['model_init_head'])
+
+
+def _batch(c: dict, key: str, data_devices: int):
+  _need(isinstance(c[key], int) and c[key] > 0 and c[key] % data_devices == 0, key, c[key],
+        f"must be a positive multiple of the mesh's {data_devices} data devices")
+
+
+def _evaluation(c: dict, model: config_model.ModelSpec, data_devices: int) -> EvalSpec:
+  _batch(c, 'eval_batch_size', data_devices)
+  for size in c['resolutions']:
+    _need(isinstance(size, int) and size > 0 and all(size % p == 0 for p in model.patch[-2:]),
+          'resolutions', tuple(c['resolutions']), 'must be input sizes divisible by the patch '
+          f'{model.patch[-2:]}, e.g. ({2 * model.input_size[-1]},)')
+  own = model.pe.positions
+  modes = (own, 'rescaled') if registry.facts(model.pe.name).reads_positions else (own,)
+  return EvalSpec(batch_size=c['eval_batch_size'], resolutions=tuple(c['resolutions']),
+                  positions_modes=tuple(dict.fromkeys(modes)))
+
+
+def check_data(run: RunSpec) -> dict:
+  """Checks that the data exists (how to prepare it, if not) and fits the model; returns
+  data.dataset_info."""
+  from liere_jax import data  # Late: resolving needs no TFDS.
+  info = data.dataset_info(run.data)
+  want = run.model.input_size + (run.model.channels,)
+  if tuple(info['input_shape']) != want:
+    raise ValueError(
+        f"The data gives inputs of shape {tuple(info['input_shape'])} but the model expects "
+        f'{want} (model.input_size + model.channels); set --config.model.input_size or '
+        '--config.data.image_size to match.')
+  if info['num_classes'] != run.model.num_classes:
+    raise ValueError(f"The data has {info['num_classes']} classes, model.num_classes="
+                     f'{run.model.num_classes}; set --config.model.num_classes='
+                     f"{info['num_classes']}.")
+  return info

@@ -8,8 +8,9 @@ liere_jax.convert ACTION` (see __main__.py); the same in Python:
   import_official('model.pt', 'model.json', out_workdir)
 
 Modules: config_json (the model JSON, read and written), tree (key checks over
-liere_jax.param_tree), torch_layout (the port's layout, STRING folding), official_args and official_layout
-(the official model's arguments and state_dict), files (the export and import files).
+liere_jax.param_tree), torch_layout (the port's layout, STRING folding), official_args and
+official_layout (the official model's arguments and state_dict), files (the export and import
+files).
 """
 from liere_jax.convert.config_json import (FORMAT, config_from_json, export_json, model_fields,
                                            read_json, write_json)

@@ -15,7 +15,7 @@ import json
 import ml_collections
 
 from liere_jax import paths
-from liere_jax import spec as spec_lib
+from liere_jax.config import model as config_model
 from liere_jax.config.model import MODEL
 from liere_jax.config.run import upgrade
 from liere_jax.convert import official_args
@@ -25,7 +25,7 @@ FORMAT = 'liere_jax.torch_vit'
 
 def model_fields(m) -> dict:
   """Everything torch_vit.ViT needs: the resolved model section `m` as plain JSON."""
-  return spec_lib.resolve(m).to_json()
+  return config_model.resolve(m).to_json()
 
 
 def export_json(config: ml_collections.ConfigDict) -> dict:
@@ -44,7 +44,7 @@ def _model_section(obj: dict) -> ml_collections.ConfigDict:
                                 channels=obj['channels'], num_classes=obj['num_classes'])
   except (KeyError, TypeError) as e:
     raise ValueError(f'The model section lacks the field {e}; write it with '
-                     'liere_jax.spec.resolve(config.model).to_json().') from None
+                     'liere_jax.config.model.resolve(config.model).to_json().') from None
   for key, value in MODEL.upgrade(obj).items():  # Derived fields (head_dim, ...) are skipped.
     if key == 'pe':
       for k, v in value.items():

@@ -4,7 +4,7 @@ LiereImageClassification init_args -> our model section."""
 import ml_collections
 
 from liere_jax.encodings import registry
-from liere_jax.spec import resolve
+from liere_jax.config.model import resolve
 
 OFFICIAL_HEAD_DIM = 64  # FlexibleAttention asserts dim_head == 64.
 # The official LiereImageClassification's model sizes (models/model_args.py size_params):

@@ -12,7 +12,7 @@ import numpy as np
 from liere_jax import param_tree
 from liere_jax.convert import tree
 from liere_jax.convert.official_args import OFFICIAL_HEAD_DIM, official_spec
-from liere_jax.spec import resolve
+from liere_jax.config.model import resolve
 
 GENERATORS = 'position_encoder.generator_raw_params'
 _BLOCK = {('norm1', 'scale'): '0.norm.weight', ('norm1', 'bias'): '0.norm.bias',

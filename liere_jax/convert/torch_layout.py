@@ -5,7 +5,7 @@ import numpy as np
 
 from liere_jax import param_tree
 from liere_jax.convert import tree
-from liere_jax.spec import resolve
+from liere_jax.config.model import resolve
 
 
 def _torch_leaf(path, n_spatial):

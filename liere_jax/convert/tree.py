@@ -5,7 +5,7 @@ import numpy as np
 
 from liere_jax import param_tree
 from liere_jax.param_tree import Path, flatten
-from liere_jax.spec import resolve
+from liere_jax.config.model import resolve
 
 
 def abstract_params(m) -> dict:

@@ -15,8 +15,9 @@ start=step)`, nothing else to checkpoint, and at every step the P per-process ba
 disjoint and together are exactly the 1-process batch (without mixup, which pairs examples
 inside a per-process batch). b = global_batch_size / process_count.
 
-Layout: spec.py (the datasets and the data section, resolved once into a DataSpec: every
-data.* field is documented there), sources.py (raw examples; "not prepared" errors),
+Layout: datasets.py (what the pipeline knows of each dataset; the data section, resolved once
+into a DataSpec, is liere_jax/config/data.py, where every data.* field is documented),
+sources.py (raw examples; "not prepared" errors),
 transform.py (decoding, crops, clips, augmentation, normalisation), augment.py and
 randaugment.py (the augmentations), and this file (datasets of batches, iteration); prepare.py
 and originals.py write the datasets, standin.py writes stand-ins for benchmarks and tests.
@@ -37,8 +38,8 @@ from liere_jax.data import arrows
 from liere_jax.data import augment
 from liere_jax.data import sources
 from liere_jax.data import transform
-from liere_jax.data.spec import DATASETS, normalisation  # noqa: F401  # Re-exported.
-from liere_jax.data.spec import resolve_data
+from liere_jax.config.data import normalisation, resolve_data  # noqa: F401  Re-exported.
+from liere_jax.data.datasets import DATASETS  # noqa: F401  Re-exported.
 
 Example = Dict[str, Any]
 

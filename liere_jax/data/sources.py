@@ -18,7 +18,8 @@ from tensorflow_datasets.proto import tf_example_pb2
 from liere_jax import paths
 from liere_jax.data import arrows
 from liere_jax.data import tfds_builders
-from liere_jax.data.spec import DATASETS, DataSpec
+from liere_jax.config.data import DataSpec
+from liere_jax.data.datasets import DATASETS
 
 Example = Dict[str, Any]
 ARROWS_TRAIN_SIZE = 2**31 - 1  # "Unlimited": indices are numpy seeds, any int fits.

@@ -31,7 +31,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 import tensorflow_datasets as tfds
 
-from liere_jax.data import spec
+from liere_jax.data import datasets
 
 
 def natural_image(rng: np.random.Generator, height: int, width: int,
@@ -186,7 +186,7 @@ def prepare(name: str, data_dir: str, num_train: int, num_eval: int = 2) -> str:
   base, _, config = name.split(':')[0].partition('/')  # A version (':3.0.2') is ignored.
   if base not in BUILDERS:
     raise ValueError(f'No stand-in of {name!r}; there are {sorted(BUILDERS)}.')
-  train, test = spec.DATASETS[base].splits
+  train, test = datasets.DATASETS[base].splits
   return write(BUILDERS[base], data_dir, {train: num_train, test: num_eval},
                **({'config': config} if config else {}))
 

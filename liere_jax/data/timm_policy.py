@@ -1,5 +1,5 @@
 """timm's RandAugment policy strings ('rand-m7-n4-mstd0.5-inc1'), parsed without PIL: the
-config checks read them (liere_jax/data/spec.py), the augmentation applies them
+config checks read them (liere_jax/config/data.py), the augmentation applies them
 (randaugment.py)."""
 import functools
 import re

@@ -11,7 +11,7 @@ from PIL import Image
 from liere_jax.data import arrows
 from liere_jax.data import augment
 from liere_jax.data import randaugment
-from liere_jax.data.spec import DataSpec, normalisation
+from liere_jax.config.data import DataSpec, normalisation
 
 Example = Dict[str, Any]
 

@@ -81,7 +81,7 @@ class Encoding(nnx.Module):
 
   @classmethod
   def from_spec(cls, spec, *, rngs: nnx.Rngs) -> 'Encoding':
-    """The encoding of a resolved model (liere_jax.spec.ModelSpec)."""
+    """The encoding of a resolved model (liere_jax.config.model.ModelSpec)."""
     return cls()
 
   @classmethod

@@ -22,7 +22,7 @@ class LieRE(Encoding):
 
   Raw parameters are the strict upper triangles, init U[0, 1) * init_scale (2 pi default);
   rotations in float32 at highest precision, once per forward pass. `layers` / `heads`: the
-  generator stacks (1 when shared; liere_jax.spec resolves model.pe.share).
+  generator stacks (1 when shared; liere_jax.config.model resolves model.pe.share).
   """
 
   def __init__(self, *, block, layers, heads, head_dim, n_dims, init_scale, expm, rngs,
