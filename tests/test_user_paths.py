@@ -1,15 +1,18 @@
-"""The paths users walk, end to end through the real CLI, for every config in configs/.
+"""The paths users walk, end to end, for every config in configs/.
 
-Each row: `train.py` (2 steps, a tiny model set by command-line overrides only, the config's
+Each row: training (2 steps, a tiny model set by command-line overrides only, the config's
 own options: the official recipe's augmentation, evaluation protocol, dropout sites, inits, bf16)
 on datasets prepared by `liere_jax.data.prepare` from tiny files in the original download formats
 (tests/datasets.py writes them: the CIFAR-100 binary archive, the ILSVRC2012 tars, UCF101 .avi
 videos and split lists; the command for cifar100, its function in-process for the others), then
-`eval.py --workdir DIR` (the run's own config.json), then `python -m liere_jax.convert to_torch`
-(the command in the first row, its `call` in-process in the others), then the export loaded
+evaluation of the workdir (the run's own config.json), then `python -m liere_jax.convert
+to_torch`, then the export loaded
 into the PyTorch port and its logits compared with the JAX model's on a batch of the eval
 pipeline: within 1e-4 in float32 (with the trained head, and with a random head so the
-comparison sees the whole body); finite and loosely close in bfloat16.
+comparison sees the whole body); finite and loosely close in bfloat16. The first row runs the
+commands a user types (`train.py`, `eval.py --workdir DIR`, `python -m liere_jax.convert`); the
+others their library functions in this process (helpers.train, helpers.evaluate, convert's
+`call`), on as many of the session's devices as the row names.
 """
 import dataclasses
 import functools
@@ -59,7 +62,7 @@ class Row:
   config: str  # configs/<file>[:args]
   args: Tuple[str, ...] = ()  # train.py overrides besides TINY
   devices: int = 1
-  eval_args: Tuple[str, ...] = ()
+  eval_resolutions: Tuple[int, ...] = ()  # eval's --resolutions, if any.
   n_examples: int = 0  # Expected eval examples.
   resolutions: Tuple[str, ...] = ()  # Expected keys of results.json's 'resolutions'.
   float32: bool = True
@@ -77,7 +80,7 @@ FLOAT32 = ('--config.model.dtype=float32',)  # For the 1e-4 port check (bf16 is 
 
 ROWS = {
     # The config as shipped (liere8, bf16, the official recipe); eval at another size by flag.
-    'cifar100-liere8-bf16': Row('cifar100.py', eval_args=('--resolutions', '48'), n_examples=10,
+    'cifar100-liere8-bf16': Row('cifar100.py', eval_resolutions=(48,), n_examples=10,
                                 resolutions=('48',), float32=False,
                                 expect=CIFAR + (('model.dtype', 'bfloat16'),)),
     'cifar100-paper_rope_mixed-mean-fsdp-2dev': Row(
@@ -100,7 +103,7 @@ ROWS = {
         'ucf101.py', ('--config.data.image_size=32', '--config.data.num_frames=4',
                       '--config.data.frame_stride=2', '--config.model.input_size=(4,32,32)',
                       *FLOAT32),
-        devices=2, eval_args=('--resolutions', '48'), n_examples=UCF_TEST, resolutions=('48',),
+        devices=2, eval_resolutions=(48,), n_examples=UCF_TEST, resolutions=('48',),
         expect=OFFICIAL + (('data.augment', 'videomae'), ('data.crop', 'rrc'),
                            ('data.random_erasing', 0.25), ('data.eval_views', [5, 3]),
                            ('data.mixup', 0.0), ('data.name', 'ucf101/ucf101_1'))),
@@ -145,11 +148,30 @@ def _run(args, devices, cwd=ROOT):
   return proc.returncode, proc.stdout
 
 
-def _train_command(row: Row, workdir: str, data_dir: str):
+def _train(row: Row, workdir: str, data_dir: str, command: bool):
+  """train.py with the row's flags (`command`), or the same run in this process."""
   config = os.path.join(ROOT, 'configs', row.config)
-  data = [f'--config.data.data_dir={data_dir}'] if row.data else []
-  return [os.path.join(ROOT, 'train.py'), '--config', config, '--workdir', workdir, *TINY,
-          *data, *row.args, '--noprogress']
+  flags = [*TINY, *([f'--config.data.data_dir={data_dir}'] if row.data else []), *row.args]
+  if command:
+    rc, out = _run([os.path.join(ROOT, 'train.py'), '--config', config, '--workdir', workdir,
+                    *flags, '--noprogress'], row.devices)
+    assert rc == 0, f'train.py failed:\n{out}'
+    return
+  path, _, arg = config.partition(':')
+  run = helpers.override(helpers.load_config(path, arg), helpers.flag_overrides(flags))
+  assert helpers.train(run, workdir, row.devices) is None
+
+
+def _evaluate(row: Row, workdir: str, command: bool):
+  """eval.py --workdir DIR (`command`), or the same evaluation in this process."""
+  if command:
+    args = ('--resolutions', ','.join(map(str, row.eval_resolutions))) if (
+        row.eval_resolutions) else ()
+    rc, out = _run([os.path.join(ROOT, 'eval.py'), '--workdir', workdir, *args], row.devices)
+    assert rc == 0, f'eval.py failed:\n{out}'
+    return
+  overrides = {'resolutions': row.eval_resolutions} if row.eval_resolutions else {}
+  helpers.evaluate(workdir, devices=row.devices, **overrides)
 
 
 # The JAX side runs jitted with XLA's backend optimisations off (compile time is most of it).
@@ -205,9 +227,9 @@ def _check_port(workdir: str, out: str, float32: bool):
 def test_user_path(name, data_dir, tmp_path):
   row = ROWS[name]
   workdir = str(tmp_path / 'run')
-  rc, out = _run(_train_command(row, workdir, data_dir), row.devices)
-  assert rc == 0, f'train.py failed:\n{out}'
-  assert os.path.exists(os.path.join(workdir, 'checkpoints', '2')), out
+  command = name == next(iter(ROWS))  # The commands themselves once.
+  _train(row, workdir, data_dir, command)
+  assert os.path.exists(os.path.join(workdir, 'checkpoints', '2'))
   config = json.loads(open(os.path.join(workdir, 'config.json')).read())
   for key, value in row.expect:  # The row exercises what it says it does.
     got = functools.reduce(lambda d, k: d[k], key.split('.'), config)
@@ -216,9 +238,7 @@ def test_user_path(name, data_dir, tmp_path):
   assert [m['step'] for m in metrics if 'loss' in m] == [1, 2]
   assert all(np.isfinite(m['loss']) for m in metrics if 'loss' in m), metrics
 
-  rc, out = _run([os.path.join(ROOT, 'eval.py'), '--workdir', workdir, *row.eval_args],
-                 row.devices)
-  assert rc == 0, f'eval.py failed:\n{out}'
+  _evaluate(row, workdir, command)
   res = json.loads(open(os.path.join(workdir, 'eval', 'results.json')).read())
   assert res['step'] == 2 and res['n_examples'] == row.n_examples, res
   assert 0 <= res['top1'] <= 1 and 0 <= res['shuffled_top1'] <= 1, res
@@ -229,7 +249,7 @@ def test_user_path(name, data_dir, tmp_path):
 
   export = str(tmp_path / 'model.safetensors')
   argv = ['to_torch', '--workdir', workdir, '--out', export]
-  if name == next(iter(ROWS)):  # The command itself once; the other rows call it in-process.
+  if command:
     rc, out = _run(['-m', 'liere_jax.convert', *argv], row.devices)
     assert rc == 0, f'export failed:\n{out}'
   else:
