@@ -13,6 +13,7 @@ take from the outside world.
   torch's Optimizer.state_dict / LRScheduler.state_dict (built by hand: torch.optim imports
   torch._dynamo, seconds a test process).
 """
+import contextlib
 import json
 import math
 import struct
@@ -60,6 +61,20 @@ def read_safetensors(path):
                                   ).reshape(entry['shape'])
   assert sum(e['data_offsets'][1] - e['data_offsets'][0] for e in header.values()) == len(data)
   return tensors, metadata
+
+
+@contextlib.contextmanager
+def saved_on(torch, location):
+  """Within it, torch.save tags every storage with `location` (e.g. 'cuda:0': a checkpoint saved
+  on a GPU, as the official training saved its own) through torch.serialization's registry of
+  device taggers, whatever device the tensors are on here."""
+  registry = torch.serialization._package_registry
+  saved = list(registry)
+  registry.insert(0, (0, lambda storage: location, lambda storage, where: None))
+  try:
+    yield
+  finally:
+    registry[:] = saved
 
 
 def _module_holding(torch, state):

@@ -139,3 +139,31 @@ def test_model_init_from_an_official_lightning_checkpoint_gives_the_official_log
   assert all(v is not None for v in params.values())
   tree = convert.unflatten_like(convert.abstract_params(model), params)
   _assert_official_logits(model, tree, x, want, 'model_init')
+
+
+def test_an_official_checkpoint_saved_on_a_gpu_loads_on_a_machine_without_one(tmp_path):
+  """The official runs trained on GPUs: their tensors are tagged 'cuda:0' in the file."""
+  _, state, _, _ = _case('liere8_2d')
+  path = str(tmp_path / 'gpu.ckpt')
+  with foreign_formats.saved_on(torch, 'cuda:0'):
+    foreign_formats.write_lightning_checkpoint(path, state)
+  assert not torch.cuda.is_available()
+  loaded = convert.load_official_state_dict(path)
+  assert sorted(loaded) == sorted(state)
+  for key, value in state.items():
+    np.testing.assert_array_equal(loaded[key], value, err_msg=key)
+
+
+def test_an_official_checkpoint_holding_python_objects_is_refused_without_unpickling(tmp_path):
+  """Lightning 1.x stored hyper-parameters as an argparse.Namespace: torch.load with
+  weights_only=True refuses it, and so does the import, in one line."""
+  import argparse
+  _, state, _, _ = _case('liere8_2d')
+  path = str(tmp_path / 'old.ckpt')
+  torch.save({'state_dict': {f'model.{k}': torch.from_numpy(v) for k, v in state.items()},
+              'hparams': argparse.Namespace(learning_rate=1e-3)}, path)
+  with pytest.raises(ValueError) as e:
+    convert.load_official_state_dict(path)
+  assert str(e.value) == (
+      f'--state_dict {path} cannot be read with torch.load(weights_only=True) (UnpicklingError): '
+      'it is no plain state_dict of tensors, and this tool never unpickles arbitrary objects.')
