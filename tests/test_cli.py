@@ -3,11 +3,15 @@
 config, the dataset, the processes, --config.model_init's checkpoint, the converters, the
 preparation, the benchmarks, the reproduction suites. Refusals come before anything is compiled,
 so each case is one short process."""
+import importlib
 import os
+import pkgutil
 import re
 
 import pytest
+from absl import flags
 
+import liere_jax
 from tests import helpers
 
 # A tiny run's train flags (helpers.TINY_RUN), for the cases that would otherwise train.
@@ -74,3 +78,13 @@ def test_a_refusal_is_one_line_with_exit_status_2_and_writes_nothing(case, tiny_
   lines = [line for line in out.splitlines() if not LOG_LINE.match(line)]
   assert rc == 2 and len(lines) == 1 and fill(message) in lines[0], out
   assert (_tree(tmp_path), _tree(tiny_run)) == before
+
+
+def test_importing_the_library_defines_no_flag():
+  """Flags belong to the command lines (liere_jax/cli, the tools' __main__ modules): a notebook
+  or a test imports any other module and calls it, with no flag defined behind its back."""
+  for module in pkgutil.walk_packages(liere_jax.__path__, 'liere_jax.'):
+    if '__main__' not in module.name and not module.name.startswith('liere_jax.cli'):
+      importlib.import_module(module.name)
+  owners = [m for m in flags.FLAGS.flags_by_module_dict() if m.startswith('liere_jax')]
+  assert [m for m in owners if not m.startswith('liere_jax.cli')] == []
