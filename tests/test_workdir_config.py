@@ -1,12 +1,15 @@
-"""Config files that cannot be used stop in one line naming the file (and, for a workdir's
-config.json, the two ways out): mutation survivors of checkpoint.read_config and
-convert.files.read_config_arg (docs/mutation.md)."""
+"""A run's files that cannot be used stop in one line naming what is wrong (for a workdir's
+config.json, the file and the two ways out): mutation survivors of checkpoint.read_config,
+convert.files.read_config_arg and convert.tree.check_params (docs/mutation.md)."""
 import re
 
+import jax
+import numpy as np
 import pytest
 
-from liere_jax import checkpoint
-from liere_jax.convert import files
+from liere_jax import checkpoint, convert
+from liere_jax.convert import files, tree
+from tests.helpers import tiny_model_config
 
 
 def test_a_config_json_that_is_not_json_names_the_file_and_the_ways_out(tmp_path):
@@ -25,3 +28,12 @@ def test_a_model_json_that_is_no_object_is_named_by_its_flag_and_path(tmp_path):
   path.write_text('[1, 2]')
   with pytest.raises(ValueError, match=re.escape(f'--config {path} is not a JSON object.')):
     files.read_config_arg(str(path))
+
+
+def test_a_checkpoint_missing_a_parameter_is_named_as_the_checkpoint():
+  model = tiny_model_config('liere8')
+  params = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), convert.abstract_params(model))
+  del params['head']['bias']
+  with pytest.raises(ValueError, match=re.escape(
+      "The checkpoint does not match the model config: missing key 'head/bias'.")):
+    tree.check_params(params, model)
