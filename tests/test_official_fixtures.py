@@ -167,3 +167,15 @@ def test_an_official_checkpoint_holding_python_objects_is_refused_without_unpick
   assert str(e.value) == (
       f'--state_dict {path} cannot be read with torch.load(weights_only=True) (UnpicklingError): '
       'it is no plain state_dict of tensors, and this tool never unpickles arbitrary objects.')
+
+
+# The official RoPEViT's flags: a generator set per layer / per head, or one shared.
+@pytest.mark.parametrize('share,per_layer,per_head', [
+    ('none', True, True), ('layers', False, True), ('heads', True, False), ('all', False, False)])
+def test_export_sets_the_official_per_layer_and_per_head_flags_of_each_sharing(
+    share, per_layer, per_head):
+  model = helpers.tiny_model_config('liere8', width=128, heads=2, share=share)
+  model.qkv_bias = False
+  kw = convert.official_spec(model)
+  assert (kw['rotary_embedding_per_layer'], kw['rotary_embedding_per_head']) == (per_layer,
+                                                                                 per_head)

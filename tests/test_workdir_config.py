@@ -37,3 +37,12 @@ def test_a_checkpoint_missing_a_parameter_is_named_as_the_checkpoint():
   with pytest.raises(ValueError, match=re.escape(
       "The checkpoint does not match the model config: missing key 'head/bias'.")):
     tree.check_params(params, model)
+
+
+def test_a_checkpoint_with_one_unexpected_parameter_is_refused_naming_it_alone():
+  model = tiny_model_config('liere8')
+  params = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), convert.abstract_params(model))
+  params['head']['extra'] = np.zeros(3, np.float32)
+  with pytest.raises(ValueError, match=re.escape(
+      "The checkpoint does not match the model config: unexpected key 'head/extra'.")):
+    tree.check_params(params, model)
