@@ -452,7 +452,7 @@ def test_jitter_is_checked_and_older_specs_read_as_off():
   assert spec_lib.ModelSpec.from_json(old).pe.jitter == 0.0
   cfg = tiny_model_config('liere8').to_dict()
   del cfg['pe']['jitter']  # A run's config.json from before the field.
-  assert spec_lib.resolve(cfg).pe.jitter == 0.0
+  assert spec_lib.resolve(spec_lib.MODEL.upgrade(cfg)).pe.jitter == 0.0  # As read back.
 
 
 def _with_params(model, params):
