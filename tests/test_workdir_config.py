@@ -1,13 +1,14 @@
-"""A run's files that cannot be used stop in one line naming what is wrong (for a workdir's
-config.json, the file and the two ways out): mutation survivors of checkpoint.read_config,
-convert.files.read_config_arg and convert.tree.check_params (docs/mutation.md)."""
+"""A run's inputs that cannot be used (config files, checkpoints, an encoding's name) stop in
+one line naming what is wrong (for a workdir's config.json, the file and the two ways out):
+mutation survivors of checkpoint.read_config, convert.files.read_config_arg,
+convert.tree.check_params and encodings.registry.facts (docs/mutation.md)."""
 import re
 
 import jax
 import numpy as np
 import pytest
 
-from liere_jax import checkpoint, convert
+from liere_jax import checkpoint, convert, encodings
 from liere_jax.convert import files, tree
 from tests.helpers import tiny_model_config
 
@@ -46,3 +47,12 @@ def test_a_checkpoint_with_one_unexpected_parameter_is_refused_naming_it_alone()
   with pytest.raises(ValueError, match=re.escape(
       "The checkpoint does not match the model config: unexpected key 'head/extra'.")):
     tree.check_params(params, model)
+
+
+def test_an_unknown_encoding_name_lists_the_known_ones_with_two_examples():
+  with pytest.raises(ValueError) as e:
+    encodings.facts('liere_typo8')
+  message = str(e.value)
+  assert message.startswith("model.pe.name='liere_typo8' is unknown; use one of ")
+  assert message.endswith(' (e.g. pe=liere8 or pe=rope_mixed).'), message
+  assert all(name in message for name in encodings.NAMES)
