@@ -1,19 +1,24 @@
 """Runs whose paths are gs:// URLs, against a real Cloud Storage emulator (tests/gcs.py): train,
-resume, evaluate, convert both ways, fine-tune, a damaged checkpoint, a dataset prepared into a
-bucket and read from it, two processes on one bucket, SIGTERM and resume. Nothing here mocks the
-storage layer: the programs talk to fake-gcs-server through their own clients."""
+SIGTERM, SIGKILL and resume bit-identically, evaluate, convert both ways, fine-tune, a damaged
+checkpoint, a dataset prepared into a bucket and read from it, two processes on one bucket that
+stop together on SIGTERM and resume bit-identically. Nothing here mocks the storage layer: the
+programs talk to fake-gcs-server through their own clients.
+
+Under pytest-xdist each worker runs a module fixture again, so the work on one run (its
+programs are the slow part) is one test, not a fixture shared by several."""
 import os
 import signal
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
-from liere_jax import checkpoint, config_lib, data, model_init, param_tree, paths
+from liere_jax import checkpoint, config_lib, data, model_init, param_tree, paths, train_lib
 from liere_jax.convert import __main__ as convert_cli
 from liere_jax.data import prepare
-from tests import datasets, gcs, helpers
+from tests import datasets, gcs, helpers, reference
 from tests.helpers import ROOT, free_port, run_tiny
 
 RUN = 'gs://bucket/run'
@@ -25,28 +30,32 @@ def store():
     yield
 
 
-@pytest.fixture(scope='module')
-def gs_run(store, tmp_path_factory):
-  """The tiny run trained into gs://bucket/run (4 steps, checkpoints at 2 and 4) from an empty
-  local folder: stopped by SIGTERM as soon as it starts, then resumed by the same command.
-  Returns (that folder, the step SIGTERM saved, the outputs of both commands)."""
-  cwd = tmp_path_factory.mktemp('gs_cwd')
-  args = ('--config.total_steps=4', '--config.checkpoint_every=2')
-  proc = run_tiny('train', RUN, *args, cwd=cwd, wait=False)
-  deadline = time.time() + 300
-  while not paths.path(f'{RUN}/config.json').exists():  # Written once SIGTERM is handled.
-    assert proc.poll() is None and time.time() < deadline, proc.communicate()[0]
-    time.sleep(0.1)
-  proc.send_signal(signal.SIGTERM)
-  stopped = proc.communicate(timeout=300)[0]
-  assert proc.returncode == 143, stopped
-  line = [l for l in stopped.splitlines() if l.startswith('Preempted (SIGTERM) at step ')]
-  assert len(line) == 1, stopped
-  step = int(line[0].split()[4])
-  assert step < 4 and checkpoint.steps_in(f'{RUN}/checkpoints') == [step], stopped
-  rc, resumed = run_tiny('train', RUN, *args, cwd=cwd)
-  assert rc == 0, resumed
-  return cwd, step, resumed
+def _wait(condition, *procs, timeout=300):
+  """Polls `condition` while every one of `procs` runs; a process that ends first, or the
+  timeout, fails the test (and ends the others)."""
+  deadline = time.time() + timeout
+  while not condition():
+    if any(p.poll() is not None for p in procs) or time.time() > deadline:
+      for p in procs:
+        p.kill()
+      pytest.fail(f'no longer waiting: {[p.communicate()[0][-3000:] for p in procs]}')
+    time.sleep(0.05)
+
+
+def _two_processes(program, workdir, *args, cwd):
+  """`program` (train or eval) of the tiny run as two local processes (jax.distributed on
+  127.0.0.1, one device each), running."""
+  addr = f'127.0.0.1:{free_port()}'
+  return [run_tiny(program, workdir, *args, f'--coordinator_address={addr}',
+                   '--num_processes=2', f'--process_id={i}', cwd=cwd, wait=False)
+          for i in range(2)]
+
+
+def _preempted_at(out: str) -> int:
+  """The step of the one line a preempted run prints."""
+  lines = [l for l in out.splitlines() if l.startswith('Preempted (SIGTERM')]
+  assert len(lines) == 1, out
+  return int(lines[0].split(' at step ')[1].split()[0])
 
 
 def _same_params(a, b):
@@ -54,32 +63,58 @@ def _same_params(a, b):
     assert x[0] == y[0] and np.array_equal(np.asarray(x[1]), np.asarray(y[1])), x[0]
 
 
-def test_sigterm_saves_the_step_reached_and_resume_is_bit_identical(gs_run, tiny_run):
-  """The session's tiny_run is the same 4 steps, uninterrupted, on a local disk."""
-  _, step, resumed = gs_run
-  assert f'Resumed from step {step}.' in resumed
-  _same_params(checkpoint.load_params(str(tiny_run))[1], checkpoint.load_params(RUN)[1])
-  # Metrics as one object per flush; the steps after `step` logged again by the resumed run.
-  assert [m['step'] for m in paths.read_metrics(RUN) if 'loss' in m] == [
-      *range(1, step + 1), *range(step + 1, 5)]
+def test_a_run_in_a_bucket_survives_sigterm_and_sigkill_bit_identically_and_is_read_back(
+    store, tiny_run, tmp_path, monkeypatch):
+  """The tiny run (4 steps, checkpoints at 2 and 4) trained into gs://bucket/run from an empty
+  local folder: stopped by SIGTERM as soon as it starts, resumed by the same command, that run
+  killed (SIGKILL) once it writes step 2, resumed again. It ends bit-identical (parameters and
+  optimizer state) to the session's tiny_run, the same 4 steps uninterrupted on a local disk.
+  Then, from the bucket alone and writing nothing in the local folder, it is evaluated,
+  converted both ways and fine-tuned from, and the reproduce runner reads it."""
+  cwd = tmp_path / 'cwd'
+  cwd.mkdir()
+  args = ('--config.total_steps=4', '--config.checkpoint_every=2')
+  ckpts = f'{RUN}/checkpoints'
+  proc = run_tiny('train', RUN, *args, cwd=cwd, wait=False)
+  _wait(lambda: paths.path(f'{RUN}/config.json').exists(), proc)  # SIGTERM is handled by then.
+  proc.send_signal(signal.SIGTERM)
+  out = proc.communicate(timeout=300)[0]
+  assert proc.returncode == 143, out
+  # Between scheduled checkpoints (every 2 steps): nothing but the step reached is saved.
+  step = _preempted_at(out)
+  assert step % 2 == 1 and checkpoint.steps_in(ckpts) == [step], out
+  assert out.strip().splitlines()[-1] == (
+      f'Preempted (SIGTERM) at step {step} (process 0): saved step {step} to {RUN}; run the '
+      'same command to resume there.'), out
+  # SIGKILL once step 2 is being written (on a bucket a step is written in place, committed
+  # last): the rerun resumes from the last whole step.
+  proc = run_tiny('train', RUN, *args, cwd=cwd, wait=False)
+  _wait(lambda: 2 in checkpoint.steps_in(ckpts), proc)
+  proc.kill()
+  assert f'Resumed from step {step}.' in proc.communicate(timeout=300)[0]
+  rc, out = run_tiny('train', RUN, *args, cwd=cwd)
+  assert rc == 0, out
+  resumed = int(out.split('Resumed from step ')[1].split('.')[0])
+  assert step <= resumed <= 2, out
+  reference.assert_same_state(reference.stored_state(tiny_run), reference.stored_state(RUN))
+  # Metrics as one object per flush; the steps after a resumed one logged again.
+  logged = [m['step'] for m in paths.read_metrics(RUN) if 'loss' in m]
+  assert logged[:step] == list(range(1, step + 1)) and set(logged) == {1, 2, 3, 4}, logged
+  assert logged[resumed - 4:] == list(range(resumed + 1, 5)), logged
 
-
-def test_a_run_on_gcs_writes_only_there_and_evaluates(gs_run):
-  cwd = gs_run[0]
-  assert os.listdir(cwd) == []  # No local folder named after the URL.
+  # Everything went to the bucket: no local folder named after the URL.
+  assert os.listdir(cwd) == []
   run = paths.path(RUN)
   assert checkpoint.read_config(RUN).total_steps == 4
-  assert checkpoint.steps_in(run / 'checkpoints') == [2, 4]
+  assert checkpoint.steps_in(ckpts) == [2, 4]
   assert list((run / 'tensorboard').iterdir())
-  rc, out = run_tiny('eval', RUN, cwd=cwd)
-  assert rc == 0, out
+  monkeypatch.chdir(cwd)  # Evaluated in this process (eval.py's command line: below, on two).
+  assert helpers.evaluate(RUN) == paths.read_json(f'{RUN}/eval/results.json')
   results = paths.read_json(f'{RUN}/eval/results.json')
   assert results['step'] == 4 and results['n_examples'] == 40
   assert (run / 'eval' / 'attention.png').read_bytes()[:4] == b'\x89PNG'
-  assert os.listdir(cwd) == []
 
-
-def test_convert_both_ways_and_fine_tune_from_gcs(gs_run, tmp_path):
+  # Converted both ways, and fine-tuned from (a step of the workdir, and the export).
   export = 'gs://bucket/export/run.safetensors'
   assert convert_cli.call(['to_torch', '--workdir', RUN, '--step', '4', '--out', export]) == 0
   assert paths.path(export.replace('.safetensors', '.json')).exists()
@@ -87,15 +122,28 @@ def test_convert_both_ways_and_fine_tune_from_gcs(gs_run, tmp_path):
                            '--out_workdir', 'gs://bucket/imported']) == 0
   config, params, _ = checkpoint.load_params(RUN, 4)
   _same_params(params, checkpoint.load_params('gs://bucket/imported')[1])
-  # --config.model_init from the gs:// workdir (a step of it) and from the gs:// export.
   for source in (f'{RUN}:4', export):
     loaded = model_init.load(config, source)
     for key, value in param_tree.flatten(params).items():
       assert np.array_equal(loaded[key], np.asarray(value)), (source, key)
 
+  # The reproduce runner reads the run's final evaluation from the metrics objects.
+  from liere_jax.reproduce import runner
+  assert runner._trained(RUN)
+  assert runner.plateau_exit(RUN) is None or runner.plateau_exit(RUN) <= 4
+  assert os.listdir(cwd) == []
 
-def test_a_damaged_checkpoint_on_gcs_is_set_aside(gs_run):
-  config, params, _ = checkpoint.load_params(RUN)
+
+def _tiny_params(scale=1.0):
+  """The tiny run's config and fresh parameters (seed 0) times `scale`, as numpy."""
+  config = helpers.tiny_config()
+  trainer = train_lib.Trainer(config, train_lib.make_mesh(jax.devices()[:1]))
+  params = jax.device_get(param_tree.to_loop_params(trainer.init_state(0)['params']))
+  return config, jax.tree.map(lambda x: np.asarray(x) * np.asarray(scale, x.dtype), params)
+
+
+def test_a_damaged_checkpoint_on_gcs_is_set_aside(store):
+  config, params = _tiny_params()
   work = 'gs://bucket/damaged'
   for step in (1, 2):
     checkpoint.save_params(work, config, params, step=step)
@@ -105,27 +153,41 @@ def test_a_damaged_checkpoint_on_gcs_is_set_aside(gs_run):
   assert '1' in names and '2' not in names and any(n.startswith('2.damaged-') for n in names)
 
 
-def test_two_processes_fine_tune_on_one_bucket_and_stop_together_on_sigterm(gs_run, tmp_path):
+def test_two_processes_on_one_bucket_stop_together_on_sigterm_and_resume_bit_identically(
+    store, tmp_path):
+  """Two processes fine-tune from parameters in the bucket, with scheduled saves at steps 2
+  (an evaluation), 4 and 6. One process gets SIGTERM once step 2 is saved: both save the step
+  they agree on, between the scheduled ones, and exit 143; the same command resumes there. The
+  run ends bit-identical (parameters and optimizer state) to the same 6 steps uninterrupted on
+  2 devices of this process fed the 1-process batches (tests/reference.py): so 2 processes
+  equal 1 too. Then eval.py runs on the same two processes."""
+  init = 'gs://bucket/init'
+  checkpoint.save_params(init, *_tiny_params(0.5))
   work = 'gs://bucket/two'
-  addr = f'127.0.0.1:{free_port()}'
-  procs = [run_tiny('train', work, '--config.total_steps=200', f'--config.model_init={RUN}:2',
-                    f'--coordinator_address={addr}', '--num_processes=2', f'--process_id={i}',
-                    cwd=tmp_path, wait=False) for i in range(2)]
-  deadline = time.time() + 300
-  while not paths.path(f'{work}/config.json').exists() and all(p.poll() is None for p in procs):
-    assert time.time() < deadline
-    time.sleep(0.1)
+  args = ('--config.total_steps=6', '--config.checkpoint_every=4', '--config.eval_every=2',
+          f'--config.model_init={init}')
+  procs = _two_processes('train', work, *args, cwd=tmp_path)
+  # The evaluation at step 2 (compiled then) holds both processes there a while.
+  _wait(lambda: 2 in checkpoint.steps_in(f'{work}/checkpoints'), *procs)
   procs[1].send_signal(signal.SIGTERM)  # One process told: both stop at one step.
   outs = [p.communicate(timeout=300)[0] for p in procs]
   assert [p.returncode for p in procs] == [143, 143], outs
-  steps = {int(l.split(' at step ')[1].split()[0]) for out in outs for l in out.splitlines()
-           if l.startswith('Preempted')}
-  assert len(steps) == 1 and checkpoint.steps_in(f'{work}/checkpoints')[-1] == steps.pop(), outs
-  assert 'Started from the parameters of' in outs[0]
+  steps = {_preempted_at(out) for out in outs}
+  assert len(steps) == 1, outs
+  step = steps.pop()
+  assert step in (3, 5) and checkpoint.steps_in(f'{work}/checkpoints')[-1] == step, outs
+  assert f'Started from the parameters of {init}' in outs[0]
+  procs = _two_processes('train', work, *args, cwd=tmp_path)
+  outs = [p.communicate(timeout=300)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], outs
+  assert all(f'Resumed from step {step}. --config.model_init={init} is ignored' in out
+             for out in outs), outs
+  got = reference.stored_state(work)
+  assert int(got['step']) == 6
+  reference.assert_same_state(reference.uninterrupted_state(work, 6, processes=2, init=init),
+                              got)
   # eval.py takes train.py's process flags and runs on the same two processes.
-  addr = f'127.0.0.1:{free_port()}'
-  procs = [run_tiny('eval', work, f'--coordinator_address={addr}', '--num_processes=2',
-                    f'--process_id={i}', cwd=tmp_path, wait=False) for i in range(2)]
+  procs = _two_processes('eval', work, cwd=tmp_path)
   outs = [p.communicate(timeout=300)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], outs
   assert paths.read_json(f'{work}/eval/results.json')['n_examples'] == 40
@@ -161,10 +223,14 @@ def test_a_dataset_prepared_into_a_bucket_is_read_from_it(store, tmp_path):
 def test_a_store_that_cannot_be_read_says_why(store, monkeypatch, tmp_path):
   assert paths.store_problem('gs://bucket/tfds') is None
   assert 'there is no bucket gs://nobucket' in paths.store_problem('gs://nobucket/tfds')
-  rc, out = run_tiny('train', 'gs://nobucket/run', cwd=tmp_path)
-  assert rc == 2 and out.strip().splitlines()[-1] == (
-      'python -m liere_jax.train: error: --workdir=gs://nobucket/run cannot be used: there is '
-      'no bucket gs://nobucket (create it: gcloud storage buckets create gs://nobucket).'), out
+  # Refused before anything is written (the command line prints it as its one line, exit
+  # status 2: tests/test_cli.py).
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(FileNotFoundError) as refusal:
+    helpers.train(helpers.tiny_config(), 'gs://nobucket/run')
+  assert str(refusal.value) == (
+      '--workdir=gs://nobucket/run cannot be used: there is no bucket gs://nobucket (create it: '
+      'gcloud storage buckets create gs://nobucket).')
   assert os.listdir(tmp_path) == []
   monkeypatch.setitem(sys.modules, 'gcsfs', None)  # As without gcsfs installed.
   cfg = config_lib.load(os.path.join(ROOT, 'configs', 'cifar100.py'))
@@ -174,10 +240,8 @@ def test_a_store_that_cannot_be_read_says_why(store, monkeypatch, tmp_path):
     data.dataset_info(cfg.data)
 
 
-def test_the_reproduce_runner_reads_and_writes_runs_in_a_bucket(gs_run):
+def test_the_reproduce_runner_writes_its_logs_and_walls_in_a_bucket(store):
   from liere_jax.reproduce import runner
-  assert runner._trained(RUN)  # Its final evaluation is in the metrics objects.
-  assert runner.plateau_exit(RUN) is None or runner.plateau_exit(RUN) <= 4
   work = 'gs://bucket/reproduce'
   for text in ('first\n', 'second\n'):  # A bucket takes no appends: the log is rewritten.
     with runner._log(work, 'reproduce_train.log') as f:
@@ -189,6 +253,5 @@ def test_the_reproduce_runner_reads_and_writes_runs_in_a_bucket(gs_run):
 
 
 def test_process_flags_come_all_three_or_none():
-  from liere_jax import train_lib
   with pytest.raises(ValueError, match='give all three, or none to let jax find them'):
     train_lib.init_distributed('127.0.0.1:1234', None, None)
