@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from liere_jax import checkpoint, config_lib, data, evaluation, train_lib
 from liere_jax.config import run as run_spec
-from liere_jax.data import pipeline
+from liere_jax.config import data as config_data
 import liere_jax.configs
 from tests.helpers import copy_run, evaluate, load_config
 from tests.helpers import tiny_config, train_tiny
@@ -39,7 +39,7 @@ def test_uint8_batches_normalised_on_the_device_give_the_host_step():
   for normalise in ('host', 'device'):
     cfg.data.normalise = normalise
     trainer = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1], 1))
-    scale, offset = pipeline.normalisation(cfg.data)
+    scale, offset = config_data.normalisation(cfg.data)
     images = pixels if normalise == 'device' else pixels.astype(np.float32) * scale + offset
     state, metrics = trainer.train_step(trainer.init_state(0),
                                         trainer.global_batch(dict(batch, image=images)))

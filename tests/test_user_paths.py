@@ -36,6 +36,7 @@ from flax import nnx  # noqa: E402
 from liere_jax import checkpoint, config_lib, paths, torch_vit  # noqa: E402
 from liere_jax.convert import __main__ as convert_cli  # noqa: E402
 from liere_jax.data import pipeline, prepare  # noqa: E402
+from liere_jax.data.datasets import DATASETS  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
 from tests import datasets, helpers  # noqa: E402
 
@@ -267,8 +268,8 @@ def test_stand_ins_read_back_through_the_pipeline(stand_in_dir):
   examples = builder._generate_examples('test', 10)  # pylint: disable=protected-access
   written = sorted((np.asarray(Image.open(io.BytesIO(ex['image']))).tobytes(), ex['label'])
                    for _, ex in examples)
-  mean, std = (np.array(pipeline.DATASETS['cifar100'].mean),
-               np.array(pipeline.DATASETS['cifar100'].std))
+  mean, std = (np.array(DATASETS['cifar100'].mean),
+               np.array(DATASETS['cifar100'].std))
   read = []
   for batch in pipeline.eval_batches(cifar, global_batch_size=4):
     pixels = np.round((batch['image'] * std + mean) * 255).astype(np.uint8)

@@ -38,8 +38,7 @@ from liere_jax.data import arrows
 from liere_jax.data import augment
 from liere_jax.data import sources
 from liere_jax.data import transform
-from liere_jax.config.data import normalisation, resolve_data  # noqa: F401  Re-exported.
-from liere_jax.data.datasets import DATASETS  # noqa: F401  Re-exported.
+from liere_jax.config.data import resolve_data
 
 Example = Dict[str, Any]
 
