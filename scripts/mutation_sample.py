@@ -3,6 +3,8 @@ functions, plus a seeded random sample of the rest of each mutated module. Print
 that have no result yet (so a rerun resumes), one a line; `--all` prints them all.
 
   python scripts/mutation_sample.py [--per_module 5] [--seed 0] [--only central|sampled] [--all]
+      [--scope numerics|core]
+  python scripts/mutation_sample.py --numerics_config pyproject.toml  # rewrites its [tool.mutmut]
 
 Reads the mutants mutmut generated (mutants/**/*.py.meta: `mutmut run` writes them first).
 The draw: the names of a module's mutants outside CENTRAL, sorted, then
@@ -13,6 +15,7 @@ import argparse
 import glob
 import json
 import random
+import re
 
 # Functions mutated in full: the patch positions, the exponential's Taylor polynomial and
 # squarings, the LieRE rotations, and each encoding's rotations (LieRE's context, RoPE-Mixed's).
@@ -23,6 +26,36 @@ CENTRAL = (
     'liere_jax.encodings.liere.xǁLieREǁcontext__',
     'liere_jax.encodings.rope.xǁRopeMixedǁrotations__',
 )
+
+# The numerics scope (scripts/mutation.sh --numerics): these modules' mutants against fast tests
+# of their values only. mutmut runs every selected test that reaches a mutated function, and in
+# the core's selection the exponential and the positions are reached by model builds, train
+# steps and the lattice tests: minutes a surviving mutant. Here: seconds.
+NUMERICS_MODULES = ('liere_jax/expm.py', 'liere_jax/positions.py', 'liere_jax/rotations.py',
+                    'liere_jax/encodings/rope.py')
+NUMERICS_TESTS = (
+    'tests/test_expm_taylor.py', 'tests/test_grid_positions.py', 'tests/test_lattice_rotations.py',
+    'tests/test_rope_mixed_rotations.py', 'tests/test_expm_remat_rule.py',
+    'tests/test_concrete_positions.py',
+    # The fast existing tests of the sampled functions that the files above do not reach.
+    'tests/test_rotations.py::test_lattice_plan_of_a_grid_counts_primitive_points',
+    'tests/test_options.py::test_rotate_applies_r_to_each_block_of_each_token',
+    'tests/test_commuting.py::test_jitter_offsets_are_bounded_and_spare_the_time_axis',
+    'tests/test_encodings.py::test_relative_position_invariance[rope_axial-2-True]',
+    'tests/test_encodings.py::test_relative_position_invariance[rope_mixed-2-True]',
+    'tests/test_encodings.py::test_relative_position_invariance[alibi-2-True]',
+)
+
+
+def numerics_config(path):
+  """Rewrites `path`'s [tool.mutmut] (a snapshot's pyproject.toml) to the numerics scope."""
+  text = open(path, encoding='utf-8').read()
+  for key, values in (('only_mutate', NUMERICS_MODULES),
+                      ('pytest_add_cli_args_test_selection', NUMERICS_TESTS)):
+    text, n = re.subn(rf'^{key} = \[.*?^\]', f'{key} = {json.dumps(list(values))}', text,
+                      count=1, flags=re.M | re.S)
+    assert n == 1, f'{path} has no {key} list in [tool.mutmut]'
+  open(path, 'w', encoding='utf-8').write(text)
 
 
 def mutants():
@@ -48,8 +81,17 @@ def main():
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--only', choices=('central', 'sampled'), help='one half of the run')
   parser.add_argument('--all', action='store_true', help='with those already run')
+  parser.add_argument('--scope', choices=('numerics', 'core'),
+                      help="NUMERICS_MODULES' mutants, or the other modules'")
+  parser.add_argument('--numerics_config', metavar='PYPROJECT', help=numerics_config.__doc__)
   args = parser.parse_args()
+  if args.numerics_config:
+    return numerics_config(args.numerics_config)
   central, sampled = sample(args.per_module, args.seed)
+  if args.scope:
+    modules = tuple(m[:-len('.py')].replace('/', '.') + '.' for m in NUMERICS_MODULES)
+    keep = lambda n: n.startswith(modules) == (args.scope == 'numerics')
+    central, sampled = ([n for n in names if keep(n)] for names in (central, sampled))
   names = {'central': central, 'sampled': sampled}.get(args.only, sampled + central)
   done = {n for by_name in mutants().values() for n, code in by_name.items() if code is not None}
   for name in names:

@@ -1,0 +1,22 @@
+"""LieRE's rotations on a small patch grid (seconds: the mutation run's selection for
+rotations.liere_rotations, docs/mutation.md): the lattice path, one exponential per primitive
+lattice point and powers for the rest, gives every token exp(sum_i p_i A_i) in float64."""
+import jax.numpy as jnp
+import numpy as np
+import scipy.linalg
+
+from liere_jax import rotations
+from liere_jax.positions import grid_positions
+
+
+def test_the_lattice_path_on_a_small_grid_gives_each_token_its_exponential():
+  layers, heads, block, n_blocks = 2, 1, 4, 2
+  gens = np.random.default_rng(0).uniform(
+      -1, 1, (layers, heads, 2, n_blocks, rotations.num_free(block))).astype(np.float32)
+  pos = grid_positions((3, 4), (3, 4), 'integer')  # (2, 0) = 2 (1, 0): powers to share
+  assert rotations.lattice_plan(pos) is not None
+  got = np.asarray(rotations.liere_rotations(jnp.asarray(gens), pos, block))
+  assert got.shape == (layers, heads, len(pos), n_blocks, block, block)
+  a = np.asarray(rotations.skew(jnp.asarray(np.einsum('tn,lhnkf->lhtkf', pos, gens)), block))
+  want = np.vectorize(scipy.linalg.expm, signature='(b,b)->(b,b)')(a.astype(np.float64))
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
