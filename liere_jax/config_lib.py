@@ -1,10 +1,9 @@
 """Shared pieces of the configs in liere_jax/configs/: argument parsing, loading, and the model,
-data and run sections (the ConfigDict every program takes; liere_jax.run_spec resolves and checks
+data and run sections (the ConfigDict every program takes; liere_jax.config.run resolves and checks
 it), built from the fields declared in liere_jax/config/.
 """
 import importlib.util
 import re
-import sys
 from typing import Optional
 
 import ml_collections
@@ -54,8 +53,9 @@ def unknown_override(config: ml_collections.ConfigDict, key: str) -> Optional[st
 
 
 def parse_flags(argv):
-  """absl flags parser for the entry points (app.run(main, flags_parser=parse_flags)): an
-  override of a key the config lacks gets one line naming it and its section's fields."""
+  """absl flags parser for the entry points (cli.run(main, tool, flags_parser=parse_flags)): an
+  override of a key the config lacks raises a flags.Error of one line naming it and its
+  section's fields, which cli.run prints as the tool's refusal."""
   from absl import flags
   try:
     return flags.FLAGS(argv)
@@ -69,6 +69,5 @@ def parse_flags(argv):
       config = load(spec)
       problems = [p for p in map(lambda k: unknown_override(config, k), keys) if p]
       if problems:
-        print(problems[0], file=sys.stderr)
-        sys.exit(2)
+        raise flags.Error(problems[0]) from None
     raise

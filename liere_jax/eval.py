@@ -12,7 +12,8 @@ Video with several views per video (data.eval_views, e.g. (5, 3)): `top1` is the
 accuracy (the official protocol), also written as `top1_per_view`, beside `top1_per_video`
 (views' softmax averaged); the CI and n are over videos.
 
-In a process of your own: `evaluate_workdir(run_spec.resolve(config, jax.device_count()), DIR)`.
+In a process of your own: `evaluate_workdir(liere_jax.config.run.resolve(config,
+jax.device_count()), DIR)`.
 """
 import contextlib
 import json
@@ -31,6 +32,8 @@ def evaluate_workdir(run, workdir: str, *, step=None, best: bool = False, out: s
   is resolved for their number). checks: a context manager around the checkpoint's lookup (the
   command line's makes its errors one-line refusals)."""
   from liere_jax import checkpoint, evaluation, train_lib
+  from liere_jax.config import run as run_spec
+  run_spec.spec_of(run, 'evaluate_workdir')
   with checks():
     _, params, step = checkpoint.load_params(workdir, step, best=best)
   steps = train_lib.EvalSteps(run, train_lib.make_mesh(devices, run.loop.model_parallel))

@@ -13,8 +13,8 @@ from another's parameters: fine-tuning, liere_jax/model_init.py.
 
 In a process of your own (a notebook, a test), with no flags:
 
-  run = run_spec.resolve(config, jax.device_count())
-  train_and_evaluate(run, workdir, config=config)
+  run = run_spec.resolve(config, jax.device_count())  # liere_jax.config.run
+  train_and_evaluate(run, workdir)
 """
 import contextlib
 import math
@@ -150,37 +150,39 @@ def train(trainer, workdir: str, init_params=None, progress: bool = True, stop=N
   return preempted
 
 
-def check(run, workdir: str, config):
-  """Everything about starting `run` (a run_spec.RunSpec of `config`) in `workdir` that can be
-  refused, before anything is compiled or written: the store, the dataset, a workdir that all
-  processes see, the same model as the workdir's checkpoints, and --config.model_init's
-  parameters, which it returns (None when fresh or resumed)."""
+def check(run, workdir: str):
+  """Everything about starting `run` (a run_spec.RunSpec) in `workdir` that can be refused,
+  before anything is compiled or written: the store, the dataset, a workdir that all processes
+  see, the same model as the workdir's checkpoints, and --config.model_init's parameters, which
+  it returns (None when fresh or resumed)."""
   from liere_jax import checkpoint, model_init
   from liere_jax.config import run as run_spec
   paths.check_store(workdir, '--workdir', tensorboard=True)
   run_spec.check_data(run)  # Says how to prepare an unprepared dataset.
   # Several processes: one workdir, seen alike (before any of them reads it).
   checkpoint.check_shared_workdir(workdir)
-  checkpoint.check_same_model(workdir, config)
+  checkpoint.check_same_model(workdir, run.model)
   # A resumed run ignores model_init.
-  return (model_init.load(config) if run.loop.model_init
+  return (model_init.load(run) if run.loop.model_init
           and not checkpoint.has_checkpoint(workdir) else None)
 
 
-def train_and_evaluate(run, workdir: str, *, config, progress: bool = True, devices=None,
+def train_and_evaluate(run, workdir: str, *, progress: bool = True, devices=None,
                        checks=contextlib.nullcontext):
-  """Trains `run` (a run_spec.RunSpec, resolved from `config`, which config.json keeps) in
+  """Trains `run` (a run_spec.RunSpec; config.json keeps the config it was resolved from) in
   `workdir`, evaluating as its loop says; resumes from the workdir's latest checkpoint. In any
   process: a notebook, a test, `python -m liere_jax.train`. devices: those to run on (default:
   all; `run` is resolved for their number). checks: a context manager around the checks
   (`check`); the command line's makes their errors one-line refusals. Returns the step a
   SIGTERM stopped it at, or None."""
   from liere_jax import checkpoint, train_lib
+  from liere_jax.config import run as run_spec
+  run_spec.spec_of(run, 'train_and_evaluate')
   with checks():
-    init_params = check(run, workdir, config)
+    init_params = check(run, workdir)
   trainer = train_lib.Trainer(run, train_lib.make_mesh(devices, run.loop.model_parallel))
   stop = train_lib.Preemption()  # From the first write on, SIGTERM saves the step reached.
-  checkpoint.write_config(workdir, config)
+  checkpoint.write_config(workdir, run.to_config())
   return train(trainer, workdir, init_params, progress=progress, stop=stop)
 
 

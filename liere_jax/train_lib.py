@@ -130,9 +130,10 @@ def state_specs(param_spec_tree, state_shapes):
 
 
 def make_optimizer(optimizer):
-  """(tx, schedule) of a run_spec.OptimizerSpec (or a RunSpec or config): Adam(W) with linear
-  warmup and cosine decay, optional global-norm clipping."""
-  opt = run_spec.resolve_optimizer(optimizer)
+  """(tx, schedule) of a run_spec.OptimizerSpec (or a RunSpec's): Adam(W) with linear warmup
+  and cosine decay, optional global-norm clipping."""
+  opt = optimizer.optimizer if isinstance(optimizer, run_spec.RunSpec) else optimizer
+  run_spec.spec_of(opt, 'make_optimizer', run_spec.OptimizerSpec)
   if opt.warmup_steps:
     schedule = optax.warmup_cosine_decay_schedule(0.0, opt.lr, opt.warmup_steps, opt.decay_steps)
   else:  # The same values, without optax's log line about a zero-step warmup.
@@ -160,14 +161,14 @@ class MeshJit:
 
 @dataclasses.dataclass
 class EvalSteps:
-  """What evaluating a run (a run_spec.RunSpec; a config is resolved for the mesh's devices)
-  needs: the model in eval mode over pure-dict parameters, their shardings, the jitted eval
-  steps and the batch placement. No optimizer: eval.py builds only this; a Trainer is one."""
+  """What evaluating a run (a run_spec.RunSpec) needs: the model in eval mode over pure-dict
+  parameters, their shardings, the jitted eval steps and the batch placement. No optimizer:
+  eval.py builds only this; a Trainer is one."""
   run: run_spec.RunSpec
   mesh: jax.sharding.Mesh
 
   def __post_init__(self):
-    self.run = run_spec.resolve(self.run, self.mesh.devices.size)
+    run_spec.spec_of(self.run, type(self).__name__)
     self.spec = self.run.model
     model = nnx.eval_shape(lambda: ViT(self.spec, rngs=nnx.Rngs(0)))
     model.train()

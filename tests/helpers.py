@@ -141,6 +141,17 @@ def tiny_config(arg='grid=4', **overrides):
   return override(load_config(ARROWS, arg), {**TINY, **overrides})
 
 
+def trainer(config, devices=None, model_parallel=1):
+  """train_lib.Trainer of `config` resolved for `devices` (default: all), as the programs build
+  it: the test's edge, where a config becomes a RunSpec."""
+  import jax
+  from liere_jax import train_lib
+  from liere_jax.config import run as run_spec
+  devices = jax.devices() if devices is None else devices
+  return train_lib.Trainer(run_spec.resolve(config, len(devices)),
+                           train_lib.make_mesh(devices, model_parallel))
+
+
 def train(config, workdir, devices=1):
   """train.train_and_evaluate in this process on the first `devices` devices, as `python -m
   liere_jax.train` with that many devices trains (the same steps, bit for bit); returns the
@@ -149,8 +160,7 @@ def train(config, workdir, devices=1):
   from liere_jax import train as training
   from liere_jax.config import run as run_spec
   return training.train_and_evaluate(run_spec.resolve(config, devices), str(workdir),
-                                     config=config, progress=False,
-                                     devices=jax.devices()[:devices])
+                                     progress=False, devices=jax.devices()[:devices])
 
 
 def train_tiny(workdir, **overrides):
@@ -166,10 +176,10 @@ def evaluate(workdir, config=None, devices=1, out='eval', **overrides):
   import jax
   from liere_jax import checkpoint, eval as eval_lib
   from liere_jax.config import run as run_spec
-  config = override(config or checkpoint.read_config(str(workdir)), overrides)
-  checkpoint.check_same_model(str(workdir), config)
-  return eval_lib.evaluate_workdir(run_spec.resolve(config, devices), str(workdir), out=out,
-                                   devices=jax.devices()[:devices])
+  run = run_spec.resolve(override(config or checkpoint.read_config(str(workdir)), overrides),
+                         devices)
+  checkpoint.check_same_model(str(workdir), run.model)
+  return eval_lib.evaluate_workdir(run, str(workdir), out=out, devices=jax.devices()[:devices])
 
 
 def copy_run(workdir, to):
@@ -188,16 +198,15 @@ def train_rng_grad_norms(cfg, batch, cases, fresh=()):
   """
   import jax
   import jax.numpy as jnp
-  from liere_jax import train_lib
   trainers, norms = {}, []
   for i, (seed, step) in enumerate(cases):
     if seed not in trainers or i in fresh:
       cfg.seed = seed
-      trainers[seed] = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1]))
-    trainer = trainers[seed]
-    state = trainer.init_state(0)
+      trainers[seed] = trainer(cfg, jax.devices()[:1])
+    t = trainers[seed]
+    state = t.init_state(0)
     state['step'] = jnp.asarray(step, jnp.int32)
-    _, metrics = trainer.train_step(state, trainer.global_batch(batch))
+    _, metrics = t.train_step(state, t.global_batch(batch))
     norms.append(float(metrics['grad_norm']))
   return norms
 

@@ -16,19 +16,20 @@ import orbax.checkpoint as ocp
 
 from liere_jax import checkpoint, data, model_init, param_tree, train_lib
 from liere_jax.checkpoint_damage import stored_target
+from liere_jax.config import run as run_spec
 
 
 def uninterrupted_state(workdir, steps: int, processes: int = 1, init=None) -> dict:
   """The train state (params in the checkpoints' layout, opt_state, step) after `steps` steps
   of the run in `workdir` on `processes` devices, from fresh parameters or from `init` (a
   --config.model_init source, as that run started)."""
-  config = checkpoint.read_config(str(workdir))
-  trainer = train_lib.Trainer(config, train_lib.make_mesh(jax.devices()[:processes]))
+  run = run_spec.resolve(checkpoint.read_config(str(workdir)), processes)
+  trainer = train_lib.Trainer(run, train_lib.make_mesh(jax.devices()[:processes]))
   loop = trainer.run.loop
   if init is None:
     state = trainer.init_state(loop.seed)
   else:
-    state = model_init.init_state(trainer, loop.seed, model_init.load(config, init))
+    state = model_init.init_state(trainer, loop.seed, model_init.load(run, init))
   ds = data.train_dataset(trainer.run.data, global_batch_size=loop.batch_size, seed=loop.seed)
   order = np.concatenate([np.arange(p, loop.batch_size, processes) for p in range(processes)])
   for k in range(steps):

@@ -1,6 +1,9 @@
 """Tests of liere_jax.data: the arrows task, its TFDS builder and the Grain pipelines (offline)."""
+import dataclasses
 import io
 import json
+import logging
+import re
 import os
 import subprocess
 import sys
@@ -11,7 +14,7 @@ from PIL import Image
 import pytest
 import tensorflow_datasets as tfds
 
-from liere_jax import checkpoint, config_lib, evaluation, train_lib
+from liere_jax import checkpoint, config_lib, evaluation
 from liere_jax.config.data import DATA
 from liere_jax.data import arrows
 from liere_jax.data import augment
@@ -21,12 +24,17 @@ from liere_jax.data import sources
 from liere_jax.config import data as data_spec
 from liere_jax.data import tfds_builders
 from liere_jax.data import transform
-from tests import datasets
+from tests import datasets, helpers
 from tests.helpers import tiny_model_config
 
 
 def data_config(**overrides):
   return config_lib.data_config(**{'name': 'arrows', 'num_eval': 50, **overrides})
+
+
+def resolved(**overrides):
+  """The DataSpec of data_config(**overrides): what the pipeline takes."""
+  return data_spec.resolve_data(data_config(**overrides))
 
 
 def image_bytes(batch, i):
@@ -131,25 +139,25 @@ def test_tfds_arrows_equal_make_example(arrows_dir):
 
 def test_pipeline_reads_prepared_arrows_like_on_the_fly(arrows_dir):
   kw = dict(global_batch_size=4)
-  cfg = data_config(num_eval=12)
-  stored = list(pipeline.eval_batches(data_config(num_eval=12, data_dir=arrows_dir), **kw))
+  cfg = resolved(num_eval=12)
+  stored = list(pipeline.eval_batches(resolved(num_eval=12, data_dir=arrows_dir), **kw))
   fly = list(pipeline.eval_batches(cfg, **kw))
   for a, b in zip(stored, fly, strict=True):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
-  info = pipeline.dataset_info(data_config(data_dir=arrows_dir, num_eval=12, fraction=0.5))
+  info = pipeline.dataset_info(resolved(data_dir=arrows_dir, num_eval=12, fraction=0.5))
   assert info['num_train'] == 20 and info['num_eval'] == 12
   with pytest.raises(FileNotFoundError, match='prepare_arrows'):
-    pipeline.dataset_info(data_config(data_dir=arrows_dir, grid=14, num_eval=12))
+    pipeline.dataset_info(resolved(data_dir=arrows_dir, grid=14, num_eval=12))
   with pytest.raises(ValueError, match='num_eval=50'):
-    pipeline.dataset_info(data_config(data_dir=arrows_dir))
+    pipeline.dataset_info(resolved(data_dir=arrows_dir))
 
 
 # The pipelines.
 
 
 def test_train_batches_are_a_function_of_seed_and_step():
-  cfg = data_config()
+  cfg = resolved()
   ds = pipeline.train_dataset(cfg, global_batch_size=8, seed=1)
   a, a8 = ds[7], ds[8]  # Each ds[k] computes the batch: once each.
   b = pipeline.train_dataset(cfg, global_batch_size=8, seed=1)[7]
@@ -166,7 +174,7 @@ def test_train_batches_are_a_function_of_seed_and_step():
 
 
 def test_process_shards_are_disjoint_and_make_the_global_batch():
-  cfg = data_config(num_train=30)  # 30 examples: steps cross epochs too.
+  cfg = resolved(num_train=30)  # 30 examples: steps cross epochs too.
   one = pipeline.train_dataset(cfg, global_batch_size=12, seed=0)
   shards = [pipeline.train_dataset(cfg, global_batch_size=12, seed=0, process_index=p,
                                    process_count=3) for p in range(3)]
@@ -181,7 +189,7 @@ def test_process_shards_are_disjoint_and_make_the_global_batch():
 
 
 def test_fraction_trains_on_the_first_examples_and_repeats():
-  cfg = data_config(num_train=100, fraction=0.2)
+  cfg = resolved(num_train=100, fraction=0.2)
   assert pipeline.dataset_info(cfg)['num_train'] == 20
   first = {((arrows.make_example(0, i)['image'] / 255 - .5) / .5).astype(np.float32).tobytes()
            for i in range(20)}
@@ -191,7 +199,7 @@ def test_fraction_trains_on_the_first_examples_and_repeats():
   assert seen[:20] != seen[20:]  # Reshuffled each epoch.
   for bad in (0.0, 1.5):
     with pytest.raises(ValueError, match='fraction'):
-      pipeline.dataset_info(data_config(fraction=bad))
+      pipeline.dataset_info(resolved(fraction=bad))
 
 
 def _eval_on_processes(cfg, global_batch_size, process_count):
@@ -203,7 +211,7 @@ def _eval_on_processes(cfg, global_batch_size, process_count):
 
 @pytest.mark.parametrize('process_count', [1, 2])
 def test_eval_never_drops_examples(process_count):
-  cfg = data_config(num_eval=50)
+  cfg = resolved(num_eval=50)
   expected = sorted(((arrows.make_example(1, i)['image'] / 255 - .5) / .5).astype(np.float32)
                     .tobytes() for i in range(50))
   seen = []
@@ -216,40 +224,58 @@ def test_eval_never_drops_examples(process_count):
 
 
 def test_eval_at_another_resolution_renders_more_cells():
-  b = next(pipeline.eval_batches(data_config(), global_batch_size=4, input_size=168))
+  b = next(pipeline.eval_batches(resolved(), global_batch_size=4, input_size=168))
   assert b['image'].shape == (4, 168, 168, 3)
   ref = arrows.make_example(1, 0, grid=14)
   np.testing.assert_array_equal(b['image'][0], (ref['image'] / 255 - .5) / .5)
   with pytest.raises(ValueError, match='multiple of the 12 px'):
-    pipeline.eval_batches(data_config(), global_batch_size=4, input_size=100)
+    pipeline.eval_batches(resolved(), global_batch_size=4, input_size=100)
 
 
 def test_config_errors_name_the_bad_value():
   with pytest.raises(ValueError, match="augment='light'.*label"):
-    pipeline.train_dataset(data_config(augment='light'), global_batch_size=4, seed=0)
+    pipeline.train_dataset(resolved(augment='light'), global_batch_size=4, seed=0)
   with pytest.raises(ValueError, match='augmentation'):
-    pipeline.dataset_info(data_config(augmentation='none'))
+    pipeline.dataset_info(resolved(augmentation='none'))
   with pytest.raises(ValueError, match='image_size=64'):
-    pipeline.dataset_info(data_config(name='cifar100', image_size=64))
+    pipeline.dataset_info(resolved(name='cifar100', image_size=64))
   with pytest.raises(ValueError, match='image_size'):
-    pipeline.dataset_info(data_config(name='imagenet2012'))
+    pipeline.dataset_info(resolved(name='imagenet2012'))
 
 
 def test_unprepared_datasets_say_how_to_prepare(tmp_path):
   with pytest.raises(FileNotFoundError, match='liere_jax.data.prepare cifar100 --download_dir'):
-    pipeline.train_dataset(data_config(name='cifar100', data_dir=str(tmp_path)),
+    pipeline.train_dataset(resolved(name='cifar100', data_dir=str(tmp_path)),
                            global_batch_size=4, seed=0)
   with pytest.raises(FileNotFoundError, match='ILSVRC2012_img_train.tar'):
-    pipeline.dataset_info(data_config(name='imagenet2012', image_size=224,
-                                      eval_split='validation', data_dir=str(tmp_path)))
+    pipeline.dataset_info(resolved(name='imagenet2012', image_size=224,
+                                   eval_split='validation', data_dir=str(tmp_path)))
   with pytest.raises(FileNotFoundError, match='liere_jax.data.prepare ucf101'):
-    pipeline.dataset_info(data_config(name='ucf101', image_size=224, data_dir=str(tmp_path)))
+    pipeline.dataset_info(resolved(name='ucf101', image_size=224, data_dir=str(tmp_path)))
   with pytest.raises(FileNotFoundError, match='prepare_arrows'):
-    pipeline.dataset_info(data_config(data_dir=str(tmp_path)))
+    pipeline.dataset_info(resolved(data_dir=str(tmp_path)))
+
+
+def test_tfds_logs_are_held_back_when_the_source_is_refused_and_let_out_when_it_opens():
+  seen = []
+  handler = logging.Handler()
+  handler.emit = lambda record: seen.append(record.getMessage())
+  logger = logging.getLogger('absl')
+  logger.addHandler(handler)
+  try:
+    with sources._held_logs():  # pylint: disable=protected-access
+      logger.warning('opened')
+      assert seen == []
+    with pytest.raises(FileNotFoundError), sources._held_logs():
+      logger.warning('probed')
+      raise FileNotFoundError
+  finally:
+    logger.removeHandler(handler)
+  assert seen == ['opened']
 
 
 def test_cifar100_on_mock_data():
-  cfg = data_config(name='cifar100', augment='randaug', data_dir='/unused')
+  cfg = resolved(name='cifar100', augment='randaug', data_dir='/unused')
   with tfds.testing.mock_data(num_examples=24):
     info = pipeline.dataset_info(cfg)
     assert info == dict(input_shape=(32, 32, 3), num_classes=100, num_train=24, num_eval=24)
@@ -266,8 +292,8 @@ def test_cifar100_on_mock_data():
 
 def test_imagenet_on_mock_data():
   # Mock images have random sizes: shorter side to image_size, centre crop.
-  cfg = data_config(name='imagenet2012', image_size=40, augment='light',
-                    eval_split='validation', data_dir='/unused')
+  cfg = resolved(name='imagenet2012', image_size=40, augment='light',
+                 eval_split='validation', data_dir='/unused')
   with tfds.testing.mock_data(num_examples=10):
     assert pipeline.dataset_info(cfg)['input_shape'] == (40, 40, 3)
     a = pipeline.train_dataset(cfg, global_batch_size=4, seed=0)[2]
@@ -298,8 +324,8 @@ def ucf_dir(tmp_path_factory):
 
 
 def test_ucf101_clips(ucf_dir):
-  cfg = data_config(name='ucf101', data_dir=ucf_dir, image_size=16, mixup=0.8,
-                    augment='light', num_eval=2000)
+  cfg = resolved(name='ucf101', data_dir=ucf_dir, image_size=16, mixup=0.8,
+                 augment='light', num_eval=2000)
   assert pipeline.dataset_info(cfg) == dict(input_shape=(8, 16, 16, 3), num_classes=101,
                                             num_train=6, num_eval=3)
   train = pipeline.train_dataset(cfg, global_batch_size=4, seed=0)
@@ -358,14 +384,14 @@ def test_official_orders(monkeypatch, imagenet_dir, ucf_native_dir):
   calls = _record(monkeypatch, _OPS)
   u8, f32 = np.dtype(np.uint8), np.dtype(np.float32)
   with tfds.testing.mock_data(num_examples=4):  # O data_image.py:96-104: RA, pad-crop, flip.
-    pipeline.train_dataset(data_config(name='cifar100', augment='official_randaug',
-                                       data_dir='/unused'), global_batch_size=1, seed=0)[0]
+    pipeline.train_dataset(resolved(name='cifar100', augment='official_randaug',
+                                    data_dir='/unused'), global_batch_size=1, seed=0)[0]
   assert [c[0] for c in calls] == ['official_randaugment', 'crop_flip', 'hflip']
   assert calls[0][1:] == ((32, 32, 3), u8)
   # O data_image.py:193-205: RA on the native image, then RandomResizedCrop, then flip.
   calls.clear()
-  cfg = data_config(name='imagenet2012', image_size=24, augment='official_randaug', crop='rrc',
-                    data_dir=imagenet_dir)
+  cfg = resolved(name='imagenet2012', image_size=24, augment='official_randaug', crop='rrc',
+                 data_dir=imagenet_dir)
   source = tfds.data_source('imagenet2012', split='train', data_dir=imagenet_dir)
   native = {source[i]['image'].shape for i in range(len(source))}
   pipeline.train_dataset(cfg, global_batch_size=1, seed=0)[0]
@@ -374,8 +400,8 @@ def test_official_orders(monkeypatch, imagenet_dir, ucf_native_dir):
   assert calls[2][1] == calls[0][1] and calls[3][1] == (24, 24, 3)
   # O videodataset.py:306-353: timm RA on native frames, RRC, flip, then erasing (normalised).
   calls.clear()
-  cfg = data_config(name='ucf101/ucf101_1', image_size=16, num_frames=4, augment='videomae',
-                    crop='rrc', random_erasing=1.0, data_dir=ucf_native_dir)
+  cfg = resolved(name='ucf101/ucf101_1', image_size=16, num_frames=4, augment='videomae',
+                 crop='rrc', random_erasing=1.0, data_dir=ucf_native_dir)
   pipeline.train_dataset(cfg, global_batch_size=1, seed=0)[0]
   assert [c[0] for c in calls] == ['timm_randaugment', 'rrc_box', 'resized_crop', 'hflip',
                                    'random_erasing']
@@ -383,8 +409,8 @@ def test_official_orders(monkeypatch, imagenet_dir, ucf_native_dir):
   assert calls[4][1:] == ((4, 16, 16, 3), f32)
   # Ours ('randaug'): crop and flip first, RandAugment at S.
   calls.clear()
-  pipeline.train_dataset(dict(cfg.to_dict(), augment='randaug', crop='pad', random_erasing=0.0),
-                         global_batch_size=1, seed=0)[0]
+  pipeline.train_dataset(dataclasses.replace(cfg, augment='randaug', crop='pad',
+                                             random_erasing=0.0), global_batch_size=1, seed=0)[0]
   assert [c[0] for c in calls] == ['crop_flip', 'hflip', 'randaugment']
   assert calls[2][1] == (4, 16, 16, 3)
 
@@ -392,20 +418,18 @@ def test_official_orders(monkeypatch, imagenet_dir, ucf_native_dir):
 def test_rrc_crops_native_images_anew_each_time_and_every_frame_alike(ucf_native_dir):
   rng = np.random.default_rng(0)
   image = rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)
-  spec = data_spec.resolve_data(data_config(name='imagenet2012', image_size=24, augment='light',
-                                            crop='rrc'))
+  spec = resolved(name='imagenet2012', image_size=24, augment='light', crop='rrc')
   outs = [transform.train_augment(spec, image, np.random.default_rng(i)) for i in range(6)]
   assert all(o.shape == (24, 24, 3) and o.dtype == np.uint8 for o in outs)
   assert len({o.tobytes() for o in outs}) == 6
   clip = np.stack([image] * 5)
-  spec = data_spec.resolve_data(data_config(name='ucf101', image_size=24, augment='videomae',
-                                            crop='rrc'))
+  spec = resolved(name='ucf101', image_size=24, augment='videomae', crop='rrc')
   for seed in range(4):
     out = transform.train_augment(spec, clip, np.random.default_rng(seed))
     assert out.shape == (5, 24, 24, 3) and (out == out[:1]).all()
   # Through the pipeline: native 24 x 32 frames -> [frames, S, S, 3], a pure function of step.
-  cfg = data_config(name='ucf101/ucf101_1', image_size=16, augment='light', crop='rrc',
-                    data_dir=ucf_native_dir)
+  cfg = resolved(name='ucf101/ucf101_1', image_size=16, augment='light', crop='rrc',
+                 data_dir=ucf_native_dir)
   assert pipeline.dataset_info(cfg)['input_shape'] == (8, 16, 16, 3)
   a, b = (pipeline.train_dataset(cfg, global_batch_size=2, seed=0)[1] for _ in range(2))
   assert a['image'].shape == (2, 8, 16, 16, 3)
@@ -443,8 +467,8 @@ def test_eval_center_crop_is_torchvisions(imagenet_dir):
     image = rng.integers(1, 256, (h, 81 - h, 3), dtype=np.uint8)
     np.testing.assert_array_equal(transform.center_crop(image, 40),
                                   _torchvision_center_crop(image, 40))
-  cfg = data_config(name='imagenet2012', image_size=40, eval_crop='center',
-                    eval_split='validation', data_dir=imagenet_dir)
+  cfg = resolved(name='imagenet2012', image_size=40, eval_crop='center',
+                 eval_split='validation', data_dir=imagenet_dir)
   source = tfds.data_source('imagenet2012', split='validation', data_dir=imagenet_dir)
   expected = [_torchvision_center_crop(source[i]['image'], 40) for i in range(len(source))]
   assert any(min(source[i]['image'].shape[:2]) < 40 for i in range(len(source)))  # Some pad.
@@ -480,9 +504,9 @@ def _official_view(jpegs, size, num, stride, t, s, temporal=5, spatial=3):
 def test_eval_views_are_the_official_ones(ucf_native_dir, process_count):
   # 4 frames at stride 2 (32-frame videos: 16 grid points, clips start at 0, 3, 6, 9, 12; the
   # 10-frame video: 5 points, starts 0, 0, 0, 0, 1); 24 x 32 frames -> 16 x 21: crops at 0, 2, 5.
-  cfg = data_config(name='ucf101/ucf101_1', image_size=16, num_frames=4, frame_stride=2,
-                    eval_views=(5, 3), data_dir=ucf_native_dir)
-  source = sources.video_source(data_spec.resolve_data(cfg), 'test')
+  cfg = resolved(name='ucf101/ucf101_1', image_size=16, num_frames=4, frame_stride=2,
+                 eval_views=(5, 3), data_dir=ucf_native_dir)
+  source = sources.video_source(cfg, 'test')
   raw = [source[v] for v in range(len(source))]
   expected = [(v, _official_view(raw[v]['frames'], 16, 4, 2, t, s).tobytes(), raw[v]['label'])
               for v in range(len(raw)) for t in range(5) for s in range(3)]
@@ -525,7 +549,7 @@ def test_evaluate_with_views_scores_every_view_and_every_video(ucf_native_dir):
   model = tiny_model_config(pe='abs', n_dims=3, size=16, depth=1)
   model.patch, model.input_size, model.num_classes = (2, 8, 8), (4, 16, 16), 101
   config = config_lib.base_config(model=model, data=data, batch_size=8, total_steps=1, lr=1e-3)
-  trainer = train_lib.Trainer(config, train_lib.make_mesh())
+  trainer = helpers.trainer(config)
   rng = np.random.default_rng(0)  # Random parameters (no init to compile) ...
   params = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(x.dtype),
                         trainer.abstract_state['params'])
@@ -536,7 +560,7 @@ def test_evaluate_with_views_scores_every_view_and_every_video(ucf_native_dir):
   # Independently: every view's prediction from the model, then the means by hand.
   video, label, probs = [], [], []
   forward = jax.jit(lambda params, x: jax.nn.softmax(trainer.model(params)(x)))
-  for b in pipeline.eval_batches(data, global_batch_size=8):
+  for b in pipeline.eval_batches(trainer.run.data, global_batch_size=8):
     p = forward(params, b['image'])
     video += list(b['video'][b['mask']])
     label += list(b['label'][b['mask']])
@@ -559,7 +583,7 @@ def test_evaluate_with_views_scores_every_view_and_every_video(ucf_native_dir):
 def test_new_modes_are_a_function_of_seed_and_step(name, overrides, imagenet_dir,
                                                    ucf_native_dir):
   data_dir = {'imagenet2012': imagenet_dir, 'ucf101/ucf101_1': ucf_native_dir}.get(name)
-  cfg = data_config(name=name, data_dir=data_dir or '/unused', **overrides)
+  cfg = resolved(name=name, data_dir=data_dir or '/unused', **overrides)
   with tfds.testing.mock_data(num_examples=8):  # Used by cifar100 only (data_dir='/unused').
     make = lambda seed, **kw: pipeline.train_dataset(cfg, global_batch_size=4, seed=seed, **kw)
     a, b, c = make(0)[2], make(0)[2], make(1)[2]
@@ -585,22 +609,21 @@ def test_recipe_config_errors_name_the_bad_value():
     data_spec.resolve_data(data_config(random_erasing=0.25))
 
 
-def test_a_data_spec_is_accepted_wherever_the_data_section_is():
+def test_the_pipeline_takes_a_data_spec_and_refuses_the_section_naming_resolve_data():
   cfg = data_config(num_train=24, num_eval=6, workers=1, threads=3, prefetch=4)
   spec = data_spec.resolve_data(cfg)
-  assert data_spec.resolve_data(spec) is spec  # Resolved once, passed on unchanged.
   assert (spec.size, spec.train_split, spec.eval_split) == (108, 'train', 'test')
   assert (spec.workers, spec.threads, spec.prefetch, spec.num_train) == (1, 3, 4, 24)
-  assert pipeline.dataset_info(spec) == pipeline.dataset_info(cfg)
-  for x, y in zip(data_spec.normalisation(spec), data_spec.normalisation(cfg)):
-    np.testing.assert_array_equal(x, y)
-  a = pipeline.train_dataset(spec, global_batch_size=4, seed=1)[3]
-  b = pipeline.train_dataset(cfg, global_batch_size=4, seed=1)[3]
-  for key in ('image', 'label'):
-    np.testing.assert_array_equal(a[key], b[key])
-  for x, y in zip(pipeline.eval_batches(spec, global_batch_size=4),
-                  pipeline.eval_batches(cfg, global_batch_size=4), strict=True):
-    np.testing.assert_array_equal(x['image'], y['image'])
+  fix = re.escape(', not a ConfigDict; resolve the data section first: '
+                  'liere_jax.config.data.resolve_data(config.data)')
+  for name, call in (('dataset_info', pipeline.dataset_info),
+                     ('train_dataset', lambda d: pipeline.train_dataset(d, global_batch_size=4,
+                                                                        seed=1)),
+                     ('eval_batches', lambda d: pipeline.eval_batches(d, global_batch_size=4)),
+                     ('normalisation', data_spec.normalisation)):
+    call(spec)
+    with pytest.raises(TypeError, match=f'^{name} takes a DataSpec' + fix):
+      call(cfg)
   with pytest.raises(ValueError, match='threads=0'):
     data_spec.resolve_data(data_config(threads=0))
 
@@ -616,8 +639,8 @@ def test_the_data_spec_imports_without_tfds_or_grain():
 def test_device_normalisation_sends_the_pixels_of_the_host_batch():
   """data.normalise='device': uint8 batches whose pixels * scale + offset are the host path's
   float32 batch, exactly; mixup or erasing (normalised values) refuse it."""
-  host = data_config(num_train=64)
-  device = data_config(num_train=64, normalise='device')
+  host = resolved(num_train=64)
+  device = resolved(num_train=64, normalise='device')
   a = pipeline.train_dataset(host, global_batch_size=8, seed=3)[2]
   b = pipeline.train_dataset(device, global_batch_size=8, seed=3)[2]
   assert a['image'].dtype == np.float32 and b['image'].dtype == np.uint8
@@ -625,7 +648,7 @@ def test_device_normalisation_sends_the_pixels_of_the_host_batch():
   np.testing.assert_array_equal(b['image'].astype(np.float32) * scale + offset, a['image'])
   np.testing.assert_array_equal(a['label'], b['label'])
   with pytest.raises(ValueError, match="normalise='host'"):
-    pipeline.train_dataset(data_config(normalise='device', mixup=0.2), global_batch_size=8,
+    pipeline.train_dataset(resolved(normalise='device', mixup=0.2), global_batch_size=8,
                            seed=0)
 
 
@@ -637,4 +660,4 @@ def test_old_run_configs_read_back_with_the_data_fields_added_since(tmp_path):
   (tmp_path / checkpoint.CONFIG_FILE).write_text(json.dumps(old))
   data = checkpoint.read_config(str(tmp_path)).data
   assert {k: data[k] for k in DATA.added()} == DATA.added()
-  assert pipeline.dataset_info(data)['input_shape'] == (108, 108, 3)
+  assert pipeline.dataset_info(data_spec.resolve_data(data))['input_shape'] == (108, 108, 3)

@@ -18,6 +18,7 @@ import pytest
 from liere_jax import checkpoint, config_lib, data, model_init, param_tree, paths, train_lib
 from liere_jax.convert import __main__ as convert_cli
 from liere_jax.data import prepare
+from liere_jax.config.data import resolve_data
 from tests import datasets, gcs, helpers, reference
 from tests.helpers import ROOT, free_port, run_tiny
 
@@ -137,7 +138,7 @@ def test_a_run_in_a_bucket_survives_sigterm_and_sigkill_bit_identically_and_is_r
 def _tiny_params(scale=1.0):
   """The tiny run's config and fresh parameters (seed 0) times `scale`, as numpy."""
   config = helpers.tiny_config()
-  trainer = train_lib.Trainer(config, train_lib.make_mesh(jax.devices()[:1]))
+  trainer = helpers.trainer(config, jax.devices()[:1])
   params = jax.device_get(param_tree.to_loop_params(trainer.init_state(0)['params']))
   return config, jax.tree.map(lambda x: np.asarray(x) * np.asarray(scale, x.dtype), params)
 
@@ -216,7 +217,7 @@ def test_a_dataset_prepared_into_a_bucket_is_read_from_it(store, tmp_path):
     prepare.prepare('cifar100', download_dir, 'gs://bucket/tfds')
   cfg = config_lib.load(os.path.join(ROOT, 'configs', 'cifar100.py'))
   cfg.data.data_dir = 'gs://bucket/tfds'
-  batch = data.train_dataset(cfg.data, global_batch_size=4, seed=0)[0]
+  batch = data.train_dataset(resolve_data(cfg.data), global_batch_size=4, seed=0)[0]
   assert batch['image'].shape == (4, 32, 32, 3) and np.isfinite(batch['image']).all()
 
 
@@ -237,7 +238,7 @@ def test_a_store_that_cannot_be_read_says_why(store, monkeypatch, tmp_path):
   cfg.data.data_dir = 'gs://bucket/tfds'
   with pytest.raises(FileNotFoundError, match='data.data_dir=gs://bucket/tfds cannot be used: '
                      'reading gs:// needs gcsfs'):
-    data.dataset_info(cfg.data)
+    data.dataset_info(resolve_data(cfg.data))
 
 
 def test_the_reproduce_runner_writes_its_logs_and_walls_in_a_bucket(store):

@@ -164,11 +164,12 @@ def test_the_optimizer_is_adamw_with_the_configs_betas_eps_decay_and_clipping():
   """Two steps of the configured optimizer against Adam(W) written out in numpy, at values far
   from the defaults (a field left at its default changes the numbers)."""
   from liere_jax import train_lib
+  from liere_jax.config import run as run_spec
   from tests.helpers import tiny_config_and_batch
   cfg, _ = tiny_config_and_batch(8)
   cfg.update(lr=0.1, warmup_steps=0, total_steps=100, b1=0.5, b2=0.75, eps=0.1,
              weight_decay=0.3, grad_clip=1.0)
-  tx, schedule = train_lib.make_optimizer(cfg)
+  tx, schedule = train_lib.make_optimizer(run_spec.resolve(cfg, 1))
   rng = np.random.default_rng(0)
   p = {'a': rng.normal(size=3).astype(np.float32), 'b': rng.normal(size=2).astype(np.float32)}
   grads = [{k: 3 * rng.normal(size=v.shape).astype(np.float32) for k, v in p.items()}
@@ -202,8 +203,9 @@ def test_arrows_examples_come_from_the_stream_of_the_data_seed_and_the_split():
   num_eval of (seed, eval_split), training the num_train of (seed, train_split)."""
   from liere_jax import config_lib
   from liere_jax.data import pipeline
-  cfg = config_lib.data_config(name='arrows', grid=4, seed=3, num_eval=4, num_train=8,
-                               eval_split='train', train_split='test')
+  from liere_jax.config.data import resolve_data
+  cfg = resolve_data(config_lib.data_config(name='arrows', grid=4, seed=3, num_eval=4,
+                                            num_train=8, eval_split='train', train_split='test'))
   batch = next(iter(pipeline.eval_batches(cfg, global_batch_size=4)))
   assert sorted(x.tobytes() for x in batch['image']) == _arrows_images(3, 'train', 4)
   batch = pipeline.train_dataset(cfg, global_batch_size=8, seed=0)[0]

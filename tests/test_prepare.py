@@ -18,6 +18,7 @@ from tensorflow_datasets.proto import tf_example_pb2
 from liere_jax import config_lib, data
 from liere_jax.data import originals as builders
 from liere_jax.data import prepare
+from liere_jax.config.data import resolve_data
 from tests import datasets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,8 +31,9 @@ def _config(path, data_dir, **overrides):
 
 
 def _reads_through_the_pipeline(cfg, expected_info, batch_shape):
-  assert data.dataset_info(cfg.data) == expected_info
-  batch = data.train_dataset(cfg.data, global_batch_size=4, seed=0)[0]
+  spec = resolve_data(cfg.data)
+  assert data.dataset_info(spec) == expected_info
+  batch = data.train_dataset(spec, global_batch_size=4, seed=0)[0]
   assert batch['image'].shape == batch_shape and np.isfinite(batch['image']).all()
   assert batch['label'].shape == (4, expected_info['num_classes'])
 

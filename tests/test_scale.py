@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from liere_jax import param_tree, rotations, train_lib
+from liere_jax import param_tree, rotations
 from liere_jax.config import model as spec_lib
 from liere_jax.expm import expm
 from liere_jax.model import ViT
+from tests import helpers
 from tests.helpers import tiny_config_and_batch, tiny_model, tiny_model_config
 
 
@@ -77,7 +78,7 @@ def test_remat_per_block_gives_the_same_train_step(dropout):
   steps, remats = [], []
   for remat in ('none', 'block'):
     cfg.model.remat = remat
-    trainer = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1]))
+    trainer = helpers.trainer(cfg, jax.devices()[:1])
     state = trainer.init_state(0)
     jaxpr = str(jax.make_jaxpr(trainer._train_step)(state, trainer.global_batch(batch)))
     remats.append(jaxpr.count('remat2['))
@@ -97,7 +98,7 @@ def test_scanned_blocks_give_the_loop_s_train_step_with_the_same_parameter_tree(
   steps, scans, inits = [], [], []
   for scan in (False, True):
     cfg.model.scan_layers = scan
-    trainer = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1]))
+    trainer = helpers.trainer(cfg, jax.devices()[:1])
     state = trainer.init_state(0)
     blocks = state['params']['blocks']  # Stacked under scan_layers: blocks/... [3, ...].
     assert sorted(blocks) == ([0, 1, 2] if not scan else ['attn', 'mlp', 'norm1', 'norm2'])
@@ -126,7 +127,7 @@ def test_the_model_takes_the_lattice_path_unless_positions_are_jittered(jitter, 
   calls, lattice = [], rotations._lattice_rotations
   monkeypatch.setattr(rotations, '_lattice_rotations',
                       lambda *a: calls.append(1) or lattice(*a))
-  trainer = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1]))
+  trainer = helpers.trainer(cfg, jax.devices()[:1])
   state = trainer.init_state(0)
   state, _ = trainer.train_step(state, trainer.global_batch(batch))  # donates its input
   assert len(calls) == (0 if jitter else 1)

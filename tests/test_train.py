@@ -4,6 +4,7 @@ library's train_and_evaluate / evaluate_workdir run in this process (helpers.tra
 helpers.evaluate); the command line where a process is the point (and tests/test_cli.py for
 its refusals). Exact resume after SIGTERM and SIGKILL, and 2 processes equal to 1:
 tests/test_gcs.py, in a bucket."""
+import dataclasses
 import json
 import os
 import re
@@ -17,6 +18,7 @@ from liere_jax import checkpoint, config_lib, data, evaluation, train_lib
 from liere_jax.config import run as run_spec
 from liere_jax.config import data as config_data
 import liere_jax.configs
+from tests import helpers
 from tests.helpers import copy_run, evaluate, load_config
 from tests.helpers import tiny_config, train_tiny
 from tests.helpers import assert_training_randomness_is_a_function_of_seed_and_step
@@ -38,8 +40,8 @@ def test_uint8_batches_normalised_on_the_device_give_the_host_step():
   results = []
   for normalise in ('host', 'device'):
     cfg.data.normalise = normalise
-    trainer = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1], 1))
-    scale, offset = config_data.normalisation(cfg.data)
+    trainer = helpers.trainer(cfg, jax.devices()[:1])
+    scale, offset = config_data.normalisation(trainer.run.data)
     images = pixels if normalise == 'device' else pixels.astype(np.float32) * scale + offset
     state, metrics = trainer.train_step(trainer.init_state(0),
                                         trainer.global_batch(dict(batch, image=images)))
@@ -55,7 +57,7 @@ def test_eight_devices_equal_one_device_step():
       (jax.devices()[:1], 'data', 1), (jax.devices(), 'data', 1), (jax.devices(), 'fsdp', 1),
       (jax.devices(), 'fsdp', 2)]:
     cfg.sharding = sharding
-    trainer = train_lib.Trainer(cfg, train_lib.make_mesh(devices, model_parallel))
+    trainer = helpers.trainer(cfg, devices, model_parallel)
     state = trainer.init_state(0)
     for _ in range(2):
       state, metrics = trainer.train_step(state, trainer.global_batch(batch))
@@ -72,7 +74,7 @@ def test_parameter_shardings_follow_their_metadata():
   specs = {}
   for sharding, model_parallel in [('data', 1), ('fsdp', 1), ('fsdp', 2)]:
     cfg.sharding = sharding
-    trainer = train_lib.Trainer(cfg, train_lib.make_mesh(model_parallel=model_parallel))
+    trainer = helpers.trainer(cfg, model_parallel=model_parallel)
     params = trainer.state_sharding['params']
     adam = trainer.state_sharding['opt_state'][0]
     block = params['blocks'][0]
@@ -180,8 +182,8 @@ def test_non_finite_state_stops_and_keeps_the_last_good_checkpoint(tiny_run, tmp
   config, p, step = checkpoint.load_params(str(work))
   assert step == 4 and all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(p))
   # "Good" means the checkpoint's own parameters give a finite loss on its step's batch.
-  trainer = train_lib.Trainer(config, train_lib.make_mesh(jax.devices()[:1]))
-  batch = next(data.to_iterator(data.train_dataset(config.data, global_batch_size=16, seed=0),
+  trainer = helpers.trainer(config, jax.devices()[:1])
+  batch = next(data.to_iterator(data.train_dataset(trainer.run.data, global_batch_size=16, seed=0),
                                 start=3))  # Step s trains on batch s - 1.
   assert np.isfinite(float(trainer.loss_step(p, trainer.global_batch(batch))))
 
@@ -229,11 +231,10 @@ def test_other_sizes_are_evaluated_in_the_modes_the_encoding_reads(pe, modes):
 def test_the_run_spec_is_resolved_once_and_names_a_bad_field():
   cfg, _ = tiny_config_and_batch(8)
   run = run_spec.resolve(cfg, 8)
-  assert run_spec.resolve(run, 8) is run
   assert (run.optimizer.lr, run.optimizer.decay_steps, run.loop.batch_size) == (1e-3, 300, 128)
   assert run.model.width == 32 and run.data.grid == 4 and run.evaluation.resolutions == (168,)
-  trainer = train_lib.Trainer(cfg, train_lib.make_mesh(jax.devices()[:1]))
-  assert trainer.run == run_spec.resolve(cfg, 1)
+  # It keeps the config it came from (config.json), which resolves to it again.
+  assert run.to_config().to_dict() == cfg.to_dict() and run_spec.resolve(run.to_config(), 8) == run
   old = cfg.to_dict()  # A config.json written before model_parallel and model_init existed.
   for key in ('model_parallel', 'model_init', 'model_init_head', 'resolutions'):
     del old[key]
@@ -248,11 +249,34 @@ def test_the_run_spec_is_resolved_once_and_names_a_bad_field():
     assert '\n' not in str(e.value)
 
 
+def test_the_library_takes_a_run_spec_and_refuses_a_config_naming_the_resolve(tmp_path):
+  from liere_jax import eval as eval_lib, train as training
+  cfg, _ = tiny_config_and_batch(8)
+  mesh = train_lib.make_mesh(jax.devices()[:1])
+  fix = re.escape('; resolve the config first: liere_jax.config.run.resolve(config, '
+                  'jax.device_count()).') + '$'
+  for call, what in ((lambda: train_lib.Trainer(cfg, mesh), 'Trainer takes a RunSpec'),
+                     (lambda: train_lib.EvalSteps(cfg, mesh), 'EvalSteps takes a RunSpec'),
+                     (lambda: train_lib.make_optimizer(cfg),
+                      'make_optimizer takes an OptimizerSpec'),
+                     (lambda: training.train_and_evaluate(cfg, str(tmp_path)),
+                      'train_and_evaluate takes a RunSpec'),
+                     (lambda: eval_lib.evaluate_workdir(cfg, str(tmp_path)),
+                      'evaluate_workdir takes a RunSpec')):
+    with pytest.raises(TypeError, match='^' + what + ', not a ConfigDict' + fix):
+      call()
+  assert not os.listdir(tmp_path)
+  # A spec made by hand has no config to store in a workdir.
+  bare = dataclasses.replace(run_spec.resolve(cfg, 1), source=None)
+  with pytest.raises(ValueError, match='not made by liere_jax.config.run.resolve'):
+    bare.to_config()
+
+
 @pytest.mark.parametrize('warmup', [0, 50])
 def test_the_schedule_is_linear_warmup_then_cosine_to_zero(warmup):
   config = load_config('configs/arrows.py')
   config.warmup_steps = warmup
-  _, schedule = train_lib.make_optimizer(config)
+  _, schedule = train_lib.make_optimizer(run_spec.resolve(config, 1))
   lr, total = config.lr, config.total_steps
   for step in (0, 1, 25, warmup, 120, 299, total):
     if step < warmup:

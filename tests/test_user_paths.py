@@ -37,6 +37,7 @@ from liere_jax import checkpoint, config_lib, paths, torch_vit  # noqa: E402
 from liere_jax.convert import __main__ as convert_cli  # noqa: E402
 from liere_jax.data import pipeline, prepare  # noqa: E402
 from liere_jax.data.datasets import DATASETS  # noqa: E402
+from liere_jax.config.data import resolve_data  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
 from tests import datasets, helpers  # noqa: E402
 
@@ -203,7 +204,7 @@ def _logits(jm, tm, x):
 def _check_port(workdir: str, out: str, float32: bool):
   """The export in the PyTorch port vs the JAX model of the run, on an eval batch."""
   config, params, _ = checkpoint.load_params(workdir)
-  x = next(pipeline.eval_batches(config.data, global_batch_size=4))['image']
+  x = next(pipeline.eval_batches(resolve_data(config.data), global_batch_size=4))['image']
   jm = _jax_model(config, params)
   tm = torch_vit.load_liere_safetensors(out).eval()
   # A random head as well: after 2 steps from the zero-initialised head, logits are ~bias.
@@ -261,7 +262,8 @@ def test_user_path(name, data_dir, tmp_path):
 
 def test_stand_ins_read_back_through_the_pipeline(stand_in_dir):
   """The stand-in data through the real pipeline (no TensorFlow): shapes, counts, pixels."""
-  cifar = config_lib.data_config(name='cifar100', data_dir=stand_in_dir, augment='none')
+  cifar = resolve_data(config_lib.data_config(name='cifar100', data_dir=stand_in_dir,
+                                              augment='none'))
   info = pipeline.dataset_info(cifar)
   assert info == dict(input_shape=(32, 32, 3), num_classes=100, num_train=16, num_eval=10)
   builder = datasets.Cifar100(data_dir=stand_in_dir, sizes=SIZES[datasets.Cifar100])
@@ -275,13 +277,13 @@ def test_stand_ins_read_back_through_the_pipeline(stand_in_dir):
     pixels = np.round((batch['image'] * std + mean) * 255).astype(np.uint8)
     read += [(pixels[i].tobytes(), batch['label'][i]) for i in np.flatnonzero(batch['mask'])]
   assert sorted(read) == written  # PNG is lossless: exactly the pixels and labels written.
-  imagenet = config_lib.data_config(name='imagenet2012', data_dir=stand_in_dir, image_size=24,
-                                    eval_split='validation')
+  imagenet = resolve_data(config_lib.data_config(name='imagenet2012', data_dir=stand_in_dir,
+                                                 image_size=24, eval_split='validation'))
   assert pipeline.dataset_info(imagenet)['num_eval'] == 6
-  train = pipeline.train_dataset(dict(imagenet.to_dict(), augment='randaug'),
+  train = pipeline.train_dataset(dataclasses.replace(imagenet, augment='randaug'),
                                  global_batch_size=4, seed=0)
   assert train[1]['image'].shape == (4, 24, 24, 3) and train[1]['label'].shape == (4, 1000)
-  ucf = config_lib.data_config(name='ucf101', data_dir=stand_in_dir, image_size=16, num_frames=4,
-                               frame_stride=2)
+  ucf = resolve_data(config_lib.data_config(name='ucf101', data_dir=stand_in_dir, image_size=16,
+                                            num_frames=4, frame_stride=2))
   assert pipeline.dataset_info(ucf) == dict(input_shape=(4, 16, 16, 3), num_classes=101,
                                             num_train=6, num_eval=3)

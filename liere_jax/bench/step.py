@@ -81,8 +81,9 @@ class _StepBench:
 
   def __init__(self, config, mesh, breakdown=False):
     from liere_jax import train_lib
+    from liere_jax.config import run as run_spec
     self.config = config
-    self.trainer = t = train_lib.Trainer(config, mesh)
+    self.trainer = t = train_lib.Trainer(run_spec.resolve(config, mesh.devices.size), mesh)
     self.state = t.init_state(config.seed)
     train, evalb = random_batches(config)
     self.train_batch, self.eval_batch = t.global_batch(train), t.global_batch(evalb)

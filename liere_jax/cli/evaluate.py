@@ -27,7 +27,6 @@ def _config(workdir: str):
   if config is None:
     raise app.UsageError(f'--workdir {workdir} has no {checkpoint.CONFIG_FILE}: not a run of '
                          'liere_jax.train (or pass --config).')
-  checkpoint.check_same_model(workdir, config)
   if _RESOLUTIONS.value is not None:
     try:
       config.resolutions = tuple(int(s) for s in _RESOLUTIONS.value)
@@ -53,6 +52,7 @@ def main(argv):
     paths.check_store(workdir, '--workdir')
     checkpoint.check_shared_workdir(workdir, create=False)  # Before any process reads it.
     run = run_spec.resolve(_config(workdir), jax.device_count())
+    checkpoint.check_same_model(workdir, run.model)  # A --config of another model.
   eval_lib.evaluate_workdir(run, workdir, step=_STEP.value, best=_BEST.value, out=_OUT.value,
                             checks=cli.refusing)
 

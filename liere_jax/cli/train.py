@@ -27,9 +27,8 @@ def main(argv):
     raise app.UsageError('--workdir is required.')
   # Everything is checked before anything is compiled or written.
   with cli.refusing():
-    config = _CONFIG.value  # A config file that does not load fails here.
-    run = run_spec.resolve(config, jax.device_count())
-  if train.train_and_evaluate(run, workdir, config=config, progress=_PROGRESS.value,
+    run = run_spec.resolve(_CONFIG.value, jax.device_count())  # A bad config file fails here.
+  if train.train_and_evaluate(run, workdir, progress=_PROGRESS.value,
                               checks=cli.refusing) is not None:
     sys.exit(PREEMPTED_EXIT)
 

@@ -4,7 +4,7 @@ O = the official code, github.com/StanfordMIMI/LieRE; S = the training size (ima
 native one). The datasets themselves are in liere_jax/data/datasets.py.
 
   spec = resolve_data(config.data)   # Raises one clear error on a bad field.
-  train_dataset(spec, ...); eval_batches(spec, ...)   # They also take the ConfigDict.
+  train_dataset(spec, ...); eval_batches(spec, ...)   # They take the spec only.
 
 More on some fields:
   augment='videomae' also samples training clips as VideoMAE's loader does (O
@@ -136,9 +136,8 @@ class DataSpec:
 
 
 def resolve_data(data_config) -> DataSpec:
-  """The DataSpec of a data section (ConfigDict or dict); a DataSpec is returned unchanged."""
-  if isinstance(data_config, DataSpec):
-    return data_config
+  """The DataSpec of a data section (ConfigDict or dict), at a program's edge (a RunSpec's data
+  is one already)."""
   cfg = data_config.to_dict() if hasattr(data_config, 'to_dict') else dict(data_config)
   unknown = sorted(set(cfg) - set(DATA.names))
   if unknown:
@@ -201,9 +200,13 @@ def resolve_data(data_config) -> DataSpec:
         + '; set image_size=0 (native), and use eval input_size to test other resolutions.')
   for key, low, what in (('workers', 0, 'worker processes; 0 = none'),
                          ('threads', 1, 'threads in each process'),
-                         ('prefetch', 1, 'batches computed ahead by each process')):
-    if int(cfg[key]) < low:
-      raise ValueError(f'data.{key}={cfg[key]} must be >= {low} ({what}).')
+                         ('prefetch', 1, 'batches computed ahead by each process'),
+                         ('num_eval', 1, 'held-out examples'),
+                         ('num_train', 0, 'training examples; 0 = unlimited')):
+    value = cfg[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+      raise ValueError(f'--config.data.{key}={value!r} must be an integer >= {low} ({what}); '
+                       f'the default is --config.data.{key}={DATA[key].default!r}.')
   normalise = cfg['normalise']
   if normalise not in NORMALISE:
     raise ValueError(f'data.normalise={normalise!r} is unknown; use one of {NORMALISE}.')
@@ -227,9 +230,18 @@ def resolve_data(data_config) -> DataSpec:
       prefetch=int(cfg['prefetch']), normalise=normalise)
 
 
-def normalisation(data) -> Tuple[np.ndarray, np.ndarray]:
+def spec_of(data, what: str) -> DataSpec:
+  """`data` if it is a DataSpec, else a TypeError saying how to make one (`what` takes it)."""
+  if not isinstance(data, DataSpec):
+    raise TypeError(f'{what} takes a DataSpec, not a {type(data).__name__}; resolve the data '
+                    'section first: liere_jax.config.data.resolve_data(config.data) (or use '
+                    'the RunSpec\'s .data).')
+  return data
+
+
+def normalisation(data: DataSpec) -> Tuple[np.ndarray, np.ndarray]:
   """(scale, offset) float32 [channels]: normalised = pixels * scale + offset, i.e.
-  (x / 255 - mean) / std with the dataset's constants. data: a DataSpec or data section."""
-  info = resolve_data(data).info
+  (x / 255 - mean) / std with the dataset's constants."""
+  info = spec_of(data, 'normalisation').info
   mean, std = np.asarray(info.mean, np.float32), np.asarray(info.std, np.float32)
   return 1 / (255 * std), -mean / std

@@ -7,10 +7,15 @@ training field from the config.
 
   run = resolve(config, jax.device_count())
   run.model.width, run.data.size, run.optimizer.lr, run.loop.batch_size, run.evaluation.resolutions
+  run.to_config()   # The config it came from, as a run directory stores it (config.json).
+
+Resolving is for a program's edges (the CLIs, bench, reproduce, a test helper): the library
+(train_lib.Trainer, data.train_dataset, ...) takes the spec, and refuses a config.
 """
+import copy
 import dataclasses
 import math
-from typing import Tuple
+from typing import Optional, Tuple
 
 import ml_collections
 
@@ -120,6 +125,26 @@ class RunSpec:
   optimizer: OptimizerSpec
   loop: LoopSpec
   evaluation: EvalSpec
+  # The config it was resolved from (plain dict), which a run directory stores (config.json) and
+  # its checks read back; not part of what the run is (two configs may resolve alike).
+  source: Optional[dict] = dataclasses.field(default=None, compare=False, repr=False)
+
+  def to_config(self) -> ml_collections.ConfigDict:
+    """The config this spec was resolved from (a copy), as config.json stores it."""
+    if self.source is None:
+      raise ValueError('This RunSpec was not made by liere_jax.config.run.resolve(config, '
+                       'num_devices), so it has no config to store; resolve a config instead.')
+    return ml_collections.ConfigDict(copy.deepcopy(self.source))
+
+
+def spec_of(run, what: str, takes=RunSpec):
+  """`run` if it is a `takes` (a RunSpec), else a TypeError saying how to make one (`what` takes
+  it): the library takes resolved specs only."""
+  if not isinstance(run, takes):
+    an = 'an' if takes.__name__[0] in 'AEIOU' else 'a'
+    raise TypeError(f'{what} takes {an} {takes.__name__}, not a {type(run).__name__}; resolve '
+                    'the config first: liere_jax.config.run.resolve(config, jax.device_count()).')
+  return run
 
 
 def _need(ok: bool, key: str, value, what: str):
@@ -134,11 +159,9 @@ def _int(c: dict, key: str, low: int, what: str):
 
 
 def resolve(config, num_devices: int) -> RunSpec:
-  """A config (ConfigDict or dict) on `num_devices` devices -> RunSpec; raises one ValueError
-  naming the field and the fix. A RunSpec is returned as it is."""
-  if isinstance(config, RunSpec):
-    return config
-  c = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
+  """A config (ConfigDict or dict) on `num_devices` devices -> RunSpec, at a program's edge
+  (what the library takes); raises one ValueError naming the field and the fix."""
+  c = config.to_dict() if hasattr(config, 'to_dict') else copy.deepcopy(dict(config))
   unknown = sorted(set(c) - set(RUN.names))
   if unknown:
     raise ValueError(f'--config.{unknown[0]} is not a field of a run; remove it (the fields are '
@@ -149,14 +172,8 @@ def resolve(config, num_devices: int) -> RunSpec:
                      'liere_jax.config_lib.base_config (it sets every field).')
   model, loop = config_model.resolve(c['model']), _loop(c, num_devices)
   return RunSpec(model=model, data=config_data.resolve_data(c['data']), optimizer=_optimizer(c),
-                 loop=loop, evaluation=_evaluation(c, model, num_devices // loop.model_parallel))
-
-
-def resolve_optimizer(config) -> OptimizerSpec:
-  """The optimizer of a config alone (an OptimizerSpec or RunSpec gives its own)."""
-  if isinstance(config, (OptimizerSpec, RunSpec)):
-    return config if isinstance(config, OptimizerSpec) else config.optimizer
-  return _optimizer(config.to_dict() if hasattr(config, 'to_dict') else dict(config))
+                 loop=loop, evaluation=_evaluation(c, model, num_devices // loop.model_parallel),
+                 source=c)
 
 
 def _optimizer(c: dict) -> OptimizerSpec:

@@ -1,10 +1,10 @@
 """Input pipelines: Grain over TFDS array_record sources, deterministic and resumable.
 
-  train = train_dataset(config.data, global_batch_size=512, seed=config.seed,
+  train = train_dataset(run.data, global_batch_size=512, seed=run.loop.seed,
                         process_index=jax.process_index(), process_count=jax.process_count())
   for step, batch in zip(range(start, total), to_iterator(train, start=start)):
     ...  # batch == train[step]: image float32 [b, *input_shape], label float32 [b, classes]
-  for batch in eval_batches(config.data, global_batch_size=512):
+  for batch in eval_batches(run.data, global_batch_size=512):
     ...  # image float32, label int32 [b], mask bool [b] (False on padding)
 
 Determinism. `train[step]` is a pure function of (seed, step, process): the global example
@@ -21,7 +21,8 @@ sources.py (raw examples; "not prepared" errors),
 transform.py (decoding, crops, clips, augmentation, normalisation), augment.py and
 randaugment.py (the augmentations), and this file (datasets of batches, iteration); prepare.py
 and originals.py write the datasets, standin.py writes stand-ins for benchmarks and tests.
-Every function here takes a DataSpec or the data section of a config.
+Every function here takes a DataSpec (a RunSpec's .data, or config.data.resolve_data of a data
+section), not the config.
 
 Preparing data (no dataset is downloaded here): `python -m liere_jax.data.prepare NAME
 --download_dir=DL --data_dir=DIR` turns the original download in DL into the TFDS dataset,
@@ -38,20 +39,20 @@ from liere_jax.data import arrows
 from liere_jax.data import augment
 from liere_jax.data import sources
 from liere_jax.data import transform
-from liere_jax.config.data import resolve_data
+from liere_jax.config.data import DataSpec, spec_of
 
 Example = Dict[str, Any]
 
 
-def dataset_info(data_config) -> Dict[str, Any]:
+def dataset_info(data: DataSpec) -> Dict[str, Any]:
   """dict(input_shape, num_classes, num_train (after fraction), num_eval); checks the data."""
-  spec = resolve_data(data_config)
+  spec = spec_of(data, 'dataset_info')
   return dict(input_shape=spec.input_shape(), num_classes=spec.info.num_classes,
               num_train=len(sources.train_source(spec)),
               num_eval=len(sources.source(spec, spec.eval_split, train=False)))
 
 
-def train_dataset(data_config, *, global_batch_size: int, seed: int, process_index: int = 0,
+def train_dataset(data: DataSpec, *, global_batch_size: int, seed: int, process_index: int = 0,
                   process_count: int = 1) -> grain.MapDataset:
   """Infinite MapDataset of this process's batches; ds[step] is the batch of that step.
 
@@ -59,7 +60,7 @@ def train_dataset(data_config, *, global_batch_size: int, seed: int, process_ind
   pixels), label=float32 [b, num_classes] one-hot, or mixed with mixup),
   b = global_batch_size // process_count.
   """
-  spec = resolve_data(data_config)
+  spec = spec_of(data, 'train_dataset')
   batch = _per_process(global_batch_size, process_index, process_count)
   decode = transform.decoder(spec, spec.size, spec.grid, train=True)
 
@@ -89,7 +90,7 @@ def train_dataset(data_config, *, global_batch_size: int, seed: int, process_ind
   return ds.random_map(finish)
 
 
-def eval_batches(data_config, *, global_batch_size: int, process_index: int = 0,
+def eval_batches(data: DataSpec, *, global_batch_size: int, process_index: int = 0,
                  process_count: int = 1, input_size: Optional[int] = None) -> Iterator[Example]:
   """All of the eval split once, in order, padded: dict(image, label int32 [b], mask bool [b]).
 
@@ -100,7 +101,7 @@ def eval_batches(data_config, *, global_batch_size: int, process_index: int = 0,
   input_size: evaluate at another spatial size (images are resized; arrows are rendered with
   grid = input_size // 12, more cells of the same 12 px).
   """
-  spec = resolve_data(data_config)
+  spec = spec_of(data, 'eval_batches')
   batch = _per_process(global_batch_size, process_index, process_count)
   size, grid = spec.size, spec.grid
   if input_size:

@@ -5,7 +5,9 @@ features (its Video feature needs TensorFlow even to read), as dict(frames=[JPEG
 arrows rendered on the fly or read prepared. A dataset that is not prepared raises how to
 prepare it.
 """
+import contextlib
 import json
+import logging
 import re
 from typing import Any, Dict, Optional, Sequence
 
@@ -51,12 +53,32 @@ def check_store(spec: DataSpec):
   paths.check_store(spec.data_dir, 'data.data_dir')
 
 
+@contextlib.contextmanager
+def _held_logs():
+  """Holds what TFDS logs (absl) meanwhile and lets it out if the block succeeds: probing a
+  data_dir that is not prepared warns of every folder it lacks, and the refusal, one line,
+  says it all."""
+  held, logger = [], logging.getLogger('absl')
+
+  def hold(record):  # A filter that lets nothing through now.
+    held.append(record)
+    return False
+  logger.addFilter(hold)
+  try:
+    yield
+  finally:
+    logger.removeFilter(hold)
+  for record in held:
+    logger.handle(record)
+
+
 def _tfds_source(spec: DataSpec, name: str, split: str, grid: Optional[int] = None):
   check_store(spec)
-  try:
-    return tfds.data_source(name, split=split, data_dir=spec.data_dir, download=False)
-  except Exception as e:  # pylint: disable=broad-except  # TFDS raises many kinds here.
-    raise _not_prepared(spec, name, split, grid or spec.grid, e) from e
+  with _held_logs():
+    try:
+      return tfds.data_source(name, split=split, data_dir=spec.data_dir, download=False)
+    except Exception as e:  # pylint: disable=broad-except  # TFDS raises many kinds here.
+      raise _not_prepared(spec, name, split, grid or spec.grid, e) from e
 
 
 class VideoSource:

@@ -18,7 +18,7 @@ disk gives after the first), but enough that Grain's per-epoch shuffle is a smal
 example's time.
 
   data_dir = standin.prepare('imagenet2012', '/tmp/standin', num_train=64)
-  train_dataset(data_config(name='imagenet2012', data_dir=data_dir, ...), ...)
+  train_dataset(resolve_data(data_config(name='imagenet2012', data_dir=data_dir, ...)), ...)
 
 The builders (StandIn, Cifar100, Imagenet2012, Ucf101) and `write` are also what the tests'
 tiny datasets (tests/datasets.py) are made with: they subclass them with other examples.
