@@ -61,33 +61,18 @@ def has_checkpoint(workdir: str) -> bool:
   return bool(steps_in(paths.path(workdir) / 'checkpoints'))
 
 
-def _shaping(model, stored: bool = False) -> dict:
-  """{'width': 32, ...}: the model's fields that shape the parameter tree (param_tree.SHAPING).
-
-  A `stored` run may carry options its encoding ignored then and refuses now; those are reset.
-  """
-  try:
-    return shaping_fields(config_model.resolve(model))
-  except ValueError:
-    if not stored:
-      raise
-    m = model.to_dict() if hasattr(model, 'to_dict') else dict(model)
-    pe = config_model.reset_unread_options(m['pe'])
-    return shaping_fields(config_model.resolve({**m, 'pe': pe}))
-
-
-def check_same_model(workdir: str, config: ml_collections.ConfigDict):
-  """Raises if `workdir` holds a checkpoint of a model with another parameter tree (before
-  anything is written). How the tree is computed (remat, scan_layers, dtype, ...) may change.
-
-  A workdir without a checkpoint (a run that failed before its first save) takes any config.
+def check_same_model(workdir: str, model: config_model.ModelSpec):
+  """Raises if `workdir` holds a checkpoint of a model with another parameter tree than `model`
+  (before anything is written). How the tree is computed (remat, scan_layers, dtype, ...) may
+  change. A workdir without a checkpoint (a run that failed before its first save) takes any
+  model.
   """
   stored = read_config(workdir)
   if stored is None or not has_checkpoint(workdir):
     return
-  new = _shaping(config.model)
+  new = shaping_fields(model)
   try:
-    old = _shaping(stored.model, stored=True)
+    old = shaping_fields(config_model.resolve_stored(stored.model))
   except ValueError as e:
     raise CheckpointError(f'--workdir {workdir} holds a run whose model section no longer '
                           f'resolves ({e}); use a new --workdir.') from None
@@ -261,8 +246,8 @@ def load_params(workdir: str, step: Optional[int] = None, best: bool = False):
 
 
 def save_params(workdir: str, config: ml_collections.ConfigDict, params, step: int = 0):
-  """A params-only checkpoint (e.g. imported weights) that eval.py and load_params read."""
-  check_same_model(workdir, config)
+  """A params-only checkpoint (e.g. imported weights) that eval.py and load_params read; the
+  caller has checked the workdir (check_same_model)."""
   write_config(workdir, config)
   mngr = manager(workdir)
   save(mngr, step, {'params': to_loop_params(params)},

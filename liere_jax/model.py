@@ -35,11 +35,10 @@ the port see blocks/<i>/... either way (liere_jax.param_tree.to_loop_params / to
 convert at those boundaries).
 """
 import math
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
 from liere_jax import config_lib, encodings
@@ -231,7 +230,7 @@ def create_encoding(name: str, *, grid: Sequence[int], heads: int, head_dim: int
   """An encoding for attention outside our ViT: `depth` layers of `heads` heads of `head_dim`
   dims, tokens on `grid` (the training grid; one axis per position coordinate), `num_prefix`
   (0 or 1) prefix tokens first. options: model.pe fields (positions, share, init_scale, expm),
-  checked as a model config's."""
+  checked as a model config's: an entry point, it builds its model section and resolves it."""
   m = config_lib.model_config(pe=name, variant='', patch=(1,) * len(grid), input_size=grid,
                               channels=1, num_classes=1, pool='cls' if num_prefix else 'mean',
                               width=heads * head_dim, depth=depth, heads=heads)
@@ -243,8 +242,11 @@ class ViT(nnx.Module):
   """ViT classifier. `model(x)` computes the encoding's context (rotations) once per call;
   pass `ctx=model.pe_context(grid)` to reuse it (cached rotations for evaluation)."""
 
-  def __init__(self, cfg: Union[ml_collections.ConfigDict, ModelSpec], *, rngs: nnx.Rngs):
-    self.spec = spec = resolve(cfg)  # Static: the graphdef carries it.
+  def __init__(self, spec: ModelSpec, *, rngs: nnx.Rngs):
+    if not isinstance(spec, ModelSpec):  # Resolved once, where the config comes in.
+      raise TypeError(f'ViT takes a ModelSpec, not a {type(spec).__name__}; build it with '
+                      'ViT(liere_jax.config.model.resolve(config.model), ...).')
+    self.spec = spec  # Static: the graphdef carries it.
     width, dtype = spec.width, DTYPES[spec.dtype]
     self.patch, self.train_grid = spec.patch, spec.train_grid
     self.channels, self.pool, self.num_prefix = spec.channels, spec.pool, spec.num_prefix
@@ -292,7 +294,7 @@ class ViT(nnx.Module):
     pos = positions_lib.grid_positions(grid, self.train_grid, mode, base)
     if offsets is not None:
       pos = pos + offsets * positions_lib.patch_step(grid, self.train_grid, mode, base)
-    return self.pe.context(positions_lib.with_prefix(pos, self.num_prefix), self.num_prefix)
+    return self.pe.context(positions_lib.with_prefix(pos, self.num_prefix))
 
   def _scan_blocks(self, x, ctx):
     """The stacked blocks (model.scan_layers) under one jax.lax.scan: the body is traced once,
@@ -328,7 +330,7 @@ class ViT(nnx.Module):
     if self.num_prefix:
       cls = jnp.broadcast_to(self.cls_token[...], (x.shape[0], 1, x.shape[-1]))
       x = jnp.concatenate([cls.astype(x.dtype), x], axis=1)
-    x = self.pe.embed(x, grid, self.num_prefix)
+    x = self.pe.embed(x, grid)
     if 'embed' in self.spec.dropout_sites:
       x = self.dropout(x)
     # The blocks run one of three ways: stacked under one lax.scan (model.scan_layers, the

@@ -25,18 +25,17 @@ parameter, another shape) stops before anything is compiled or written, in one l
 parameter, both shapes and the fix. A workdir that already holds a checkpoint resumes it and
 ignores model_init (train.py says so), so resuming stays exact.
 """
+import dataclasses
 import math
 from typing import Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from liere_jax import param_tree, paths
-from liere_jax.config.model import resolve
+from liere_jax.config.model import ModelSpec, resolve_stored
 
-HEAD_MODES = ('load', 'reinit')
 HEAD = (('head', 'kernel'), ('head', 'bias'))
 EMBEDDING = ('pe', 'embedding')
 OFFICIAL_SUFFIXES = ('.ckpt', '.pt')
@@ -56,9 +55,9 @@ def parse(source: str) -> Tuple[str, Optional[int], bool]:
   return source, None, False
 
 
-def read_source(source: str, model: ml_collections.ConfigDict):
-  """(the source's model section, its parameters {path: np.ndarray}); `model` (this run's)
-  completes an official checkpoint's."""
+def read_source(source: str, model: ModelSpec) -> Tuple[ModelSpec, Params]:
+  """(the source's model, its parameters {path: np.ndarray}); `model` (this run's) completes an
+  official checkpoint's."""
   path, step, best = parse(source)
   paths.check_store(path, 'the source')
   if not paths.path(path).exists():
@@ -69,8 +68,8 @@ def read_source(source: str, model: ml_collections.ConfigDict):
   if path.endswith('.safetensors'):
     from safetensors.numpy import load
     json_path = convert.json_path(path)
-    src = convert.config_from_json(convert.read_json(json_path, "the export's model JSON"),
-                                   json_path).model
+    _, src = convert.config_from_json(convert.read_json(json_path, "the export's model JSON"),
+                                      json_path)
     params = convert.from_torch_layout(load(paths.path(path).read_bytes()), src)
   elif path.endswith(OFFICIAL_SUFFIXES):
     try:
@@ -101,18 +100,17 @@ def read_source(source: str, model: ml_collections.ConfigDict):
           f'{kept} holds no checkpoint' + (f' of step {step} (it holds {steps})' if steps else '')
           + (' (best/ is written when the run evaluates); use the latest (no :best) or a :STEP'
              if best else '') + '.')
-    src, params, _ = checkpoint.load_params(path, step, best=best)
-    src = src.model
+    stored, params, _ = checkpoint.load_params(path, step, best=best)
+    src = resolve_stored(stored.model)
   return src, {k: np.asarray(v) for k, v in param_tree.flatten(params).items()}
 
 
-def _official_model(state, model):
-  """This run's model section with the official checkpoint's grid, classes and CLS pooling."""
-  ms = resolve(model)
-  src = ml_collections.ConfigDict(model.to_dict())
-  src.pool = 'cls'
-  if 'mlp_head.1.weight' in state:
-    src.num_classes = int(state['mlp_head.1.weight'].shape[0])
+def _official_model(state, ms: ModelSpec) -> ModelSpec:
+  """This run's model with the official checkpoint's grid, classes and CLS pooling (and what
+  follows from them: the CLS token, the training grid)."""
+  classes = (int(state['mlp_head.1.weight'].shape[0]) if 'mlp_head.1.weight' in state
+             else ms.num_classes)
+  grid = ms.train_grid
   tokens = state['pos_embedding'].shape[1] - 1 if 'pos_embedding' in state else None
   if tokens is not None and tokens != math.prod(ms.train_grid):
     side = math.isqrt(tokens)
@@ -121,28 +119,27 @@ def _official_model(state, model):
                        f'grid of patch={ms.patch}; import it with its config first (python -m '
                        'liere_jax.convert from_official ... --out_workdir DIR) and start from '
                        'DIR.')
-    src.input_size = tuple(side * p for p in ms.patch)
-  return src
+    grid = (side, side)
+  return dataclasses.replace(ms, pool='cls', num_prefix=1, num_classes=classes, train_grid=grid,
+                             input_size=tuple(g * p for g, p in zip(grid, ms.patch)))
 
 
 def _flag(value):
   return f"({','.join(map(str, value))})" if isinstance(value, tuple) else str(value)
 
 
-def load(config: ml_collections.ConfigDict, source: Optional[str] = None) -> Params:
-  """This run's initial parameters from `source` (default config.model_init), checked against
-  config.model: {path: np.ndarray, or None for a head to initialise afresh}. Raises one line
-  (ValueError / FileNotFoundError / ImportError) before anything is compiled or written."""
-  source = source or config.model_init
+def load(run, source: Optional[str] = None) -> Params:
+  """The initial parameters of `run` (a liere_jax.config.run.RunSpec) from `source` (default
+  its loop.model_init), checked against its model: {path: np.ndarray, or None for a head to
+  initialise afresh}. Raises one line (ValueError / FileNotFoundError / ImportError) before
+  anything is compiled or written."""
+  source = source or run.loop.model_init
   flag = f'--config.model_init={source}'
-  if config.model_init_head not in HEAD_MODES:
-    raise ValueError(f'--config.model_init_head={config.model_init_head!r} is unknown; use one '
-                     f'of {HEAD_MODES}.')
+  here = run.model
   try:
-    src_model, src = read_source(source, config.model)
+    there, src = read_source(source, here)
   except (ValueError, FileNotFoundError, ImportError) as e:
     raise type(e)(f'{flag}: {e}') from None
-  there, here = resolve(src_model), resolve(config.model)
   value = param_tree.field_value
   for field in ('pe.name', 'pe.positions'):  # Aliases (paper_rope_mixed = liere2) agree.
     if value(there, field) != value(here, field) and (field != 'pe.name' or (
@@ -153,7 +150,7 @@ def load(config: ml_collections.ConfigDict, source: Optional[str] = None) -> Par
           f'{value(there, field)} (the parameters of one encoding mean nothing to another).')
   dst = param_tree.flatten(param_tree.abstract_params(here))
   shapes = {k: tuple(v.shape) for k, v in src.items()}
-  reinit = config.model_init_head == 'reinit'
+  reinit = run.loop.model_init_head == 'reinit'
   resize = here.pe.name == 'abs' and there.train_grid != here.train_grid
 
   def stop(key, fix):
@@ -198,7 +195,7 @@ def resize_embedding(embedding: np.ndarray, train_grid, grid, num_prefix: int) -
                                                   num_prefix=num_prefix, rngs=nnx.Rngs(0)))
   pe.embedding.value = jnp.asarray(embedding)
   zeros = jnp.zeros((1, num_prefix + math.prod(grid), dim), jnp.float32)
-  return np.asarray(pe.embed(zeros, tuple(grid), num_prefix))
+  return np.asarray(pe.embed(zeros, tuple(grid)))
 
 
 def init_state(trainer, seed: int, params: Params):

@@ -18,8 +18,9 @@ from flax import nnx
 from ml_collections import config_flags
 
 from liere_jax import cli, config_lib
+from liere_jax.config.model import ModelSpec, resolve
 from liere_jax.model import ViT
-from liere_jax.config.model import resolve
+
 
 def _flops(fn, *args) -> float:
   cost = jax.jit(fn).lower(*args).compile().cost_analysis()
@@ -31,18 +32,18 @@ def _count(tree) -> int:
   return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
 
 
-def param_counts(model_cfg) -> dict:
+def param_counts(spec: ModelSpec) -> dict:
   """{'params_total', 'params_pe'} without allocating the parameters."""
-  params = nnx.state(nnx.eval_shape(lambda: ViT(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
+  params = nnx.state(nnx.eval_shape(lambda: ViT(spec, rngs=nnx.Rngs(0))), nnx.Param)
   return dict(params_total=_count(params), params_pe=_count(params['pe']) if 'pe' in params else 0)
 
 
-def summarize(model_cfg) -> dict:
+def summarize(spec: ModelSpec) -> dict:
   # The blocks in a loop: XLA's cost analysis counts a scan's body once, not once per layer.
-  spec = dataclasses.replace(resolve(model_cfg), scan_layers=False)
+  spec = dataclasses.replace(spec, scan_layers=False)
   model = nnx.eval_shape(lambda: ViT(spec, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(model)
-  x = jax.ShapeDtypeStruct((1, *model_cfg.input_size, model_cfg.channels), jnp.float32)
+  x = jax.ShapeDtypeStruct((1, *spec.input_size, spec.channels), jnp.float32)
 
   def forward(state, x, ctx=None):
     m = nnx.merge(graphdef, state)
@@ -53,8 +54,8 @@ def summarize(model_cfg) -> dict:
   flops = _flops(forward, state, x)
   flops_cached = _flops(forward, state, x, ctx) if jax.tree.leaves(ctx) else flops
   return dict(
-      pe=model_cfg.pe.name,
-      **param_counts(model_cfg),
+      pe=spec.pe.name,
+      **param_counts(spec),
       tokens=math.prod(model.train_grid) + model.num_prefix,
       gflops_per_image=flops / 1e9,
       gflops_per_image_cached_pe=flops_cached / 1e9,
@@ -66,7 +67,7 @@ def summarize(model_cfg) -> dict:
 def main(argv):
   del argv
   with cli.refusing():  # The config file and its model's values are checked first.
-    s = summarize(flags.FLAGS.config.model)
+    s = summarize(resolve(flags.FLAGS.config.model))
   print(f"position encoding      {s['pe']}")
   print(f"parameters             {s['params_total']:,}")
   print(f"  position encoding    {s['params_pe']:,} "

@@ -183,11 +183,12 @@ def rotate(x, rot):
 
 
 class Encoding(nn.Module):
+  """Built for the model's prefix tokens (num_prefix, CLS first), as the JAX encodings are."""
 
-  def embed(self, x, grid, num_prefix):
+  def embed(self, x, grid):
     return x
 
-  def context(self, pos, num_prefix):
+  def context(self, pos):
     return None
 
   def attend(self, ctx, layer, q, k):
@@ -204,13 +205,13 @@ class Absolute(Encoding):
 
   def __init__(self, dim, train_grid, num_prefix):
     super().__init__()
-    self.train_grid = tuple(train_grid)
+    self.train_grid, self.num_prefix = tuple(train_grid), num_prefix
     self.embedding = nn.Parameter(0.02 * torch.randn(1, num_prefix + math.prod(train_grid), dim))
 
-  def embed(self, x, grid, num_prefix):
+  def embed(self, x, grid):
     emb = self.embedding
     if tuple(grid) != self.train_grid:
-      prefix, patches = emb[:, :num_prefix], emb[0, num_prefix:]
+      prefix, patches = emb[:, :self.num_prefix], emb[0, self.num_prefix:]
       patches = patches.reshape(self.train_grid + (-1,))
       patches = resize_grid(patches, grid, 'cubic' if len(grid) == 2 else 'linear')
       emb = torch.cat([prefix, patches.reshape(1, -1, emb.shape[-1])], dim=1)
@@ -220,13 +221,13 @@ class Absolute(Encoding):
 class SinCos(Encoding):
   """Fixed sin-cos table on integer positions; CLS gets zeros."""
 
-  def __init__(self, dim):
+  def __init__(self, dim, num_prefix):
     super().__init__()
-    self.dim = dim
+    self.dim, self.num_prefix = dim, num_prefix
 
-  def embed(self, x, grid, num_prefix):
+  def embed(self, x, grid):
     table = sincos_table(grid_positions(grid, grid, 'integer'), self.dim)
-    table = np.concatenate([np.zeros((num_prefix, self.dim), np.float32), table])
+    table = np.concatenate([np.zeros((self.num_prefix, self.dim), np.float32), table])
     return x + torch.as_tensor(table, device=x.device).to(x.dtype)
 
 
@@ -241,7 +242,7 @@ class RopeAxial(Encoding):
   def set_freqs(self, freqs):
     self.register_buffer('freqs', torch.tensor(freqs, dtype=torch.float32), persistent=False)
 
-  def context(self, pos, num_prefix):
+  def context(self, pos):
     angles = (pos[:, :, None] * self.freqs).reshape(pos.shape[0], -1)
     return angle_rotations(angles)[None]  # [1, T, pairs, 2, 2]
 
@@ -282,7 +283,7 @@ class RopeMixed(Encoding):
     self.freqs = nn.Parameter(freqs.reshape(n_dims, depth, heads * pairs).contiguous())
     self.heads = heads
 
-  def context(self, pos, num_prefix):
+  def context(self, pos):
     n, depth, _ = self.freqs.shape
     freqs = self.freqs.float().reshape(n, depth, self.heads, 1, -1)  # [n, L, H, 1, pairs]
     angles = sum(pos[:, a].reshape(1, 1, -1, 1) * freqs[a] for a in range(n))
@@ -295,14 +296,15 @@ class RopeMixed(Encoding):
 class ALiBi(Encoding):
   """Logit bias -m_h * ||p_q - p_k||, slopes 2^(-8(h+1)/H); CLS has zero bias both ways."""
 
-  def __init__(self, heads):
+  def __init__(self, heads, num_prefix):
     super().__init__()
     slopes = 2. ** (-8. * np.arange(1, heads + 1) / heads)
     self.register_buffer('slopes', torch.tensor(slopes, dtype=torch.float32), persistent=False)
+    self.num_prefix = num_prefix
 
-  def context(self, pos, num_prefix):
+  def context(self, pos):
     dist = torch.sqrt(torch.sum(torch.square(pos[:, None] - pos[None]), -1))
-    is_patch = torch.arange(pos.shape[0], device=pos.device) >= num_prefix
+    is_patch = torch.arange(pos.shape[0], device=pos.device) >= self.num_prefix
     dist = dist * (is_patch[:, None] & is_patch[None])
     return -self.slopes[:, None, None] * dist  # [H, T, T]
 
@@ -319,7 +321,7 @@ class LieRE(Encoding):
     shape = (layers, heads, n_dims, head_dim // block, block * (block - 1) // 2)
     self.generators = nn.Parameter(init_scale * torch.rand(shape))
 
-  def context(self, pos, num_prefix):
+  def context(self, pos):
     return liere_rotations(self.generators, pos, self.block)  # [L', H', T, k, b, b]
 
   def attend(self, ctx, layer, q, k):
@@ -345,18 +347,18 @@ class _ComRoPE(Encoding):
   """skew_params [depth, heads, d//b, b, b] (B = P - P^T per block); patches at
   scale * p + offset ((i + 0.5) / n at training size), CLS at 0 (the identity)."""
 
-  def __init__(self, block, depth, heads, head_dim, train_grid, positions):
+  def __init__(self, block, depth, heads, head_dim, train_grid, positions, num_prefix):
     super().__init__()
-    self.block = block
+    self.block, self.num_prefix = block, num_prefix
     self.skew_params = nn.Parameter(torch.randn(depth, heads, head_dim // block, block, block))
     scale, offset = comrope_position_map(train_grid, positions)
     self.register_buffer('pos_scale', torch.tensor(scale, dtype=torch.float32), persistent=False)
     self.register_buffer('pos_offset', torch.tensor(offset, dtype=torch.float32),
                          persistent=False)
 
-  def token_positions(self, pos, num_prefix):
+  def token_positions(self, pos):
     x = pos * self.pos_scale + self.pos_offset
-    is_patch = torch.arange(pos.shape[0], device=pos.device) >= num_prefix
+    is_patch = torch.arange(pos.shape[0], device=pos.device) >= self.num_prefix
     return torch.where(is_patch[:, None], x, torch.zeros_like(x))
 
   def generators(self):
@@ -376,12 +378,12 @@ class _ComRoPE(Encoding):
 class ComRoPEAP(_ComRoPE):
   """ComRoPE-AP: block j turns with position axis j mod n: R = blockdiag exp(x_{j mod n} B_j)."""
 
-  def __init__(self, block, depth, heads, head_dim, n_dims, train_grid, positions):
-    super().__init__(block, depth, heads, head_dim, train_grid, positions)
+  def __init__(self, block, depth, heads, head_dim, n_dims, train_grid, positions, num_prefix):
+    super().__init__(block, depth, heads, head_dim, train_grid, positions, num_prefix)
     self.n_dims = n_dims
 
-  def context(self, pos, num_prefix):
-    x = self.token_positions(pos, num_prefix)
+  def context(self, pos):
+    x = self.token_positions(pos)
     k = self.skew_params.shape[2]
     axes = torch.as_tensor(np.arange(k) % self.n_dims, device=pos.device)
     return self.exponentials(x[:, axes].T[None, None])
@@ -391,12 +393,12 @@ class ComRoPELD(_ComRoPE):
   """ComRoPE-LD: R = blockdiag exp((sum_a theta_{a,j} x_a) S_{h,j}); axis_scales [depth, n, d//b]
   (theta, shared by the heads)."""
 
-  def __init__(self, block, depth, heads, head_dim, n_dims, train_grid, positions):
-    super().__init__(block, depth, heads, head_dim, train_grid, positions)
+  def __init__(self, block, depth, heads, head_dim, n_dims, train_grid, positions, num_prefix):
+    super().__init__(block, depth, heads, head_dim, train_grid, positions, num_prefix)
     self.axis_scales = nn.Parameter(torch.randn(depth, n_dims, head_dim // block))
 
-  def context(self, pos, num_prefix):
-    x = self.token_positions(pos, num_prefix)
+  def context(self, pos):
+    x = self.token_positions(pos)
     s = torch.einsum('ta,lak->lkt', x, self.axis_scales.float())[:, None]  # [L, 1, k, T]
     return self.exponentials(s)
 
@@ -416,8 +418,8 @@ class StringCayley(RopeMixed):
     eye = torch.eye(self.head_dim, device=s.device)
     return torch.linalg.solve(eye + s, eye - s)  # [L, H, d, d]
 
-  def context(self, pos, num_prefix):
-    return super().context(pos, num_prefix), self.orthogonal()
+  def context(self, pos):
+    return super().context(pos), self.orthogonal()
 
   def attend(self, ctx, layer, q, k):
     rope, p = ctx
@@ -443,7 +445,7 @@ class StringCirculant(Encoding):
     sines = np.sin(2 * np.pi * np.outer(np.arange(b), np.arange(b // 2 + 1)) / b)
     self.register_buffer('sines', torch.tensor(sines, dtype=torch.float32), persistent=False)
 
-  def context(self, pos, num_prefix):
+  def context(self, pos):
     mu = -2. * torch.einsum('lhakr,rm->lhakm', self.circulant.float(), self.sines)
     phi = torch.einsum('ta,lhakm->lhtkm', pos, mu)
     return torch.stack([torch.cos(phi), torch.sin(phi)], -1)  # [L, H, T, k, b//2 + 1, 2]
@@ -469,17 +471,19 @@ def circulant_rotate(x, phase, block):
 BUILDERS = {
     'none': lambda pe, d: NoPE(),
     'abs': lambda pe, d: Absolute(d['width'], d['train_grid'], d['num_prefix']),
-    'sincos': lambda pe, d: SinCos(d['width']),
+    'sincos': lambda pe, d: SinCos(d['width'], d['num_prefix']),
     'rope_axial': lambda pe, d: RopeAxial(d['head_dim'], d['n']),
     'paper_visionllama': lambda pe, d: PaperVisionLlama(d['head_dim'], d['n']),
     'rope_mixed': lambda pe, d: RopeMixed(d['depth'], d['heads'], d['head_dim'], d['n']),
-    'alibi': lambda pe, d: ALiBi(d['heads']),
+    'alibi': lambda pe, d: ALiBi(d['heads'], d['num_prefix']),
     'liere': lambda pe, d: LieRE(pe['block'], pe['layers'], pe['heads'], d['head_dim'], d['n'],
                                  pe['init_scale']),
     'comrope_ap': lambda pe, d: ComRoPEAP(pe['block'], d['depth'], d['heads'], d['head_dim'],
-                                          d['n'], d['train_grid'], pe['positions']),
+                                          d['n'], d['train_grid'], pe['positions'],
+                                          d['num_prefix']),
     'comrope_ld': lambda pe, d: ComRoPELD(pe['block'], d['depth'], d['heads'], d['head_dim'],
-                                          d['n'], d['train_grid'], pe['positions']),
+                                          d['n'], d['train_grid'], pe['positions'],
+                                          d['num_prefix']),
     'string_cayley': lambda pe, d: StringCayley(d['depth'], d['heads'], d['head_dim'], d['n']),
     'string_circulant': lambda pe, d: StringCirculant(pe['block'], d['depth'], d['heads'],
                                                       d['head_dim'], d['n']),
@@ -637,7 +641,7 @@ class ViT(nn.Module):
   def pe_context(self, grid, positions=None):
     """The encoding's per-forward state for a patch grid: rotations [L, H, T, k, b, b]
     (LieRE, RoPE-Mixed), [1, T, pairs, 2, 2] (RoPE-Axial), ALiBi biases [H, T, T] or None."""
-    return self.pe.context(self.positions_for(grid, positions), self.num_prefix)
+    return self.pe.context(self.positions_for(grid, positions))
 
   def forward(self, x, ctx=None, positions=None, return_attention=False):
     grid = self.grid(x.shape)
@@ -646,7 +650,7 @@ class ViT(nn.Module):
     x = self.patch_embed(x).flatten(2).transpose(1, 2)  # [B, T, D], tokens row-major.
     if self.num_prefix:
       x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
-    x = self.dropout(self.pe.embed(x, grid, self.num_prefix))
+    x = self.dropout(self.pe.embed(x, grid))
     attention = []
     for layer, block in enumerate(self.blocks):
       x, weights = block(x, self.pe, ctx, layer)

@@ -14,6 +14,7 @@ import numpy as np
 
 import liere_jax.configs
 from liere_jax import config_lib
+from liere_jax.config.model import resolve
 from liere_jax.model import ViT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,8 +40,13 @@ def tiny_model_config(pe='liere8', n_dims=2, patch=4, size=16, width=32, depth=2
   return cfg
 
 
+def tiny_spec(*args, **kw):
+  """tiny_model_config's ModelSpec (what ViT and the converters take)."""
+  return resolve(tiny_model_config(*args, **kw))
+
+
 def tiny_model(seed=0, **kw):
-  model = ViT(tiny_model_config(**kw), rngs=nnx.Rngs(seed))
+  model = ViT(tiny_spec(**kw), rngs=nnx.Rngs(seed))
   model.eval()
   return model
 

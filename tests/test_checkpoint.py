@@ -14,7 +14,8 @@ import pytest
 from flax import nnx
 
 import liere_jax.configs
-from liere_jax import checkpoint, checkpoint_damage, config_lib, train_lib
+from liere_jax import checkpoint, checkpoint_damage, config_lib
+from liere_jax.config.model import resolve
 from liere_jax.model import ViT
 from liere_jax.param_tree import to_loop_params
 from tests import helpers
@@ -62,7 +63,7 @@ def _write_run(workdir, steps=(2, 4), best_step=None):
 
 def _tree(config):
   """{parameter path: shape} of the model of `config`."""
-  model = nnx.eval_shape(lambda: ViT(config.model, rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: ViT(resolve(config.model), rngs=nnx.Rngs(0)))
   params = to_loop_params(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
   return {jax.tree_util.keystr(k): v.shape
           for k, v in jax.tree_util.tree_leaves_with_path(params)}
@@ -228,7 +229,7 @@ def test_an_unreadable_config_is_one_line(tmp_path):
   path = tmp_path / checkpoint.CONFIG_FILE
   path.write_text(path.read_text()[:40])
   with pytest.raises(checkpoint.CheckpointError) as e:
-    checkpoint.check_same_model(str(tmp_path), _config())
+    checkpoint.check_same_model(str(tmp_path), resolve(_config().model))
   assert '\n' not in str(e.value) and str(path) in str(e.value) and '--workdir' in str(e.value)
 
 
@@ -238,7 +239,7 @@ def test_train_resumes_past_a_damaged_checkpoint_in_one_line(tmp_path):
   # train.py only restores.
   config = _config()
   config.update(LOOP)
-  trainer = train_lib.Trainer(config, train_lib.make_mesh())
+  trainer = helpers.trainer(config)
   checkpoint.write_config(str(tmp_path), config)
   mngr = checkpoint.manager(str(tmp_path))
   state = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), trainer.abstract_state)
@@ -274,7 +275,7 @@ def test_train_resumes_past_a_damaged_checkpoint_in_one_line(tmp_path):
                                  dict(remat='block', scan_layers=True, dtype='bfloat16')])
 def test_same_model_takes_another_way_to_compute_the_same_tree(tmp_path, how):
   _write_run(tmp_path, steps=(2,))
-  checkpoint.check_same_model(str(tmp_path), _config(**how))
+  checkpoint.check_same_model(str(tmp_path), resolve(_config(**how).model))
   assert _tree(_config(**how)) == _tree(_config())  # It is the same tree: names and shapes.
 
 
@@ -286,7 +287,7 @@ def test_same_model_refuses_another_tree_naming_the_field_and_the_fix(tmp_path, 
                                                                       old, fix):
   _write_run(tmp_path, steps=(2,))
   with pytest.raises(checkpoint.CheckpointError) as e:
-    checkpoint.check_same_model(str(tmp_path), _config(**override))
+    checkpoint.check_same_model(str(tmp_path), resolve(_config(**override).model))
   message = str(e.value)
   assert '\n' not in message and f'different model ({key}: {old!r} there' in message, message
   assert 'new --workdir' in message and fix in message, message
@@ -297,7 +298,7 @@ def test_same_model_refuses_another_parameter_free_encoding(tmp_path):
   config = _config()
   config.model.pe.name = 'sincos'
   with pytest.raises(checkpoint.CheckpointError, match=r'\(model\.pe\.name: '):
-    checkpoint.check_same_model(str(tmp_path), config)
+    checkpoint.check_same_model(str(tmp_path), resolve(config.model))
 
 
 def test_same_model_reads_an_old_workdir(tmp_path):
@@ -316,18 +317,18 @@ def test_same_model_reads_an_old_workdir(tmp_path):
   old['model']['pe']['init_scale'] = 1.0
   (tmp_path / checkpoint.CONFIG_FILE).write_text(
       checkpoint.config_to_json(ml_collections.ConfigDict(old)))
-  checkpoint.check_same_model(str(tmp_path), config)
+  checkpoint.check_same_model(str(tmp_path), resolve(config.model))
   stored = checkpoint.read_config(str(tmp_path))
   assert (stored.model.scan_layers, stored.model.pe.expm_precision) == (False, 'highest')
   assert (stored.model_init, tuple(stored.resolutions)) == ('', ())
   config.model.width = 64
   with pytest.raises(checkpoint.CheckpointError, match='model.width: 32 there, 64 now'):
-    checkpoint.check_same_model(str(tmp_path), config)
+    checkpoint.check_same_model(str(tmp_path), resolve(config.model))
 
 
 def test_a_workdir_without_checkpoint_takes_any_model(tmp_path):
   checkpoint.write_config(str(tmp_path), _config())
-  checkpoint.check_same_model(str(tmp_path), _config(width=64))
+  checkpoint.check_same_model(str(tmp_path), resolve(_config(width=64).model))
   assert not checkpoint.has_checkpoint(str(tmp_path))
 
 
@@ -339,7 +340,7 @@ def test_a_scanned_run_saves_blocks_by_layer_and_resumes_as_a_loop_run(tmp_path)
   trainers = {}
   for scan in (True, False):
     config.model.scan_layers = scan
-    trainers[scan] = train_lib.Trainer(config, train_lib.make_mesh(jax.devices()[:1]))
+    trainers[scan] = helpers.trainer(config, jax.devices()[:1])
   state = trainers[True].init_state(0)
   assert state['params']['blocks']['attn']['qkv']['kernel'].shape[0] == 2  # Stacked.
   labels = jax.nn.one_hot(jnp.arange(8) % 4, config.model.num_classes)

@@ -10,7 +10,6 @@ the PyTorch port gives the same logits (<= 1e-4) at the training size and a larg
 import functools
 
 import jax
-import ml_collections
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from liere_jax import convert, encodings
 from liere_jax.config import model as spec_lib
 from liere_jax.model import ViT
 from liere_jax.positions import grid_positions, with_prefix
-from tests.helpers import tiny_model_config
+from tests.helpers import tiny_model_config, tiny_spec
 
 FOUR = ('comrope_ap4', 'comrope_ld4', 'string_cayley', 'string_circulant8')
 EXTRA = ('comrope_ap2', 'comrope_ld2', 'comrope_ld16', 'string_circulant5')  # b = 2 closed
@@ -33,9 +32,10 @@ def _spec(pe, n_dims=2, size=16, **kw):
   return spec_lib.resolve(tiny_model_config(pe=pe, n_dims=n_dims, size=size, **kw))
 
 
-def _encoding(pe, n_dims=2, seed=0, **kw):
-  """The encoding alone (no ViT), with a non-zero Cayley S so that P is not the identity."""
-  spec = _spec(pe, n_dims, **kw)
+def _encoding(pe, n_dims=2, seed=0, pool='mean', **kw):
+  """The encoding alone (no ViT), with a non-zero Cayley S so that P is not the identity; no
+  prefix token unless pool='cls'."""
+  spec = _spec(pe, n_dims, pool=pool, **kw)
   enc = encodings.build(spec, rngs=nnx.Rngs(seed))
   if hasattr(enc, 'cayley'):
     rng = np.random.default_rng(seed + 1)
@@ -51,7 +51,7 @@ _FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensiv
 @functools.partial(jax.jit, static_argnums=(0, 5), compiler_options=_FAST_COMPILE)
 def _attend(graphdef, state, pos, q, k, layer):
   enc = nnx.merge(graphdef, state)
-  return _through_attention(enc, enc.context(pos, 0), layer, q, k)
+  return _through_attention(enc, enc.context(pos), layer, q, k)
 
 
 def _through_attention(enc, ctx, layer, q, k):
@@ -138,7 +138,7 @@ def _dense_generator(enc, spec, x):
     return _blockdiag(blocks, d)
   p = np.asarray(enc.skew_params[...], np.float64)[0, 0]
   skew = p - np.swapaxes(p, -1, -2)  # [k, b, b]
-  xc = np.asarray(enc.token_positions(jnp.asarray(x[None], jnp.float32), 0))[0]
+  xc = np.asarray(enc.token_positions(jnp.asarray(x[None], jnp.float32)))[0]
   if spec.pe.family == 'comrope_ap':
     t = xc[np.arange(len(skew)) % n]
   else:
@@ -215,13 +215,13 @@ def test_comrope_ap2_is_axial_rope_with_learned_frequencies(n_dims):
 
 
 def test_comrope_positions_are_patch_centres_and_cls_is_identity():
-  enc, spec = _encoding('comrope_ap4', 2, size=24, width=32, heads=2)  # 6 x 6 patches
+  enc, spec = _encoding('comrope_ap4', 2, size=24, width=32, heads=2, pool='cls')  # 6 x 6
   for mode in ('normalized', 'integer'):
-    e, _ = _encoding('comrope_ap4', 2, size=24, width=32, heads=2, positions=mode)
-    x = np.asarray(e.token_positions(with_prefix(grid_positions((6, 6), (6, 6), mode), 1), 1))
+    e, _ = _encoding('comrope_ap4', 2, size=24, width=32, heads=2, positions=mode, pool='cls')
+    x = np.asarray(e.token_positions(with_prefix(grid_positions((6, 6), (6, 6), mode), 1)))
     np.testing.assert_allclose(x[1:7, 1], (np.arange(6) + 0.5) / 6, atol=1e-7)
     np.testing.assert_array_equal(x[0], [0., 0.])
-  ctx = enc.context(with_prefix(grid_positions((6, 6), (6, 6), 'normalized'), 1), 1)
+  ctx = enc.context(with_prefix(grid_positions((6, 6), (6, 6), 'normalized'), 1))
   ctx = np.asarray(ctx.rot)
   np.testing.assert_allclose(ctx[:, :, 0], np.broadcast_to(np.eye(4), ctx[:, :, 0].shape),
                              atol=1e-6)
@@ -289,7 +289,7 @@ def test_gradients_finite_at_init_and_zero_generators(pe):
 
 
 def _logits_traced(enc, pos, q, k, layer):
-  ctx = enc.context(jnp.asarray(pos, jnp.float32), 0)
+  ctx = enc.context(jnp.asarray(pos, jnp.float32))
   q, k = _through_attention(enc, ctx, layer, q, k)
   return jnp.einsum('bqhd,bkhd->hqk', q, k, precision=HI)
 
@@ -328,17 +328,17 @@ def test_bad_names_say_why(pe, match):
 
 @pytest.mark.parametrize('pe', FOUR)
 def test_torch_export_round_trip_and_official_refusal(pe):
-  jm, cfg = _random_model(pe, 2)
+  jm, spec = _random_model(pe, 2)
   params = nnx.to_pure_dict(nnx.state(jm, nnx.Param))
-  state = convert.torch_layout(params, cfg)
+  state = convert.torch_layout(params, spec)
   assert {k for k in state if k.startswith('pe.')} == {
       'comrope_ap4': {'pe.skew_params'}, 'comrope_ld4': {'pe.skew_params', 'pe.axis_scales'},
       'string_cayley': {'pe.freqs', 'pe.cayley'}, 'string_circulant8': {'pe.circulant'}}[pe]
-  back = convert.from_torch_layout(state, cfg)
+  back = convert.from_torch_layout(state, spec)
   jax.tree.map(np.testing.assert_array_equal, back, params)
   with pytest.raises(ValueError, match=rf'official LieRE layout: pe={pe}: the official LieRE '
                                        'code has no'):
-    convert.official_spec(cfg)
+    convert.official_spec(spec)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -349,8 +349,8 @@ SIZES = {2: (16, 24), 3: (8, 12)}  # (training, larger) input sizes, patch 4.
 
 def _random_model(pe, n_dims, seed=0):
   """A tiny JAX ViT with every parameter random (numpy draws; no initialiser compiles)."""
-  cfg = tiny_model_config(pe=pe, n_dims=n_dims, size=SIZES[n_dims][0], width=32, heads=2)
-  abstract = nnx.eval_shape(lambda: ViT(cfg, rngs=nnx.Rngs(seed)))
+  spec = tiny_spec(pe=pe, n_dims=n_dims, size=SIZES[n_dims][0], width=32, heads=2)
+  abstract = nnx.eval_shape(lambda: ViT(spec, rngs=nnx.Rngs(seed)))
   graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
   rng = np.random.default_rng(seed)
   std = {'skew_params': 1., 'axis_scales': 1., 'cayley': 0.3, 'circulant': 0.2, 'freqs': 0.5,
@@ -370,7 +370,7 @@ def _random_model(pe, n_dims, seed=0):
       s.dtype, jax.dtypes.prng_key) else jnp.zeros(s.shape, s.dtype), rest)
   model = nnx.merge(graphdef, params, rest)
   model.eval()
-  return model, cfg
+  return model, spec
 
 
 @functools.partial(jax.jit, static_argnums=(0,), compiler_options=_FAST_COMPILE)
@@ -383,9 +383,9 @@ def _forward(graphdef, state, x):
 def test_port_parity(pe, n_dims):
   torch = pytest.importorskip('torch')
   from liere_jax import torch_vit
-  jm, cfg = _random_model(pe, n_dims)
-  tm = torch_vit.ViT.from_config(convert.model_fields(cfg))
-  tm.load_liere_state_dict(convert.torch_layout(nnx.to_pure_dict(nnx.state(jm, nnx.Param)), cfg))
+  jm, spec = _random_model(pe, n_dims)
+  tm = torch_vit.ViT.from_config(spec.to_json())
+  tm.load_liere_state_dict(convert.torch_layout(nnx.to_pure_dict(nnx.state(jm, nnx.Param)), spec))
   tm.eval()
   for size in SIZES[n_dims]:
     x = np.random.default_rng(size).normal(size=(2,) + (size,) * n_dims + (3,)).astype(
@@ -415,8 +415,8 @@ def test_jitter_offsets_are_bounded_and_spare_the_time_axis():
 @pytest.mark.parametrize('pe', ['liere4', 'rope_mixed', 'comrope_ld4', 'string_cayley', 'alibi'])
 def test_jitter_perturbs_training_only(pe):
   x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
-  plain = ViT(tiny_model_config(pe), rngs=nnx.Rngs(0))
-  model = ViT(tiny_model_config(pe, jitter=1.0), rngs=nnx.Rngs(0))
+  plain = ViT(tiny_spec(pe), rngs=nnx.Rngs(0))
+  model = ViT(tiny_spec(pe, jitter=1.0), rngs=nnx.Rngs(0))
   head = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
   for m in (plain, model):
     m.head.kernel[...] = head  # The head starts at zero; make the logits see the positions.
@@ -431,7 +431,7 @@ def test_jitter_perturbs_training_only(pe):
   step = 1 / 3 if mode == 'normalized' else 1.
   moved = with_prefix(grid_positions((4, 4), (4, 4), mode) + step * offsets, 1)
   for a, b in zip(jax.tree.leaves(model.pe_context((4, 4), offsets=offsets)),
-                  jax.tree.leaves(model.pe.context(moved, 1))):
+                  jax.tree.leaves(model.pe.context(moved))):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
@@ -465,23 +465,22 @@ def _with_params(model, params):
 
 def test_string_cayley_folds_into_a_rope_mixed_model_with_the_same_logits():
   cfg = tiny_model_config('string_cayley')
-  params = nnx.to_pure_dict(nnx.state(ViT(cfg, rngs=nnx.Rngs(0)), nnx.Param))
+  params = nnx.to_pure_dict(nnx.state(ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0)), nnx.Param))
   key = jax.random.key(3)
   params['pe']['cayley'] = 0.3 * jax.random.normal(key, params['pe']['cayley'].shape)
   params['head']['kernel'] = jax.random.normal(key, params['head']['kernel'].shape)
-  model = _with_params(ViT(cfg, rngs=nnx.Rngs(0)), params)
-  config = ml_collections.ConfigDict({'model': cfg.to_dict()})
-  folded_params, folded = convert.fold_string_cayley(params, config)
-  assert folded.model.pe.name == 'rope_mixed' and set(folded_params['pe']) == {'freqs'}
-  plain = _with_params(ViT(folded.model, rngs=nnx.Rngs(1)), folded_params)
+  model = _with_params(ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0)), params)
+  folded_params, folded = convert.fold_string_cayley(params, spec_lib.resolve(cfg))
+  cfg.pe.name = 'rope_mixed'  # The model the fold stands for, resolved as a config.
+  assert folded == spec_lib.resolve(cfg) and set(folded_params['pe']) == {'freqs'}
+  plain = _with_params(ViT(folded, rngs=nnx.Rngs(1)), folded_params)
   x = jax.random.normal(jax.random.key(4), (2, 16, 16, 3))
   np.testing.assert_allclose(plain(x), model(x), atol=1e-4, rtol=1e-4)
   # P mattered: without it (S = 0) the same weights give other logits.
   zero = dict(params, pe=dict(params['pe'], cayley=jnp.zeros_like(params['pe']['cayley'])))
   assert not np.allclose(plain(x), _with_params(model, zero)(x), atol=1e-3)
   with pytest.raises(ValueError, match="folds string_cayley runs; this run has pe='liere8'"):
-    convert.fold_string_cayley(params, ml_collections.ConfigDict(
-        {'model': tiny_model_config('liere8').to_dict()}))
+    convert.fold_string_cayley(params, tiny_spec('liere8'))
 
 
 def test_string_cayley_in_bf16_folds_p_into_the_projection_in_the_model_dtype():
@@ -491,7 +490,7 @@ def test_string_cayley_in_bf16_folds_p_into_the_projection_in_the_model_dtype():
   for dtype in ('float32', 'bfloat16'):
     cfg = tiny_model_config('string_cayley')
     cfg.dtype = dtype
-    model = ViT(cfg, rngs=nnx.Rngs(0))
+    model = ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0))
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     params['pe']['cayley'] = 0.3 * jax.random.normal(jax.random.key(3),
                                                      params['pe']['cayley'].shape)

@@ -1,7 +1,10 @@
 """Position encodings and the ViT: invariances, equivalences, counts, shapes and errors."""
 import dataclasses
+import json
 import math
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +27,7 @@ EVERY = tuple(name.replace('<b>', '4') for name in encodings.NAMES)  # Every reg
 
 def _logits(model, pos, q, k, layer=0):
   """Attention logits [H, T, T] of fixed q, k [1, T, H, d] at positions pos [T, n]."""
-  ctx = model.pe.context(jnp.asarray(pos), 0)
+  ctx = model.pe.context(jnp.asarray(pos))
   q, k, bias = model.pe.layer(ctx, layer).attend(q, k)
   out = jnp.einsum('bqhd,bkhd->hqk', q, k)
   return out if bias is None else out + bias
@@ -37,7 +40,7 @@ def _logits(model, pos, q, k, layer=0):
 def test_relative_position_invariance(pe, n_dims, exact):
   """Shifting every position leaves the logits unchanged exactly where the math says so
   (commuting generators); in 2D LieRE's generators do not commute, and it shows."""
-  model = tiny_model(pe=pe, n_dims=n_dims, width=64, heads=1)
+  model = tiny_model(pe=pe, n_dims=n_dims, width=64, heads=1, pool='mean')  # No CLS token.
   rng = np.random.default_rng(0)
   pos = rng.uniform(0, 3, (12, n_dims)).astype(np.float32)
   if pe in ('rope_mixed', 'rope_axial', 'alibi'):
@@ -73,7 +76,7 @@ def test_liere2_equals_rope_mixed_with_mapped_parameters():
                                          (32, 285696), (64, 580608)])
 def test_table10_pe_parameter_counts_vit_b(block, count):
   cfg = load_config('configs/cifar100.py', f'pe=liere{block},variant=B')
-  counts = param_counts(cfg.model)
+  counts = param_counts(spec_lib.resolve(cfg.model))
   assert counts['params_pe'] == count
   assert 85.1e6 < counts['params_total'] < 85.9e6  # "relative to the model size of 85.2M"
 
@@ -181,7 +184,7 @@ def test_rescaled_positions_are_the_default_at_the_training_size(pe):
 def test_bf16_compute_keeps_float32_parameters_and_rotations():
   cfg = tiny_model_config(pe='liere8')
   cfg.dtype = 'bfloat16'
-  model = ViT(cfg, rngs=nnx.Rngs(0))
+  model = ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0))
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
   assert model.pe_context((4, 4)).rot.dtype == jnp.float32
   assert bool(jnp.all(jnp.isfinite(model(jnp.ones((1, 16, 16, 3))))))
@@ -190,9 +193,9 @@ def test_bf16_compute_keeps_float32_parameters_and_rotations():
 def test_abs_resize_keeps_the_training_grid_exact():
   model = tiny_model(pe='abs')
   x = jnp.zeros((1, 17, 32))
-  np.testing.assert_array_equal(model.pe.embed(x, (4, 4), 1)[0],
+  np.testing.assert_array_equal(model.pe.embed(x, (4, 4))[0],
                                 model.pe.embedding[0])
-  assert model.pe.embed(jnp.zeros((1, 37, 32)), (6, 6), 1).shape == (1, 37, 32)
+  assert model.pe.embed(jnp.zeros((1, 37, 32)), (6, 6)).shape == (1, 37, 32)
 
 
 @pytest.mark.parametrize('change,match', [
@@ -220,7 +223,7 @@ def test_input_dimensionality_mismatch_raises_before_compiling():
   with pytest.raises(ValueError, match=r'patch=\(4, 4\) and model.input_size=\(8, 16, 16\)'):
     cfg = tiny_model_config()
     cfg.input_size = (8, 16, 16)
-    ViT(cfg, rngs=nnx.Rngs(0))
+    ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0))
 
 
 def _documented_tree(spec):
@@ -272,7 +275,7 @@ def test_parameter_tree_is_the_documented_one_and_scan_matches_the_loop(pe):
   ref = model(x)
   for key, value in (('scan_layers', True), ('remat', 'block')):
     cfg[key] = value
-    other = ViT(cfg, rngs=nnx.Rngs(1))
+    other = ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(1))
     other.eval()
     state = nnx.to_pure_dict(nnx.state(model))
     nnx.update(other, param_tree.to_scan_params(state) if key == 'scan_layers' else state)
@@ -290,6 +293,28 @@ def test_every_family_has_a_class_and_a_port_mirror():
     assert cls.facts == encodings.FAMILIES[family]
   torch_vit = pytest.importorskip('liere_jax.torch_vit')
   assert set(torch_vit.BUILDERS) == set(encodings.FAMILIES)
+
+
+def test_the_names_and_facts_read_in_a_process_without_jax_and_are_the_classes():
+  """Tools (config checks, docs, data preparation) read the registry without importing jax;
+  what it reads from the @register declarations is what the imported classes declare."""
+  code = ('import dataclasses, json, sys\n'
+          'from liere_jax.encodings import registry\n'
+          "assert 'jax' not in sys.modules, [m for m in sys.modules if m.startswith('jax')]\n"
+          'print(json.dumps([registry.NAMES, {f: dataclasses.asdict(facts) '
+          'for f, facts in registry.FAMILIES.items()}]))')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  names, facts = json.loads(out.stdout)
+  assert tuple(names) == encodings.NAMES
+  assert facts == json.loads(json.dumps({family: dataclasses.asdict(cls.facts)
+                                         for family, cls in encodings.families().items()}))
+
+
+def test_a_family_the_registry_does_not_read_is_refused_at_registration():
+  with pytest.raises(ValueError, match="registry.py reads the facts of 'unread' otherwise"):
+    encodings.register('unread', label='Unread')(type('Unread', (encodings.Encoding,), {}))
+  assert 'unread' not in encodings.families()
 
 
 def test_the_port_imports_no_jax():

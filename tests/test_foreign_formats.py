@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from liere_jax import checkpoint, config_lib, convert, model_init
+from liere_jax.config import run as run_spec
+from liere_jax.config.model import resolve
 from liere_jax.convert import __main__ as convert_cli
 from tests import foreign_formats
 from tests.helpers import tiny_model_config
@@ -26,19 +28,21 @@ def _config(**kw):
 def _random_params(config, seed=0):
   rng = np.random.default_rng(seed)
   return jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32),
-                      convert.abstract_params(config.model))
+                      convert.abstract_params(resolve(config.model)))
 
 
 def test_a_safetensors_file_written_from_the_specification_loads_in_jax_and_in_torch(tmp_path):
   torch_vit = pytest.importorskip('liere_jax.torch_vit')
   config = _config(pe='liere8', width=32, heads=2)
   params = _random_params(config)
-  state = convert.torch_layout(params, config.model)
+  spec = resolve(config.model)
+  state = convert.torch_layout(params, spec)
   path = str(tmp_path / 'model.safetensors')
   foreign_formats.write_safetensors(path, state, metadata={'format': 'pt'})
-  convert.write_json(str(tmp_path / 'model.json'), convert.export_json(config))
+  convert.write_json(str(tmp_path / 'model.json'), convert.export_json(spec, config))
   want = convert.flatten(params)
-  loaded = model_init.load(config, path)  # --config.model_init=FILE.safetensors
+  # --config.model_init=FILE.safetensors
+  loaded = model_init.load(run_spec.resolve(config, 1), path)
   assert loaded.keys() == want.keys()
   for key, value in want.items():
     np.testing.assert_array_equal(loaded[key], value, err_msg=str(key))
@@ -60,7 +64,7 @@ def test_our_safetensors_export_decodes_under_the_specification_with_the_run_s_j
   out = str(tmp_path / 'model.safetensors')
   convert.export_torch(run, out)
   tensors, metadata = foreign_formats.read_safetensors(out)
-  state = convert.torch_layout(params, config.model)
+  state = convert.torch_layout(params, resolve(config.model))
   assert tensors.keys() == state.keys()
   for name, value in state.items():
     np.testing.assert_array_equal(tensors[name], value, err_msg=name)
@@ -69,6 +73,6 @@ def test_our_safetensors_export_decodes_under_the_specification_with_the_run_s_j
     beside = json.load(f)
   assert json.loads(metadata['liere_jax']) == {k: v for k, v in beside.items()
                                                if k != 'source_config'}
-  again = convert.config_from_json(beside, 'model.json')  # The whole run, not just its model.
+  again, _ = convert.config_from_json(beside, 'model.json')  # The whole run, not just its model.
   fields = lambda c: (c.data.name, c.data.grid, c.batch_size, c.total_steps, c.lr)
   assert fields(again) == fields(config)

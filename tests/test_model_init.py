@@ -15,6 +15,8 @@ from flax import nnx
 
 from liere_jax import checkpoint, config_lib, convert, model_init, train_lib
 from liere_jax import param_tree
+from liere_jax.config import run as run_spec
+from liere_jax.config.model import resolve
 from liere_jax.model import ViT
 from tests import foreign_formats, helpers, official_fixtures
 from tests.helpers import tiny_model_config
@@ -31,13 +33,13 @@ def _random_params(config, seed):
   """Every parameter drawn at random (the zero-initialised head too), with numpy."""
   rng = np.random.default_rng(seed)
   return jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32),
-                      convert.abstract_params(config.model))
+                      convert.abstract_params(resolve(config.model)))
 
 
 def _save_run(workdir, config, steps, best_step=None):
   """A training workdir: {step: params} with a non-zero Adam state, the best at best_step."""
   checkpoint.write_config(workdir, config)
-  tx, _ = train_lib.make_optimizer(config)
+  tx, _ = train_lib.make_optimizer(run_spec.resolve(config, 1))
   best = {best_step: steps[best_step]} if best_step else {}
   for name, kept in (('checkpoints', steps), ('best', best)):
     mngr = checkpoint.manager(workdir, name, best=name == 'best')
@@ -59,8 +61,13 @@ def _assert_equal(loaded, params, skip=()):
       np.testing.assert_array_equal(loaded[key], value, err_msg='/'.join(key))
 
 
+def _run(config):
+  """The RunSpec of `config` on one device: the test's edge."""
+  return run_spec.resolve(config, 1)
+
+
 def _fresh_start(config, loaded):
-  trainer = train_lib.Trainer(config, train_lib.make_mesh())
+  trainer = helpers.trainer(config)
   return model_init.init_state(trainer, config.seed, loaded)
 
 
@@ -69,9 +76,9 @@ def test_workdir_latest_best_and_step_fresh_optimizer(tmp_path):
   steps = {1: _random_params(config, 1), 2: _random_params(config, 2)}
   run = _save_run(str(tmp_path / 'run'), config, steps, best_step=1)
   for suffix, step in (('', 2), (':1', 1), (':best', 1), (':2', 2)):
-    _assert_equal(model_init.load(config, run + suffix), steps[step])
+    _assert_equal(model_init.load(_run(config), run + suffix), steps[step])
   new = _config(pe='liere8', share='layers', size=24)  # Another grid: LieRE carries over as is.
-  loaded = model_init.load(new, run)
+  loaded = model_init.load(_run(new), run)
   _assert_equal(loaded, steps[2])
   state = _fresh_start(new, loaded)
   assert int(state['step']) == 0
@@ -80,12 +87,12 @@ def test_workdir_latest_best_and_step_fresh_optimizer(tmp_path):
                 steps[2])
   scanned = _config(pe='liere8', share='layers', size=24)
   scanned.model.scan_layers = True  # Stacked blocks in the state; blocks/<i> in the checkpoint.
-  state = _fresh_start(scanned, model_init.load(scanned, run))
+  state = _fresh_start(scanned, model_init.load(_run(scanned), run))
   _assert_equal({k: np.asarray(v) for k, v in convert.flatten(
       param_tree.to_loop_params(state['params'])).items()}, steps[2])
   with pytest.raises(FileNotFoundError, match=r'holds no checkpoint of step 3 \(it holds '
                      r'\[1, 2\]\)'):
-    model_init.load(config, run + ':3')
+    model_init.load(_run(config), run + ':3')
 
 
 def test_safetensors_export(tmp_path):
@@ -94,7 +101,8 @@ def test_safetensors_export(tmp_path):
   run = _save_run(str(tmp_path / 'run'), config, {4: params})
   out = str(tmp_path / 'model.safetensors')
   convert.export_torch(run, out)
-  _assert_equal(model_init.load(_config(pe='rope_mixed', pool='mean', size=32), out), params)
+  new = _config(pe='rope_mixed', pool='mean', size=32)
+  _assert_equal(model_init.load(_run(new), out), params)
 
 
 def test_official_lightning_checkpoint(tmp_path):
@@ -104,7 +112,7 @@ def test_official_lightning_checkpoint(tmp_path):
   pytest.importorskip('torch')
   case = official_fixtures.load()['cases']['liere8_2d']  # 16 px, patch 4: a 4x4 grid.
   state = official_fixtures.state_dict(case['state_dict'], case['value_seed'], case['zeros'])
-  official = convert.config_from_json(case['rope_vit_kwargs'], 'liere8_2d').model
+  _, official = convert.config_from_json(case['rope_vit_kwargs'], 'liere8_2d')
   params = convert.from_official_layout(state, official)
   path = str(tmp_path / 'epoch=199.ckpt')
   foreign_formats.write_lightning_checkpoint(path, state, epoch=199)
@@ -114,9 +122,9 @@ def test_official_lightning_checkpoint(tmp_path):
   new.model.mlp_dim = official.mlp_dim
   with pytest.raises(ValueError, match='head/bias has shape \\(5,\\) in the checkpoint and '
                      '\\(7,\\) in this model; set --config.model_init_head=reinit'):
-    model_init.load(new, path)
+    model_init.load(_run(new), path)
   new.model_init_head = 'reinit'
-  loaded = model_init.load(new, path)
+  loaded = model_init.load(_run(new), path)
   _assert_equal(loaded, params, skip=model_init.HEAD)
   assert all(loaded[k] is None for k in model_init.HEAD)
   head = convert.flatten(_fresh_start(new, loaded)['params'])
@@ -129,7 +137,7 @@ def test_abs_embedding_resized_as_evaluation_does(tmp_path, pool):
   params = _random_params(config, 5)
   run = _save_run(str(tmp_path / 'run'), config, {1: params})
   new = _config(pe='abs', size=44, pool=pool)  # 11x11.
-  loaded = model_init.load(new, run)
+  loaded = model_init.load(_run(new), run)
   prefix = int(pool == 'cls')
   assert loaded[model_init.EMBEDDING].shape == (1, prefix + 121, 32)
   _assert_equal(loaded, params, skip=[model_init.EMBEDDING])
@@ -141,7 +149,7 @@ def test_abs_embedding_resized_as_evaluation_does(tmp_path, pool):
 
 
 def _logits(config, params, x):
-  model = ViT(config.model, rngs=nnx.Rngs(0))
+  model = ViT(resolve(config.model), rngs=nnx.Rngs(0))
   state = nnx.state(model, nnx.Param)
   nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
   nnx.update(model, state)
@@ -169,7 +177,7 @@ def test_mismatch_is_one_line_naming_the_fix(tmp_path, kw, head, message):
   new = _config(**{'pe': 'liere8', **kw})
   new.model_init_head = head
   with pytest.raises(ValueError, match=message) as e:
-    model_init.load(new, run)
+    model_init.load(_run(new), run)
   assert '\n' not in str(e.value)
 
 

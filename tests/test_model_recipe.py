@@ -124,7 +124,7 @@ def _init_stats_model(init):
   cfg = config_lib.model_config(pe='abs', variant='', patch=(8, 8), input_size=(32, 32),
                                 channels=3, num_classes=100, width=256, depth=1, heads=4)
   cfg.init = init
-  return ViT(cfg, rngs=nnx.Rngs(0))
+  return ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0))
 
 
 # name -> (fan_in, fan_out) with width 256, MLP 1024, patch 8x8x3, 100 classes.
@@ -180,7 +180,7 @@ def test_init_keeps_the_parameter_tree_and_its_sharding_axes():
   def logical(init):
     cfg = tiny_model_config(pe='abs')
     cfg.init = init
-    model = nnx.eval_shape(lambda: ViT(cfg, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0)))
     return nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(model, nnx.Param)))
 
   official = logical('official')
@@ -199,7 +199,7 @@ def test_paper_tiny_is_the_official_tiny():
   cfg.qkv_bias = False  # The official to_qkv has no bias.
   s = spec_lib.resolve(cfg)
   assert (s.width, s.depth, s.heads, s.head_dim, s.mlp_dim) == (384, 12, 6, 64, 768)
-  model = nnx.eval_shape(lambda: ViT(cfg, rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0)))
   blocks = sum(v.size for v in jax.tree.leaves(nnx.state(model.blocks, nnx.Param)))
   d, m = 384, 768
   # to_qkv (no bias), to_out, fc1, fc2, two LayerNorms: official models/vit.py, rope_vit.py.
@@ -236,9 +236,9 @@ def test_old_spec_json_loads_with_the_old_model():
 def test_bfloat16_computes_in_bf16_with_float32_parameters_and_rotations():
   cfg = tiny_model_config(pe='liere8')
   cfg.init = 'official'
-  f32 = ViT(cfg, rngs=nnx.Rngs(0))
+  f32 = ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0))
   cfg.dtype = 'bfloat16'
-  bf16 = ViT(cfg, rngs=nnx.Rngs(0))
+  bf16 = ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0))
   assert {v.dtype for v in jax.tree.leaves(nnx.state(bf16, nnx.Param))} == {jnp.dtype('float32')}
   x = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
   assert bf16.patch_embed(x).dtype == jnp.bfloat16

@@ -24,6 +24,8 @@ from flax import nnx  # noqa: E402
 
 from liere_jax import checkpoint, config_lib, convert, model_init  # noqa: E402
 from liere_jax.convert import __main__ as convert_cli  # noqa: E402
+from liere_jax.config import run as run_spec  # noqa: E402
+from liere_jax.config.model import resolve  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
 from tests import foreign_formats, helpers, official_fixtures  # noqa: E402
 
@@ -35,12 +37,13 @@ OFFICIAL_TOL = 2e-4
 
 
 def _case(name, positions=None):
-  """(our model section for the case's official arguments, the official state, the input, the
-  official logits)."""
+  """(our model for the case's official arguments, the official state, the input, the official
+  logits)."""
   case = CASES[name]
-  model = convert.config_from_json(case['rope_vit_kwargs'], name).model
+  config, model = convert.config_from_json(case['rope_vit_kwargs'], name)
   if positions:
-    model.pe.positions = positions
+    config.model.pe.positions = positions
+    model = resolve(config.model)
   state = official_fixtures.state_dict(case['state_dict'], case['value_seed'], case['zeros'])
   x = official_fixtures.inputs(case['input_shape'], case['input_seed'])
   return model, state, x, np.asarray(case['logits'], np.float32)
@@ -53,8 +56,8 @@ def _quietly(fn, *args):
     return fn(*args)
 
 
-def _logits(model_cfg, params, x):
-  model = ViT(model_cfg, rngs=nnx.Rngs(0))
+def _logits(spec, params, x):
+  model = ViT(spec, rngs=nnx.Rngs(0))
   state = nnx.state(model, nnx.Param)
   nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
   nnx.update(model, state)
@@ -62,8 +65,8 @@ def _logits(model_cfg, params, x):
   return np.asarray(helpers.forward(model, jnp.asarray(x)))
 
 
-def _assert_official_logits(model_cfg, params, x, want, what):
-  diff = float(np.abs(_logits(model_cfg, params, x) - want).max())
+def _assert_official_logits(spec, params, x, want, what):
+  diff = float(np.abs(_logits(spec, params, x) - want).max())
   assert diff <= OFFICIAL_TOL, f'{what}: {diff:.2e} from the official logits'
 
 
@@ -116,7 +119,7 @@ def test_convert_cli_reads_and_writes_an_official_state_dict(tmp_path):
   assert convert_cli.call(['from_official', '--state_dict', pt, '--config', kw,
                            '--out_workdir', back]) == 0
   config, params = checkpoint.load_params(back)[:2]
-  _assert_official_logits(config.model, params, x, want, 'from_official')
+  _assert_official_logits(resolve(config.model), params, x, want, 'from_official')
   out = str(tmp_path / 'again.pt')
   assert convert_cli.call(['to_official', '--workdir', back, '--out', out]) == 0
   again = torch.load(out, weights_only=True)
@@ -133,9 +136,10 @@ def test_model_init_from_an_official_lightning_checkpoint_gives_the_official_log
   model, state, x, want = _case('liere8_2d')
   path = str(tmp_path / 'epoch=199-step=600.ckpt')
   foreign_formats.write_lightning_checkpoint(path, state, epoch=199)
-  data = config_lib.data_config(name='arrows', grid=model.input_size[0] // model.patch[0])
-  config = config_lib.base_config(model=model, data=data, batch_size=8, total_steps=2, lr=1e-3)
-  params = model_init.load(config, path)
+  data = config_lib.data_config(name='arrows', grid=model.train_grid[0])
+  section = convert.config_from_json(CASES['liere8_2d']['rope_vit_kwargs'], 'liere8_2d')[0].model
+  config = config_lib.base_config(model=section, data=data, batch_size=8, total_steps=2, lr=1e-3)
+  params = model_init.load(run_spec.resolve(config, 1), path)
   assert all(v is not None for v in params.values())
   tree = convert.unflatten_like(convert.abstract_params(model), params)
   _assert_official_logits(model, tree, x, want, 'model_init')
@@ -176,6 +180,6 @@ def test_export_sets_the_official_per_layer_and_per_head_flags_of_each_sharing(
     share, per_layer, per_head):
   model = helpers.tiny_model_config('liere8', width=128, heads=2, share=share)
   model.qkv_bias = False
-  kw = convert.official_spec(model)
+  kw = convert.official_spec(resolve(model))
   assert (kw['rotary_embedding_per_layer'], kw['rotary_embedding_per_head']) == (per_layer,
                                                                                  per_head)

@@ -58,7 +58,7 @@ def test_each_expm_method_is_the_one_called_and_agrees_with_the_others(monkeypat
     @jax.jit
     def rot_and_grad(state):
       def loss(state):
-        rot = nnx.merge(graphdef, state).context(pos, 0).rot
+        rot = nnx.merge(graphdef, state).context(pos).rot
         return jnp.sum(jnp.sin(rot)), rot
       return jax.grad(loss, has_aux=True)(state)
     called.clear()
@@ -136,7 +136,8 @@ def test_timm_magnitudes_past_either_end_are_clipped_to_it(magnitude, end):
 
 
 def _tree(cfg):
-  return {'/'.join(k): v.shape for k, v in convert.flatten(convert.abstract_params(cfg)).items()}
+  spec = spec_lib.resolve(cfg)
+  return {'/'.join(k): v.shape for k, v in convert.flatten(convert.abstract_params(spec)).items()}
 
 
 def test_the_model_dims_shape_the_parameter_tree():

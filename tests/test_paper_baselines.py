@@ -14,7 +14,7 @@ from flax import nnx
 from liere_jax import encodings, positions, reproduce
 from liere_jax.config import model as spec_lib
 from liere_jax.model import ViT
-from tests.helpers import tiny_model_config
+from tests.helpers import tiny_model_config, tiny_spec
 
 
 def _encoding(pe, **kw):
@@ -36,7 +36,7 @@ def test_paper_visionllama_rotations_are_the_official_tiled_ones(n_dims, head_di
   assert spec.pe.positions == 'normalized'
   grid = spec.train_grid
   ctx = pe.context(jnp.asarray(positions.with_prefix(
-      positions.grid_positions(grid, grid, spec.pe.positions), 1)), 1)
+      positions.grid_positions(grid, grid, spec.pe.positions), 1)))
   rot = np.asarray(pe.layer(ctx, 0).rot)  # [1, 1 + T, n k, 2, 2]: every head alike
   k = head_dim // (2 * n_dims)
   omega = np.exp(-4. * np.arange(k) / max(k - 1, 1))
@@ -67,7 +67,7 @@ def test_paper_visionllama_is_exactly_relative():
   q, k = (jnp.asarray(rng.normal(size=(1, 6, 2, 16)), jnp.float32) for _ in range(2))
 
   def scores(p):
-    rq, rk, _ = pe.layer(pe.context(jnp.asarray(p), 0), 0).attend(q, k)
+    rq, rk, _ = pe.layer(pe.context(jnp.asarray(p)), 0).attend(q, k)
     return np.einsum('bthd,bshd->bhts', rq, rk)
 
   np.testing.assert_allclose(scores(pos + shift), scores(pos), atol=1e-5)
@@ -76,7 +76,7 @@ def test_paper_visionllama_is_exactly_relative():
 
 def test_paper_visionllama_has_no_parameters():
   def count(pe):
-    model = nnx.eval_shape(lambda: ViT(tiny_model_config(pe=pe), rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: ViT(tiny_spec(pe=pe), rngs=nnx.Rngs(0)))
     return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
   assert not jax.tree.leaves(nnx.state(_encoding('paper_visionllama')[0], nnx.Param))

@@ -73,7 +73,7 @@ def _jax_model(seed=0, qkv_bias=True, mlp_dim=0, **kw):
   cfg = tiny_model_config(**kw)
   cfg.qkv_bias = qkv_bias
   cfg.mlp_dim = mlp_dim
-  abstract = nnx.eval_shape(lambda: ViT(cfg, rngs=nnx.Rngs(seed)))
+  abstract = nnx.eval_shape(lambda: ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(seed)))
   graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
   nnx.replace_by_pure_dict(params, _random_params(nnx.to_pure_dict(params), seed,
                                                   cfg.pe.init_scale))
@@ -113,9 +113,9 @@ def _params(model):
   return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
-def _torch_model(model, cfg):
-  tm = torch_vit.ViT.from_config(convert.model_fields(cfg))
-  tm.load_liere_state_dict(convert.torch_layout(_params(model), cfg))
+def _torch_model(model):
+  tm = torch_vit.ViT.from_config(model.spec.to_json())
+  tm.load_liere_state_dict(convert.torch_layout(_params(model), model.spec))
   return tm.eval()
 
 
@@ -156,7 +156,7 @@ def _check_parity(jm, tm, n_dims, sizes, case, positions=None, patch=4):
 def test_parity_every_encoding(pe, n_dims):
   """width 32, 2 heads: head_dim 16, so liere16 is one dense block and liere6 leaves 4 dims."""
   jm, cfg = _jax_model(pe=pe, n_dims=n_dims, size=SIZES[n_dims][0], width=32, heads=2)
-  _check_parity(jm, _torch_model(jm, cfg), n_dims, SIZES[n_dims], f'{pe} {n_dims}D')
+  _check_parity(jm, _torch_model(jm), n_dims, SIZES[n_dims], f'{pe} {n_dims}D')
 
 
 @pytest.mark.parametrize('case', [
@@ -181,15 +181,15 @@ def test_parity_variants(case):
   sizes = {'train': SIZES[n_dims][:1], 'larger': SIZES[n_dims][1:],
            'both': SIZES[n_dims]}[case.pop('sizes', 'both')]
   jm, cfg = _jax_model(n_dims=n_dims, size=SIZES[n_dims][0], width=32, heads=2, **case)
-  _check_parity(jm, _torch_model(jm, cfg), n_dims, sizes, str(case))
+  _check_parity(jm, _torch_model(jm), n_dims, sizes, str(case))
 
 
 def test_parity_positions_override_and_cached_context():
   jm, cfg = _jax_model(pe='liere8', width=32, heads=2)
-  tm = _torch_model(jm, cfg)
+  tm = _torch_model(jm)
   _check_parity(jm, tm, 2, (24,), 'liere8 positions=rescaled', positions='rescaled')
   jr, cfg_r = _jax_model(pe='rope_mixed', width=32, heads=2)
-  _check_parity(jr, _torch_model(jr, cfg_r), 2, (24,), 'rope_mixed positions=rescaled',
+  _check_parity(jr, _torch_model(jr), 2, (24,), 'rope_mixed positions=rescaled',
                 positions='rescaled')
   x = _nchw(_inputs(2, 24))
   with torch.no_grad():
@@ -201,7 +201,7 @@ def test_parity_abs_resize_down_and_up(n_dims, sizes):
   """jax.image.resize ('cubic' in 2D, else 'linear'; antialiased when shrinking), reproduced."""
   train = SIZES[n_dims][0]
   jm, cfg = _jax_model(pe='abs', n_dims=n_dims, size=train, width=32, heads=2)
-  _check_parity(jm, _torch_model(jm, cfg), n_dims, sizes, f'abs {n_dims}D resize')
+  _check_parity(jm, _torch_model(jm), n_dims, sizes, f'abs {n_dims}D resize')
 
 
 def test_resize_weights_match_jax_image_resize():
@@ -216,7 +216,7 @@ def test_resize_weights_match_jax_image_resize():
 
 def test_channels_first_and_shape_errors():
   jm, cfg = _jax_model(pe='liere8', width=32, heads=2)
-  tm = _torch_model(jm, cfg)
+  tm = _torch_model(jm)
   with pytest.raises(ValueError, match='channels-first'):
     tm(torch.zeros(1, 16, 16, 3))
   with pytest.raises(ValueError, match='not divisible'):
@@ -290,8 +290,8 @@ def test_export_torch_import_round_trip_is_bit_identical(tmp_path, kw):
   assert config2.model.to_dict() == checkpoint.read_config(workdir).model.to_dict()
 
 
-def _state(model, cfg):
-  return convert.torch_layout(_params(model), cfg)
+def _state(model):
+  return convert.torch_layout(_params(model), model.spec)
 
 
 @pytest.mark.parametrize('edit,key,pattern', [
@@ -301,7 +301,7 @@ def _state(model, cfg):
 ])
 def test_wrong_file_names_the_key(tmp_path, edit, key, pattern):
   jm, cfg = _jax_model(pe='liere8', width=32, heads=2)
-  state = _state(jm, cfg)
+  state = _state(jm)
   if edit == 'missing':
     del state[key]
   elif edit == 'shape':
@@ -310,12 +310,12 @@ def test_wrong_file_names_the_key(tmp_path, edit, key, pattern):
     state[key] = np.zeros(3, np.float32)
   path = str(tmp_path / 'bad.safetensors')
   save_file(state, path)
-  convert.write_json(str(tmp_path / 'bad.json'), convert.export_json(_full_config(cfg)))
+  convert.write_json(str(tmp_path / 'bad.json'), convert.export_json(jm.spec, _full_config(cfg)))
   with pytest.raises(torch_vit.WeightsMismatchError) as e:
     torch_vit.load_liere_safetensors(path)
   assert f"'{key}'" in str(e.value) and re.search(pattern, str(e.value)), str(e.value)
   with pytest.raises(ValueError) as e:  # The JAX side (from_torch) checks the same.
-    convert.from_torch_layout(load_file(path), cfg)
+    convert.from_torch_layout(load_file(path), jm.spec)
   message = str(e.value)
   assert f"'{key}'" in message and re.search(pattern.split('.*')[0], message), message
   # The CLI refuses before writing anything.
@@ -326,8 +326,8 @@ def test_wrong_file_names_the_key(tmp_path, edit, key, pattern):
 
 def test_first_mismatched_key_is_named():
   jm, cfg = _jax_model(pe='liere8', width=32, heads=2)
-  tm = torch_vit.ViT.from_config(convert.model_fields(cfg))
-  state = _state(jm, cfg)
+  tm = torch_vit.ViT.from_config(jm.spec.to_json())
+  state = _state(jm)
   for key in ('blocks.0.norm1.weight', 'head.bias'):
     del state[key]
   with pytest.raises(torch_vit.WeightsMismatchError,
@@ -400,18 +400,18 @@ def test_an_old_export_json_reads_with_the_fields_of_its_time():
   cfg = tiny_model_config('liere8')
   config = _full_config(cfg)
   assert tuple(cfg.dropout_sites) != MODEL.added()['dropout_sites']  # Else no test.
-  new = convert.export_json(config)
+  new = convert.export_json(spec_lib.resolve(cfg), config)
   old = json.loads(json.dumps(new))
   for section in (old, old['source_config']['model']):
     del section['dropout_sites'], section['pe']['jitter']
   plain = {k: v for k, v in old.items() if k != 'source_config'}
   workdir_config = old['source_config']
   for obj in (old, plain, workdir_config, workdir_config['model']):
-    model = spec_lib.resolve(convert.config_from_json(obj, 'test').model)
+    _, model = convert.config_from_json(obj, 'test')
     assert model.dropout_sites == MODEL.added()['dropout_sites'], obj.keys()
     assert model.pe.jitter == PE.added()['jitter'], obj.keys()
   for obj in (new, {k: v for k, v in new.items() if k != 'source_config'}):  # Today's: as is.
-    assert spec_lib.resolve(convert.config_from_json(obj, 'test').model) == spec_lib.resolve(cfg)
+    assert convert.config_from_json(obj, 'test')[1] == spec_lib.resolve(cfg)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -488,9 +488,9 @@ def test_official_layout_round_trip(case):
   jm, cfg = _official_jax_model(**case)
   with warnings.catch_warnings():
     warnings.simplefilter('error', convert.Layer0BugWarning)  # No warning: nothing is lost.
-    state, kw = convert.official_layout(_params(jm), cfg)
-    back = convert.from_official_layout(state, cfg)
-  if spec_lib.resolve(cfg).pe.positions == 'integer':
+    state, kw = convert.official_layout(_params(jm), jm.spec)
+    back = convert.from_official_layout(state, jm.spec)
+  if jm.spec.pe.positions == 'integer':
     # Multiplied by n - 1 on export, divided on import: equal up to rounding.
     for key, value in _flat(_params(jm)).items():
       np.testing.assert_allclose(_flat(back)[key], value, rtol=1e-6, err_msg=key)
@@ -518,7 +518,7 @@ def _official_logits(rope_vit, state, kw, x):
 def test_official_rope_vit_parity(case, capsys):
   rope_vit = _official_rope_vit_or_skip()
   jm, cfg = _official_jax_model(**case)
-  state, kw = convert.official_layout(_params(jm), cfg)
+  state, kw = convert.official_layout(_params(jm), jm.spec)
   x = _inputs(len(cfg.patch), cfg.input_size[0])
   y_official = _official_logits(rope_vit, state, kw, x)
   diff = float(np.abs(_jax_logits(jm, x) - y_official).max())
@@ -530,9 +530,9 @@ def _per_layer_export_and_import():
   the model, its config, the official state and kwargs, and the imported generators."""
   jm, cfg = _official_jax_model(pe='liere8', share='none')
   with pytest.warns(convert.Layer0BugWarning, match="layer 0's rotations in every layer"):
-    state, kw = convert.official_layout(_params(jm), cfg)
+    state, kw = convert.official_layout(_params(jm), jm.spec)
   with pytest.warns(convert.Layer0BugWarning, match='importing layer 0'):
-    back = convert.from_official_layout(state, cfg)
+    back = convert.from_official_layout(state, jm.spec)
   return jm, cfg, state, kw, back['pe']['generators']
 
 
@@ -572,7 +572,7 @@ def test_official_export_refuses_what_it_cannot_represent(kw, message):
   if kw['qkv_bias']:
     jm.blocks[0].attn.qkv.bias[...] = jnp.ones_like(jm.blocks[0].attn.qkv.bias[...])
   with pytest.raises(ValueError, match=message):
-    convert.official_layout(_params(jm), cfg)
+    convert.official_layout(_params(jm), jm.spec)
 
 
 def _cli_export(tmp_path):
@@ -635,10 +635,11 @@ def test_official_init_args_map_to_the_paper_encodings(arch, pe, share):
                    rotary_embedding_per_head=True)
   for obj in ({'model': {'class_path': 'LiereImageClassification', 'init_args': init_args}},
               init_args):
-    m = convert.config_from_json(obj, 'test').model
+    config, model = convert.config_from_json(obj, 'test')
+    m = config.model
     assert (m.pe.name, m.pe.share, m.width, m.patch, m.input_size) == (
         pe, share, 768, (4, 4), (32, 32))
-  kw, spec = convert.rope_vit_kwargs(init_args), convert.official_spec(m)
+  kw, spec = convert.rope_vit_kwargs(init_args), convert.official_spec(model)
   for key in ('dim', 'depth', 'heads', 'mlp_dim', 'positional_encoding_type', 'phase_type',
               'generator_dim', 'rotary_embedding_per_layer', 'rotary_embedding_per_head'):
     assert spec.get(key) == kw.get(key), key

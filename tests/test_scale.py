@@ -65,7 +65,7 @@ def test_bf16_rotations_apply_in_bf16_with_a_small_error():
 def test_bf16_model_runs_and_keeps_float32_rotations():
   cfg = tiny_model_config(pe='liere8')
   cfg.dtype = 'bfloat16'
-  model = ViT(cfg, rngs=nnx.Rngs(0))
+  model = ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0))
   rotations_ = jax.tree.leaves(model.pe_context((4, 4)))
   assert rotations_ and all(r.dtype == jnp.float32 for r in rotations_)
   assert bool(jnp.all(jnp.isfinite(model(jnp.ones((1, 16, 16, 3))))))

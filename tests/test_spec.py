@@ -3,6 +3,7 @@ the declarations every config field is built from (liere_jax/config/)."""
 import dataclasses
 import json
 import os
+import re
 
 import pytest
 
@@ -21,7 +22,18 @@ def test_variant_dims_and_derived_values():
   assert s.train_grid == (8, 8) and s.num_prefix == 1 and s.dropout == 0.1
   assert (s.pe.family, s.pe.block, s.pe.positions) == ('liere', 8, 'normalized')
   assert (s.pe.layers, s.pe.heads) == (12, 3)
-  assert spec_lib.resolve(s) is s
+
+
+def test_the_model_is_resolved_once_at_the_edge_and_the_library_takes_the_spec():
+  s = spec_lib.resolve(tiny_model_config())
+  with pytest.raises(TypeError, match='resolved already'):
+    spec_lib.resolve(s)
+  from flax import nnx
+  from liere_jax.model import ViT
+  with pytest.raises(TypeError, match=re.escape(
+      'ViT takes a ModelSpec, not a ConfigDict; build it with '
+      'ViT(liere_jax.config.model.resolve(config.model), ...).')):
+    ViT(tiny_model_config(), rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize('share,stacks', [('none', (2, 2)), ('layers', (1, 2)),

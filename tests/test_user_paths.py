@@ -38,6 +38,7 @@ from liere_jax.convert import __main__ as convert_cli  # noqa: E402
 from liere_jax.data import pipeline, prepare  # noqa: E402
 from liere_jax.data.datasets import DATASETS  # noqa: E402
 from liere_jax.config.data import resolve_data  # noqa: E402
+from liere_jax.config.model import resolve  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
 from tests import datasets, helpers  # noqa: E402
 
@@ -186,7 +187,7 @@ def _forward(graphdef, state, x):
 
 
 def _jax_model(config, params):
-  model = ViT(config.model, rngs=nnx.Rngs(0))
+  model = ViT(resolve(config.model), rngs=nnx.Rngs(0))
   state = nnx.state(model, nnx.Param)
   nnx.replace_by_pure_dict(state, params)
   nnx.update(model, state)

@@ -10,7 +10,7 @@ import pytest
 
 from liere_jax import checkpoint, convert, encodings
 from liere_jax.convert import files, tree
-from tests.helpers import tiny_model_config
+from tests.helpers import tiny_spec
 
 
 def test_a_config_json_that_is_not_json_names_the_file_and_the_ways_out(tmp_path):
@@ -32,7 +32,7 @@ def test_a_model_json_that_is_no_object_is_named_by_its_flag_and_path(tmp_path):
 
 
 def test_a_checkpoint_missing_a_parameter_is_named_as_the_checkpoint():
-  model = tiny_model_config('liere8')
+  model = tiny_spec('liere8')
   params = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), convert.abstract_params(model))
   del params['head']['bias']
   with pytest.raises(ValueError, match=re.escape(
@@ -41,7 +41,7 @@ def test_a_checkpoint_missing_a_parameter_is_named_as_the_checkpoint():
 
 
 def test_a_checkpoint_with_one_unexpected_parameter_is_refused_naming_it_alone():
-  model = tiny_model_config('liere8')
+  model = tiny_spec('liere8')
   params = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), convert.abstract_params(model))
   params['head']['extra'] = np.zeros(3, np.float32)
   with pytest.raises(ValueError, match=re.escape(

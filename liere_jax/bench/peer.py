@@ -47,12 +47,13 @@ class OfficialError(RuntimeError):
 def official_kwargs(model) -> dict:
   """Our model section -> the official RoPEViT keyword arguments of the same shape: those of
   liere_jax.convert.official_spec (which the parity tests load into the real RoPEViT), plus our
-  dropout. ValueError naming why when the official code has no such model."""
+  dropout. ValueError naming why when the official code has no such model. A bench edge: the
+  section is resolved here."""
   from liere_jax import convert
   from liere_jax.config.model import resolve
   s = resolve(model)
   try:
-    kw = convert.official_spec(model)
+    kw = convert.official_spec(s)
   except ValueError as e:
     raise ValueError(f'No official model to time: {e}') from e
   kw.update(dropout=s.dropout, emb_dropout=s.dropout)

@@ -189,10 +189,10 @@ def _check_fields(section: dict, fields, where: str):
 
 
 def resolve(model) -> ModelSpec:
-  """The model section (ConfigDict or dict) -> ModelSpec; raises a ValueError naming the value
-  and the fix. A ModelSpec is returned as it is."""
+  """The model section (ConfigDict or dict) -> ModelSpec, at a program's edge (the library takes
+  the spec); raises a ValueError naming the value and the fix."""
   if isinstance(model, ModelSpec):
-    return model
+    raise TypeError('The model is resolved already (a ModelSpec); pass the spec on as it is.')
   m = model.to_dict() if hasattr(model, 'to_dict') else dict(model)
   _check_fields(m, MODEL.names, 'model')
   missing = [k for k in MODEL.names if k not in m]
@@ -261,10 +261,23 @@ def resolve(model) -> ModelSpec:
       pe=pe_spec)
 
 
-def reset_unread_options(pe: dict) -> dict:
+def resolve_stored(model) -> ModelSpec:
+  """The ModelSpec of the model section a run stored (its config.json, read back through
+  liere_jax.config.run.upgrade): the one way a stored run's model is resolved. An option its
+  encoding ignored then and refuses now is reset to its default, which is what it meant."""
+  m = model.to_dict() if hasattr(model, 'to_dict') else dict(model)
+  try:
+    return resolve(m)
+  except ValueError:
+    pe = _reset_unread_options(m['pe'])
+    if pe == m['pe']:
+      raise
+    return resolve({**m, 'pe': pe})
+
+
+def _reset_unread_options(pe: dict) -> dict:
   """The model.pe section `pe` with every option its encoding does not read (Facts.options,
-  positions and jitter where it reads no positions) at its default: what a stored run that set
-  one, when it was not refused, meant."""
+  positions and jitter where it reads no positions) at its default."""
   facts = registry.facts(pe['name'])
   unread = {k: v for k, v in PE_OPTION_DEFAULTS.items() if k not in facts.options}
   return {**pe, **unread, **({} if facts.reads_positions else dict(positions=None, jitter=0.0))}

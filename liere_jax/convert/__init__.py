@@ -7,13 +7,16 @@ liere_jax.convert ACTION` (see __main__.py); the same in Python:
   import_torch('model.safetensors', out_workdir)    # a params-only checkpoint
   import_official('model.pt', 'model.json', out_workdir)
 
+The layouts take a ModelSpec (liere_jax.config.model.resolve(config.model)); the files resolve
+the model once, where they read its description.
+
 Modules: config_json (the model JSON, read and written), tree (key checks over
 liere_jax.param_tree), torch_layout (the port's layout, STRING folding), official_args and
 official_layout (the official model's arguments and state_dict), files (the export and import
 files).
 """
-from liere_jax.convert.config_json import (FORMAT, config_from_json, export_json, model_fields,
-                                           read_json, write_json)
+from liere_jax.convert.config_json import (FORMAT, config_from_json, export_json, read_json,
+                                           write_json)
 from liere_jax.convert.files import (export_official, export_torch, import_official,
                                      import_torch, json_path, load_official_state_dict)
 from liere_jax.convert.official_layout import (Layer0BugWarning, from_official_layout,

@@ -1,7 +1,7 @@
 """The model JSON of the converters: the one we write beside an export, and every shape of
 model description we read back into a liere_jax config.
 
-`config_from_json` reads
+`config_from_json` reads (and resolves: a program's edge, where a stored model comes in)
   - ours: the JSON beside a torch export (`format: liere_jax.torch_vit`: the resolved model plus
     the run's `source_config`), or beside an official export (the same under `liere_model`);
   - a workdir's config.json, or a plain model section;
@@ -11,6 +11,7 @@ A model written before a field existed gets the value that reproduces it (the fi
 values, liere_jax/config/), not today's default.
 """
 import json
+from typing import Tuple
 
 import ml_collections
 
@@ -23,14 +24,10 @@ from liere_jax.convert import official_args
 FORMAT = 'liere_jax.torch_vit'
 
 
-def model_fields(m) -> dict:
-  """Everything torch_vit.ViT needs: the resolved model section `m` as plain JSON."""
-  return config_model.resolve(m).to_json()
-
-
-def export_json(config: ml_collections.ConfigDict) -> dict:
-  """The JSON beside a torch export: the model's fields and the run's whole config."""
-  return {'format': FORMAT, 'version': 1, **model_fields(config.model),
+def export_json(spec: config_model.ModelSpec, config: ml_collections.ConfigDict) -> dict:
+  """The JSON beside a torch export: the model's fields (what torch_vit.ViT needs, ModelSpec
+  `spec`) and the run's whole config (`spec` resolved from its model section)."""
+  return {'format': FORMAT, 'version': 1, **spec.to_json(),
           'source_config': json.loads(config.to_json())}
 
 
@@ -70,9 +67,7 @@ def _from_official(obj: dict) -> ml_collections.ConfigDict:
     kw = official_args.rope_vit_kwargs(obj)
   else:
     kw = obj.get('rope_vit_kwargs', obj)
-  m = official_args.model_from_official(kw)
-  model_fields(m)  # Validates.
-  return ml_collections.ConfigDict({'model': m})
+  return ml_collections.ConfigDict({'model': official_args.model_from_official(kw)})
 
 
 def _from_ours(obj: dict, what: str) -> ml_collections.ConfigDict:
@@ -81,29 +76,33 @@ def _from_ours(obj: dict, what: str) -> ml_collections.ConfigDict:
   source = dict(obj['source_config'])
   if not isinstance(source.get('model'), dict) or 'pe' not in source['model']:
     raise ValueError(f'{what}: source_config has no model section; remove source_config.')
-  config = ml_collections.ConfigDict(upgrade(source))
-  found = json.loads(json.dumps(model_fields(config.model)))
+  return ml_collections.ConfigDict(upgrade(source))
+
+
+def _check_source(obj: dict, spec: config_model.ModelSpec, what: str):
+  """The model fields of our export JSON `obj` agree with `spec`, its source_config's."""
+  found = json.loads(json.dumps(spec.to_json()))
   ours = json.loads(json.dumps(MODEL.upgrade(obj)))
   wanted = {k: ours[k] for k in found if k in ours}
   diff = [k for k in wanted if found[k] != wanted[k]]
   if diff:
     raise ValueError(f'{what}: field {diff[0]!r} = {wanted[diff[0]]!r} disagrees with its '
                      f'source_config ({found[diff[0]]!r}); fix or remove source_config.')
-  return config
 
 
-def config_from_json(obj: dict, what: str) -> ml_collections.ConfigDict:
-  """A liere_jax config (at least its `model` section) from any model JSON this module reads;
-  `what` names the source in errors."""
+def config_from_json(obj: dict, what: str
+                     ) -> Tuple[ml_collections.ConfigDict, config_model.ModelSpec]:
+  """(a liere_jax config, at least its `model` section, and that section's ModelSpec) from any
+  model JSON this module reads; `what` names the source in errors."""
   if not isinstance(obj, dict):
     raise ValueError(f'{what} is not a JSON object.')
   if 'liere_model' in obj:  # The JSON beside an official export.
     obj = obj['liere_model']
   if _is_official(obj):
-    return _from_official(obj)
-  if obj.get('format') == FORMAT:
-    return _from_ours(obj, what)
-  if isinstance(obj.get('model'), dict) and 'pe' in obj['model']:
+    config = _from_official(obj)
+  elif obj.get('format') == FORMAT:
+    config = _from_ours(obj, what)
+  elif isinstance(obj.get('model'), dict) and 'pe' in obj['model']:
     config = ml_collections.ConfigDict(upgrade(obj))
   elif 'patch' in obj and 'pe' in obj:
     config = ml_collections.ConfigDict({'model': _model_section(obj)})
@@ -111,8 +110,10 @@ def config_from_json(obj: dict, what: str) -> ml_collections.ConfigDict:
     raise ValueError(f'{what} is neither an exported model JSON, a liere_jax config.json, a '
                      'model section nor an official model description (no "model", "patch", '
                      '"pe" or "positional_encoding_type" field).')
-  model_fields(config.model)  # Validates.
-  return config
+  spec = config_model.resolve(config.model)
+  if obj.get('format') == FORMAT and obj.get('source_config'):
+    _check_source(obj, spec, what)
+  return config, spec
 
 
 def read_json(path: str, what: str) -> dict:

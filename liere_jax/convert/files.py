@@ -2,7 +2,9 @@
 a params-only checkpoint that eval.py and checkpoint.load_params read.
 
 Every check runs before anything is written, and each file is written under a temporary name
-and renamed, so a failed conversion leaves no partial file.
+and renamed, so a failed conversion leaves no partial file. The model is resolved once, where
+its stored description is read (a workdir's config.json, a model JSON); the layouts take the
+ModelSpec.
 """
 import io
 import json
@@ -11,6 +13,7 @@ import os
 import numpy as np
 
 from liere_jax import checkpoint, paths
+from liere_jax.config.model import resolve_stored
 from liere_jax.convert import config_json
 from liere_jax.convert.official_layout import from_official_layout, official_layout
 from liere_jax.convert.torch_layout import fold_string_cayley, from_torch_layout, torch_layout
@@ -35,7 +38,7 @@ def _load_run(workdir, step, best):
   if best and step is not None:
     raise ValueError(f'--step {step} and --best both given; give one (or neither: the latest).')
   config, params, _ = checkpoint.load_params(workdir, step, best=best)
-  return config, params
+  return config, resolve_stored(config.model), params
 
 
 def export_torch(workdir, out, step=None, best=False, fold=False):
@@ -43,11 +46,13 @@ def export_torch(workdir, out, step=None, best=False, fold=False):
   and its model JSON beside it; `fold` exports a string_cayley run as rope_mixed. Returns the
   two paths."""
   _check_out(out, '.safetensors')
-  config, params = _load_run(workdir, step, best)
+  config, spec, params = _load_run(workdir, step, best)
   if fold:
-    params, config = fold_string_cayley(params, config)
-  state = torch_layout(params, config.model)
-  meta = config_json.export_json(config)
+    params, spec = fold_string_cayley(params, spec)
+    config = config.copy_and_resolve_references()
+    config.model.pe.name = spec.pe.name
+  state = torch_layout(params, spec)
+  meta = config_json.export_json(spec, config)
   from safetensors.numpy import save
   header = json.dumps({k: v for k, v in meta.items() if k != 'source_config'})
   paths.write(out, save(state, metadata={'format': 'pt', 'liere_jax': header}))
@@ -59,27 +64,28 @@ def export_official(workdir, out, step=None, best=False):
   """A run's checkpoint -> `out` (.pt, a state_dict the official RoPEViT loads with
   strict=True) and a JSON beside it with the RoPEViT keyword arguments. Returns the paths."""
   _check_out(out, '.pt')
-  config, params = _load_run(workdir, step, best)
-  state, kw = official_layout(params, config.model)
+  config, spec, params = _load_run(workdir, step, best)
+  state, kw = official_layout(params, spec)
   import torch
   tensors = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
   data = io.BytesIO()
   torch.save(tensors, data)
   paths.write(out, data.getvalue())
   config_json.write_json(json_path(out), {'rope_vit_kwargs': kw,
-                                          'liere_model': config_json.export_json(config)})
+                                          'liere_model': config_json.export_json(spec, config)})
   return out, json_path(out)
 
 
-def _check_out_workdir(out_workdir, config):
+def _check_out_workdir(out_workdir, spec):
   kept = paths.path(out_workdir) / 'checkpoints'
   if kept.is_dir() and any(kept.iterdir()):
     raise ValueError(f'--out_workdir {out_workdir} already holds checkpoints; use a new one.')
-  checkpoint.check_same_model(out_workdir, config)
+  checkpoint.check_same_model(out_workdir, spec)
 
 
 def read_config_arg(value: str, flag: str = '--config'):
-  """A model JSON given as a file path or inline (starting with '{') -> a liere_jax config."""
+  """A model JSON given as a file path or inline (starting with '{') -> (a liere_jax config,
+  its ModelSpec)."""
   if value.lstrip().startswith('{'):
     try:
       obj = json.loads(value)
@@ -95,10 +101,10 @@ def import_torch(safetensors_path, out_workdir, config_path=None, step=0):
   from `config_path` (a path or inline JSON; default FILE.json). Returns (config, params)."""
   if not paths.path(safetensors_path).exists():
     raise FileNotFoundError(f'--safetensors {safetensors_path} does not exist.')
-  config = read_config_arg(config_path or json_path(safetensors_path))
+  config, spec = read_config_arg(config_path or json_path(safetensors_path))
   from safetensors.numpy import load
-  params = from_torch_layout(load(paths.path(safetensors_path).read_bytes()), config.model)
-  _check_out_workdir(out_workdir, config)
+  params = from_torch_layout(load(paths.path(safetensors_path).read_bytes()), spec)
+  _check_out_workdir(out_workdir, spec)
   checkpoint.save_params(out_workdir, config, params, step=step)
   return config, params
 
@@ -130,9 +136,9 @@ def import_official(state_dict_path, config, out_workdir, step=0):
   """An official state_dict -> a params-only checkpoint in `out_workdir`; the model from
   `config` (a path or inline JSON: any model JSON config_from_json reads). Returns (config,
   params)."""
-  config = read_config_arg(config)
+  config, spec = read_config_arg(config)
   state = load_official_state_dict(state_dict_path)
-  params = from_official_layout(state, config.model)
-  _check_out_workdir(out_workdir, config)
+  params = from_official_layout(state, spec)
+  _check_out_workdir(out_workdir, spec)
   checkpoint.save_params(out_workdir, config, params, step=step)
   return config, params

@@ -1,10 +1,9 @@
-"""The official StanfordMIMI/LieRE model description, both ways: our model section -> its
+"""The official StanfordMIMI/LieRE model description, both ways: our ModelSpec -> its
 `RoPEViT` keyword arguments (`official_spec`), and its keyword arguments or its
 LiereImageClassification init_args -> our model section."""
 import ml_collections
 
 from liere_jax.encodings import registry
-from liere_jax.config.model import resolve
 
 OFFICIAL_HEAD_DIM = 64  # FlexibleAttention asserts dim_head == 64.
 # The official LiereImageClassification's model sizes (models/model_args.py size_params):
@@ -50,10 +49,9 @@ def _not_official(ms) -> str:
   return ''
 
 
-def official_spec(m) -> dict:
-  """RoPEViT keyword arguments for model section `m`, or ValueError naming why it is not
+def official_spec(ms) -> dict:
+  """RoPEViT keyword arguments for ModelSpec `ms`, or ValueError naming why it is not
   representable."""
-  ms = resolve(m)
   why = _not_official(ms)
   if why:
     raise ValueError(f'Cannot export to the official LieRE layout: {why}.')

@@ -12,7 +12,6 @@ import numpy as np
 from liere_jax import param_tree
 from liere_jax.convert import tree
 from liere_jax.convert.official_args import OFFICIAL_HEAD_DIM, official_spec
-from liere_jax.config.model import resolve
 
 GENERATORS = 'position_encoder.generator_raw_params'
 _BLOCK = {('norm1', 'scale'): '0.norm.weight', ('norm1', 'bias'): '0.norm.bias',
@@ -60,15 +59,14 @@ def _from_official(path, value, shape):
   return value.T if path[-1] == 'kernel' else value
 
 
-def official_layout(params, m):
-  """JAX params -> (official state_dict {name: np.ndarray}, RoPEViT kwargs) of model `m`.
+def official_layout(params, ms):
+  """JAX params -> (official state_dict {name: np.ndarray}, RoPEViT kwargs) of ModelSpec `ms`.
 
   Warns (Layer0BugWarning) when the generators differ between layers: the official model
   would use layer 0's rotations everywhere.
   """
-  kw = official_spec(m)
-  flat = tree.check_params(params, m)
-  ms = resolve(m)
+  kw = official_spec(ms)
+  flat = tree.check_params(params, ms)
   name = ms.pe.name
   qkv_bias = [v for k, v in flat.items() if k[-3:] == ('attn', 'qkv', 'bias')]
   if any(np.any(b != 0) for b in qkv_bias):
@@ -112,12 +110,11 @@ def _export_generators(flat, ms, b):
   return p
 
 
-def from_official_layout(state, m) -> dict:
-  """Official state_dict -> JAX params of model `m` (the faithful conversion of what the
+def from_official_layout(state, ms) -> dict:
+  """Official state_dict -> JAX params of ModelSpec `ms` (the faithful conversion of what the
   official model computes: layer 0's generators serve every layer)."""
-  kw = official_spec(m)
-  ms = resolve(m)
-  reference = tree.abstract_params(m)
+  kw = official_spec(ms)
+  reference = tree.abstract_params(ms)
   ref_flat = param_tree.flatten(reference)
   name = ms.pe.name
   state = {k: np.asarray(v, np.float32) for k, v in state.items()}

@@ -1,11 +1,11 @@
 """The parameter layout of the PyTorch port (liere_jax/torch_vit.py), both ways, and the fold
 of a string_cayley run into the plain rope_mixed model the port runs."""
-import ml_collections
+import dataclasses
+
 import numpy as np
 
 from liere_jax import param_tree
 from liere_jax.convert import tree
-from liere_jax.config.model import resolve
 
 
 def _torch_leaf(path, n_spatial):
@@ -26,10 +26,11 @@ def _torch_leaf(path, n_spatial):
   return '.'.join(path), ident, ident, ident
 
 
-def torch_layout(params, m) -> dict:
-  """JAX params -> {torch name: np.ndarray} for torch_vit.ViT (checked against model `m`)."""
-  flat = tree.check_params(params, m)
-  n = resolve(m).n_dims
+def torch_layout(params, spec) -> dict:
+  """JAX params -> {torch name: np.ndarray} for torch_vit.ViT (checked against ModelSpec
+  `spec`)."""
+  flat = tree.check_params(params, spec)
+  n = spec.n_dims
   out = {}
   for path, value in flat.items():
     name, fwd, _, _ = _torch_leaf(path, n)
@@ -37,11 +38,11 @@ def torch_layout(params, m) -> dict:
   return out
 
 
-def from_torch_layout(state, m) -> dict:
-  """{torch name: array} -> JAX params (nnx.to_pure_dict layout) of model `m`; the key set and
-  every shape are checked (ValueError naming the first mismatched key)."""
-  reference = tree.abstract_params(m)
-  n = resolve(m).n_dims
+def from_torch_layout(state, spec) -> dict:
+  """{torch name: array} -> JAX params (nnx.to_pure_dict layout) of ModelSpec `spec`; the key
+  set and every shape are checked (ValueError naming the first mismatched key)."""
+  reference = tree.abstract_params(spec)
+  n = spec.n_dims
   expected, inverse = {}, {}
   for path, leaf in param_tree.flatten(reference).items():
     name, _, inv, shape = _torch_leaf(path, n)
@@ -53,8 +54,9 @@ def from_torch_layout(state, m) -> dict:
   return param_tree.unflatten_like(reference, flat)
 
 
-def fold_string_cayley(params, config: ml_collections.ConfigDict):
-  """A string_cayley run -> (params, config) of the rope_mixed model with the same outputs.
+def fold_string_cayley(params, spec):
+  """A string_cayley model (params, ModelSpec) -> (params, ModelSpec) of the rope_mixed model
+  with the same outputs.
 
   The encoding turns each head's q and k by P = (I - S)(I + S)^-1 before RoPE-Mixed:
   q_h P^T = x (W_q,h P^T) + b_q,h P^T, so P goes into the qkv kernel and bias (q and k
@@ -62,7 +64,6 @@ def fold_string_cayley(params, config: ml_collections.ConfigDict):
   """
   import jax
   from liere_jax import encodings
-  spec = resolve(config.model)
   if spec.pe.name != 'string_cayley':
     raise ValueError(f'--fold folds string_cayley runs; this run has pe={spec.pe.name!r}.')
   pe = {k: np.asarray(v) for k, v in params['pe'].items()}
@@ -80,6 +81,6 @@ def fold_string_cayley(params, config: ml_collections.ConfigDict):
       bias = qkv['bias'].reshape(3, h, d).astype(np.float64)
       bias[:2] = np.einsum('jhe,hfe->jhf', bias[:2], orth[i])
       qkv['bias'] = bias.reshape(-1).astype(np.float32)
-  folded = ml_collections.ConfigDict(config.to_dict())
-  folded.model.pe.name = 'rope_mixed'
-  return out, folded
+  # rope_mixed reads the options string_cayley reads (none) and the same positions.
+  return out, dataclasses.replace(spec, pe=dataclasses.replace(spec.pe, name='rope_mixed',
+                                                               family='rope_mixed'))

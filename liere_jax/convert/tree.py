@@ -3,15 +3,7 @@ from typing import Dict
 
 import numpy as np
 
-from liere_jax import param_tree
-from liere_jax.param_tree import Path, flatten
-from liere_jax.config.model import resolve
-
-
-def abstract_params(m) -> dict:
-  """The parameter tree of model section `m` as checkpoints and exports hold it
-  (param_tree.abstract_params of its ModelSpec)."""
-  return param_tree.abstract_params(resolve(m))
+from liere_jax.param_tree import Path, abstract_params, flatten
 
 
 def check_keys(expected: dict, found: dict, what: str):
@@ -36,9 +28,9 @@ def check_keys(expected: dict, found: dict, what: str):
                        f'{tuple(found[key].shape)}, the config gives {tuple(shape)}.')
 
 
-def check_params(params, m) -> Dict[Path, np.ndarray]:
-  """`params` flattened to numpy, checked against model section `m` (keys and shapes)."""
-  expected = {'/'.join(k): v.shape for k, v in flatten(abstract_params(m)).items()}
+def check_params(params, spec) -> Dict[Path, np.ndarray]:
+  """`params` flattened to numpy, checked against ModelSpec `spec`'s tree (keys and shapes)."""
+  expected = {'/'.join(k): v.shape for k, v in flatten(abstract_params(spec)).items()}
   flat = {k: np.asarray(v) for k, v in flatten(params).items()}
   check_keys(expected, {'/'.join(k): v for k, v in flat.items()}, 'The checkpoint')
   return flat

@@ -2,7 +2,8 @@
 
   base.py       the interface (Encoding), the per-layer contexts, `register` (a family's
                 facts, declared on its class), build / validate
-  registry.py   the names: parse / facts / label of every registered family and alias
+  registry.py   the names: parse / facts / label of every registered family and alias, read
+                from the @register declarations without importing jax
   absolute.py   none, abs, sincos
   rope.py       rope_axial, paper_visionllama, rope_mixed, alibi
   liere.py      liere<b> (and its alias paper_rope_mixed = liere2)
@@ -23,24 +24,34 @@ Parameters (names are an API: checkpoints and the PyTorch port depend on them):
   string_circulant<b>  circulant    [depth, heads, n, d//b, b]   first columns c of C_{a,j}
   none, sincos, rope_axial, alibi: no parameters.
 """
-from liere_jax.encodings.base import (Bias, Encoding, Facts, LayerContext, Rotate, build,
-                                      families, layer, register, validate)
-from liere_jax.encodings.absolute import Absolute, NoPE, SinCos, sincos_table
-from liere_jax.encodings.rope import ALiBi, PaperVisionLlama, RopeAxial, RopeMixed
-from liere_jax.encodings.liere import LieRE
-from liere_jax.encodings.commuting import (ComRoPEAP, ComRoPELD, StringCayley,
-                                           StringCirculant, cayley_orthogonal, expm_skew_lines)
-from liere_jax.encodings.registry import ALIASES, FAMILIES, NAMES, facts, label, parse
+import importlib
 
-__all__ = [
-    # Names and facts.
-    'ALIASES', 'FAMILIES', 'NAMES', 'Facts', 'facts', 'label', 'parse',
+from liere_jax.encodings import registry
+from liere_jax.encodings.registry import ALIASES, FAMILIES, NAMES, Facts, facts, label, parse
+
+# name -> its module, for the names imported on first use (PEP 562): the names and facts above
+# need no jax; the first of these imports every encoding (they register).
+_LAZY = {
     # The interface and the builder.
-    'Bias', 'Encoding', 'LayerContext', 'Rotate', 'build', 'families', 'layer', 'register',
-    'validate',
-    # The encodings.
-    'NoPE', 'Absolute', 'SinCos', 'RopeAxial', 'PaperVisionLlama', 'RopeMixed', 'ALiBi', 'LieRE',
-    'ComRoPEAP', 'ComRoPELD', 'StringCayley', 'StringCirculant',
-    # Their math, for tests and the port's parity checks.
-    'sincos_table', 'cayley_orthogonal', 'expm_skew_lines',
-]
+    'base': ('Bias', 'Encoding', 'LayerContext', 'Rotate', 'build', 'families', 'layer',
+             'register', 'validate'),
+    # The encodings, and their math for tests and the port's parity checks.
+    'absolute': ('NoPE', 'Absolute', 'SinCos', 'sincos_table'),
+    'rope': ('RopeAxial', 'PaperVisionLlama', 'RopeMixed', 'ALiBi'),
+    'liere': ('LieRE',),
+    'commuting': ('ComRoPEAP', 'ComRoPELD', 'StringCayley', 'StringCirculant',
+                  'cayley_orthogonal', 'expm_skew_lines'),
+}
+__all__ = ['ALIASES', 'FAMILIES', 'NAMES', 'Facts', 'facts', 'label', 'parse', 'registry',
+           *(name for names in _LAZY.values() for name in names)]
+
+
+def __getattr__(name):
+  home = next((module for module, names in _LAZY.items() if name in names), None)
+  if home is None:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  for module in registry.MODULES:  # All of them: build / families need every family.
+    importlib.import_module(f'{__name__}.{module}')
+  value = getattr(importlib.import_module(f'{__name__}.{home}'), name)
+  globals()[name] = value
+  return value

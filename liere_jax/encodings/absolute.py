@@ -23,7 +23,7 @@ class Absolute(Encoding):
   """
 
   def __init__(self, *, dim, train_grid, num_prefix, rngs, std=0.02):
-    self.train_grid = tuple(train_grid)
+    self.train_grid, self.num_prefix = tuple(train_grid), num_prefix
     tokens = num_prefix + math.prod(train_grid)  # std: ModelSpec.embed_std (model.init).
     self.embedding = nnx.Param(std * jax.random.normal(rngs.params(), (1, tokens, dim)))
 
@@ -32,10 +32,10 @@ class Absolute(Encoding):
     return cls(dim=spec.width, train_grid=spec.train_grid, num_prefix=spec.num_prefix,
                rngs=rngs, std=spec.embed_std)
 
-  def embed(self, x, grid, num_prefix):
+  def embed(self, x, grid):
     emb = self.embedding[...]
     if tuple(grid) != self.train_grid:
-      prefix, patches = emb[:, :num_prefix], emb[:, num_prefix:]
+      prefix, patches = emb[:, :self.num_prefix], emb[:, self.num_prefix:]
       patches = patches.reshape(self.train_grid + (-1,))
       method = 'cubic' if len(grid) == 2 else 'linear'
       patches = jax.image.resize(patches, tuple(grid) + patches.shape[-1:], method)
@@ -57,19 +57,19 @@ def sincos_table(pos: np.ndarray, dim: int, temperature: float = 10000.) -> np.n
 class SinCos(Encoding):
   """Fixed 2D/3D sin-cos embedding (MAE style) on integer positions; CLS gets zeros."""
 
-  def __init__(self, *, dim):
-    self.dim = dim
+  def __init__(self, *, dim, num_prefix):
+    self.dim, self.num_prefix = dim, num_prefix
 
   @classmethod
   def from_spec(cls, spec, *, rngs):
-    return cls(dim=spec.width)
+    return cls(dim=spec.width, num_prefix=spec.num_prefix)
 
   @classmethod
   def check(cls, *, block, head_dim, width, n_dims, name):
     if width < 2 * n_dims:
       raise ValueError(f'sincos needs width >= {2 * n_dims}, got {width}.')
 
-  def embed(self, x, grid, num_prefix):
+  def embed(self, x, grid):
     table = sincos_table(grid_positions(grid, grid, 'integer'), self.dim)
-    table = np.concatenate([np.zeros((num_prefix, self.dim), np.float32), table])
+    table = np.concatenate([np.zeros((self.num_prefix, self.dim), np.float32), table])
     return x + jnp.asarray(table, x.dtype)

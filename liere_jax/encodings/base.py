@@ -1,8 +1,9 @@
 """The encoding interface, the per-layer contexts it hands to attention, and the builder.
 
-An encoding is an NNX module with three hooks, all optional:
-  embed(x, grid, num_prefix) -> x     absolute encodings add to the tokens [B, T, D].
-  context(pos, num_prefix) -> ctx     once per forward pass (never per example), from token
+An encoding is an NNX module, built for a model's prefix tokens (num_prefix: 1 with a CLS
+token, else 0; they come first), with three hooks, all optional:
+  embed(x, grid) -> x                 absolute encodings add to the tokens [B, T, D].
+  context(pos) -> ctx                 once per forward pass (never per example), from token
                                       positions [T, n]: every layer's context, stacked (leading
                                       axis: the layers, or 1 when the layers share it).
   layer(ctx, i) -> LayerContext       layer i's share of it, all that layer's attention sees.
@@ -15,32 +16,18 @@ Prefix tokens (CLS) sit at position 0: the identity rotation (string_cayley: its
 bias.
 
 Each family declares itself where its class is defined: `@register('family', **facts)` gives
-the facts the rest of the library reads (registry.py looks them up by name), and the class's
-`check` / `check_options` hold its rules.
+the facts the rest of the library reads (registry.py reads these declarations without importing
+jax), and the class's `check` / `check_options` hold its rules.
 """
-import dataclasses
-from typing import Dict, Mapping, Optional, Sequence, Tuple, Type
+from typing import Dict, Mapping, Sequence, Type
 
 import jax
 from flax import nnx
 from flax import struct
 
 from liere_jax import rotations
-
-
-@dataclasses.dataclass(frozen=True)
-class Facts:
-  """What the rest of the library needs to know about an encoding family."""
-  family: str  # 'liere', 'comrope_ap', 'rope_mixed', ...
-  blocks: bool  # Names are family<b> (liere8, comrope_ld4, ...).
-  min_block: int  # The smallest block size b.
-  positions: str  # Default position mode (liere_jax.positions.MODES) at the training grid.
-  reads_positions: bool  # False: the encoding ignores token positions (and jitter).
-  options: Tuple[str, ...]  # model.pe options that apply besides name, positions and jitter.
-  official: bool  # Converts to / from the official LieRE code's checkpoint layout.
-  label: str  # Report label; '{b}' stands for the block size.
-  # Names that are this family at a fixed block size: alias -> (block, report label).
-  aliases: Mapping[str, Tuple[int, str]] = dataclasses.field(default_factory=dict)
+from liere_jax.encodings import registry
+from liere_jax.encodings.registry import Facts
 
 
 class LayerContext(struct.PyTreeNode):
@@ -94,10 +81,10 @@ class Encoding(nnx.Module):
     value and the fix. The options it does not read are checked by the caller (left at their
     defaults)."""
 
-  def embed(self, x, grid: Sequence[int], num_prefix: int):
+  def embed(self, x, grid: Sequence[int]):
     return x
 
-  def context(self, pos: jax.Array, num_prefix: int = 0) -> LayerContext:
+  def context(self, pos: jax.Array) -> LayerContext:
     return LayerContext()
 
   def layer(self, ctx: LayerContext, i) -> LayerContext:
@@ -107,16 +94,17 @@ class Encoding(nnx.Module):
 _CLASSES: Dict[str, Type[Encoding]] = {}
 
 
-def register(family: str, *, label: str, blocks: bool = False, min_block: int = 2,
-             positions: str = 'integer', reads_positions: bool = True,
-             options: Tuple[str, ...] = (), official: bool = False,
-             aliases: Optional[Mapping[str, Tuple[int, str]]] = None):
-  """Class decorator: `cls` implements `family`, with these facts (see Facts)."""
+def register(family: str, **facts):
+  """Class decorator: `cls` implements `family`, with these facts (registry.Facts' fields, as
+  literals: registry.py reads them from the source)."""
   def add(cls):
     if family in _CLASSES:
       raise ValueError(f'Encoding family {family!r} is registered twice.')
-    cls.facts = Facts(family, blocks, min_block, positions, reads_positions, tuple(options),
-                      official, label, dict(aliases or {}))
+    cls.facts = Facts(family, **facts)
+    if registry.FAMILIES.get(family) != cls.facts:
+      raise ValueError(f'registry.py reads the facts of {family!r} otherwise than @register '
+                       f'gives them ({registry.FAMILIES.get(family)} != {cls.facts}); declare '
+                       'them as literals in a module of registry.MODULES.')
     _CLASSES[family] = cls
     return cls
   return add

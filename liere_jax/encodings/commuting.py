@@ -95,17 +95,18 @@ def comrope_position_map(train_grid: Sequence[int], mode: str):
 class _ComRoPE(Encoding):
   """Shared by ComRoPE-AP and -LD: parameters and positions."""
 
-  def __init__(self, *, block, depth, heads, head_dim, train_grid, positions, init_std, rngs):
-    self.block = block
+  def __init__(self, *, block, depth, heads, head_dim, train_grid, positions, num_prefix,
+               init_std, rngs):
+    self.block, self.num_prefix = block, num_prefix
     shape = (depth, heads, head_dim // block, block, block)
     self.skew_params = nnx.Param(init_std * jax.random.normal(rngs.params(), shape))
     self.pos_scale, self.pos_offset = comrope_position_map(train_grid, positions)
 
-  def token_positions(self, pos, num_prefix):
+  def token_positions(self, pos):
     """The positions ComRoPE uses: scale * p + offset for patches, 0 (identity) for CLS."""
     x = pos * jnp.asarray(self.pos_scale, jnp.float32) + jnp.asarray(self.pos_offset,
                                                                      jnp.float32)
-    return jnp.where((jnp.arange(pos.shape[0]) >= num_prefix)[:, None], x, 0.)
+    return jnp.where((jnp.arange(pos.shape[0]) >= self.num_prefix)[:, None], x, 0.)
 
   def generators(self):
     p = self.skew_params[...].astype(jnp.float32)
@@ -115,7 +116,7 @@ class _ComRoPE(Encoding):
   def from_spec(cls, spec, *, rngs):
     return cls(block=spec.pe.block, depth=spec.depth, heads=spec.heads, head_dim=spec.head_dim,
                n_dims=spec.n_dims, train_grid=spec.train_grid, positions=spec.pe.positions,
-               rngs=rngs)
+               num_prefix=spec.num_prefix, rngs=rngs)
 
 
 COMROPE_INIT_STD = 1.0
@@ -136,10 +137,11 @@ class ComRoPEAP(_ComRoPE):
   exp: one eigen-decomposition of each B_j per step (expm_skew_lines), cos / sin per token.
   """
 
-  def __init__(self, *, block, depth, heads, head_dim, n_dims, train_grid, positions, rngs):
+  def __init__(self, *, block, depth, heads, head_dim, n_dims, train_grid, positions,
+               num_prefix, rngs):
     super().__init__(block=block, depth=depth, heads=heads, head_dim=head_dim,
-                     train_grid=train_grid, positions=positions, init_std=COMROPE_INIT_STD,
-                     rngs=rngs)
+                     train_grid=train_grid, positions=positions, num_prefix=num_prefix,
+                     init_std=COMROPE_INIT_STD, rngs=rngs)
     self.n_dims = n_dims
 
   @classmethod
@@ -149,8 +151,8 @@ class ComRoPEAP(_ComRoPE):
                        f'blocks per head, fewer than the {n_dims} position axes (block j follows '
                        f'axis j mod {n_dims}); use a block size <= {head_dim // n_dims}.')
 
-  def context(self, pos, num_prefix=0):
-    x = self.token_positions(pos, num_prefix)  # [T, n]
+  def context(self, pos):
+    x = self.token_positions(pos)  # [T, n]
     k = self.skew_params.shape[2]
     t = x[:, np.arange(k) % self.n_dims].T  # [k, T]: block j follows axis j mod n.
     rot = expm_skew_lines(self.generators(), t)  # [L, H, k, T, b, b]
@@ -167,15 +169,16 @@ class ComRoPELD(_ComRoPE):
   the per-token scalar s = theta . x only enters the cos / sin.
   """
 
-  def __init__(self, *, block, depth, heads, head_dim, n_dims, train_grid, positions, rngs):
+  def __init__(self, *, block, depth, heads, head_dim, n_dims, train_grid, positions,
+               num_prefix, rngs):
     super().__init__(block=block, depth=depth, heads=heads, head_dim=head_dim,
-                     train_grid=train_grid, positions=positions, init_std=COMROPE_INIT_STD,
-                     rngs=rngs)
+                     train_grid=train_grid, positions=positions, num_prefix=num_prefix,
+                     init_std=COMROPE_INIT_STD, rngs=rngs)
     self.axis_scales = nnx.Param(jax.random.normal(rngs.params(),
                                                    (depth, n_dims, head_dim // block)))
 
-  def context(self, pos, num_prefix=0):
-    x = self.token_positions(pos, num_prefix)
+  def context(self, pos):
+    x = self.token_positions(pos)
     s = jnp.einsum('ta,lak->lkt', x, self.axis_scales[...].astype(jnp.float32),
                    precision=jax.lax.Precision.HIGHEST)[:, None]  # [L, 1, k, T]
     return Rotate(jnp.swapaxes(expm_skew_lines(self.generators(), s), 2, 3))  # [L,H,T,k,b,b]
@@ -234,7 +237,7 @@ class StringCayley(RopeMixed):
   def orthogonal(self):
     return cayley_orthogonal(self.cayley[...], self.head_dim)
 
-  def context(self, pos, num_prefix=0):
+  def context(self, pos):
     return Projected(rot=self.rotations(pos), orth=self.orthogonal())
 
 
@@ -283,7 +286,7 @@ class StringCirculant(Encoding):
     return -2. * jnp.einsum('lhakr,rm->lhakm', self.circulant[...].astype(jnp.float32),
                             jnp.asarray(sines, jnp.float32), precision=jax.lax.Precision.HIGHEST)
 
-  def context(self, pos, num_prefix=0):
+  def context(self, pos):
     phi = jnp.einsum('ta,lhakm->lhtkm', jnp.asarray(pos, jnp.float32), self.frequencies(),
                      precision=jax.lax.Precision.HIGHEST)
     phase = jnp.stack([jnp.cos(phi), jnp.sin(phi)], -1)  # [L, H, T, k, b//2 + 1, 2]

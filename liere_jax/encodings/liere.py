@@ -52,7 +52,7 @@ class LieRE(Encoding):
                n_dims=spec.n_dims, init_scale=pe.init_scale, expm=pe.expm,
                expm_precision=pe.expm_precision, rngs=rngs)
 
-  def context(self, pos, num_prefix=0):
+  def context(self, pos):
     """Rotations [layers, heads, T, head_dim // b, b, b] (layers / heads 1 when shared)."""
     return Rotate(rotations.liere_rotations(self.generators[...], pos, self.block, self.expm,
                                             precision=self.expm_precision))

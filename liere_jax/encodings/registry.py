@@ -1,18 +1,51 @@
-"""The encodings by name: what each family declared at its registration (`base.register`).
+"""The encodings by name: what each family declared at its registration (`base.register`), read
+without importing jax (config checks, docs and data tools need the names, not the classes).
 
 A `model.pe.name` is a family ('rope_mixed'), a family with a block size ('liere8' for the
 family 'liere' with 8 x 8 blocks) or an alias ('paper_rope_mixed' = liere2, declared by LieRE).
-Importing this module imports every implementation (and so jax): their facts live with them.
+The facts are the literal arguments of each `@register('family', ...)` in MODULES, read from
+their source; `register` checks, when a class is imported, that they are the facts it gives.
 
   parse('comrope_ap4') == ('comrope_ap', 4); facts('liere8').positions == 'normalized'
 """
+import ast
+import dataclasses
+import os
 import re
-from typing import Dict, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
-from liere_jax.encodings import absolute, commuting, liere, rope  # noqa: F401  They register.
-from liere_jax.encodings.base import Facts, families
+# The modules that define the encodings, in registration order (a new one is added here).
+MODULES = ('absolute', 'rope', 'liere', 'commuting')
 
-FAMILIES: Dict[str, Facts] = {family: cls.facts for family, cls in families().items()}
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+  """What the rest of the library needs to know about an encoding family."""
+  family: str  # 'liere', 'comrope_ap', 'rope_mixed', ...
+  label: str  # Report label; '{b}' stands for the block size.
+  blocks: bool = False  # Names are family<b> (liere8, comrope_ld4, ...).
+  min_block: int = 2  # The smallest block size b.
+  positions: str = 'integer'  # Default position mode (liere_jax.positions.MODES).
+  reads_positions: bool = True  # False: the encoding ignores token positions (and jitter).
+  options: Tuple[str, ...] = ()  # model.pe options that apply besides name, positions, jitter.
+  official: bool = False  # Converts to / from the official LieRE code's checkpoint layout.
+  # Names that are this family at a fixed block size: alias -> (block, report label).
+  aliases: Mapping[str, Tuple[int, str]] = dataclasses.field(default_factory=dict)
+
+
+def _declared(module: str):
+  """The Facts of every `@register(...)` on a class of encodings/<module>.py, in source order."""
+  path = os.path.join(os.path.dirname(__file__), module + '.py')
+  with open(path) as f:
+    tree = ast.parse(f.read(), path)
+  for node in tree.body:
+    for deco in getattr(node, 'decorator_list', ()):
+      if isinstance(deco, ast.Call) and getattr(deco.func, 'id', None) == 'register':
+        yield Facts(*map(ast.literal_eval, deco.args),
+                    **{k.arg: ast.literal_eval(k.value) for k in deco.keywords})
+
+
+FAMILIES: Dict[str, Facts] = {f.family: f for module in MODULES for f in _declared(module)}
 # alias -> (family, block): the names that are another family at a fixed block size.
 ALIASES: Dict[str, Tuple[str, int]] = {
     alias: (f.family, block) for f in FAMILIES.values() for alias, (block, _) in f.aliases.items()}

@@ -35,7 +35,7 @@ class RopeAxial(_Angles):
   def from_spec(cls, spec, *, rngs):
     return cls(head_dim=spec.head_dim, n_dims=spec.n_dims)
 
-  def context(self, pos, num_prefix=0):
+  def context(self, pos):
     angles = (pos[:, :, None] * jnp.asarray(self.freqs, jnp.float32)).reshape(pos.shape[0], -1)
     return Rotate(rotations.angle_rotations(angles)[None, None])  # [1, 1, T, pairs, 2, 2]
 
@@ -104,7 +104,7 @@ class RopeMixed(_Angles):
     angles = jnp.einsum('ta,alhj->lhtj', pos, freqs, precision=jax.lax.Precision.HIGHEST)
     return rotations.angle_rotations(angles)
 
-  def context(self, pos, num_prefix=0):
+  def context(self, pos):
     return Rotate(self.rotations(pos))
 
 
@@ -115,15 +115,16 @@ class ALiBi(Encoding):
   CLS rule: a prefix token has zero bias to and from every token (it sees all tokens alike).
   """
 
-  def __init__(self, *, heads):
+  def __init__(self, *, heads, num_prefix):
     self.slopes = tuple(2. ** (-8. * np.arange(1, heads + 1) / heads))
+    self.num_prefix = num_prefix
 
   @classmethod
   def from_spec(cls, spec, *, rngs):
-    return cls(heads=spec.heads)
+    return cls(heads=spec.heads, num_prefix=spec.num_prefix)
 
-  def context(self, pos, num_prefix=0):
+  def context(self, pos):
     dist = jnp.sqrt(jnp.sum(jnp.square(pos[:, None] - pos[None]), -1))
-    is_patch = jnp.arange(pos.shape[0]) >= num_prefix
+    is_patch = jnp.arange(pos.shape[0]) >= self.num_prefix
     dist = dist * (is_patch[:, None] & is_patch[None])
     return Bias(-jnp.asarray(self.slopes, jnp.float32)[None, :, None, None] * dist)  # [1,H,T,T]
