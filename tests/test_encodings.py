@@ -17,7 +17,7 @@ from liere_jax.config import model as spec_lib
 from liere_jax.model import ViT
 from liere_jax.positions import grid_positions, with_prefix
 from liere_jax.summary import param_counts
-from tests.helpers import load_config, tiny_model, tiny_model_config
+from tests.helpers import load_config, tiny_model, tiny_model_config, tiny_spec
 
 ALL = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere2', 'liere8',
        'liere16', 'liere6')
@@ -309,6 +309,25 @@ def test_the_names_and_facts_read_in_a_process_without_jax_and_are_the_classes()
   assert tuple(names) == encodings.NAMES
   assert facts == json.loads(json.dumps({family: dataclasses.asdict(cls.facts)
                                          for family, cls in encodings.families().items()}))
+
+
+@pytest.mark.parametrize('pe', ['alibi', 'comrope_ap4', 'sincos'])
+def test_an_encoding_gets_the_prefix_tokens_when_built_and_leaves_the_cls_token_unencoded(pe):
+  """num_prefix comes with the build (ModelSpec.num_prefix), not with each call: a CLS token
+  (first) gets no bias, the identity rotation or a zero table row; without one the first token
+  is a patch like the others."""
+  for pool in ('cls', 'mean'):
+    spec = tiny_spec(pe, pool=pool)
+    enc = encodings.build(spec, rngs=nnx.Rngs(0))
+    grid = spec.train_grid
+    first = {  # What the encoding does to the first token.
+        'alibi': lambda: np.asarray(enc.context(with_prefix(grid_positions(
+            grid, grid, 'integer'), spec.num_prefix)).bias)[..., 0, 1:],
+        'comrope_ap4': lambda: np.asarray(enc.context(with_prefix(grid_positions(
+            grid, grid, 'normalized'), spec.num_prefix)).rot)[:, :, 0] - np.eye(4),
+        'sincos': lambda: np.asarray(enc.embed(jnp.zeros((1, spec.num_prefix + 16, 32)),
+                                               grid))[0, 0]}[pe]()
+    assert (np.abs(first).max() < 1e-5) == (pool == 'cls'), (pe, pool)  # exp(0 B): eigh.
 
 
 def test_a_family_the_registry_does_not_read_is_refused_at_registration():

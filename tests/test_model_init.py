@@ -131,6 +131,17 @@ def test_official_lightning_checkpoint(tmp_path):
   assert head[('head', 'kernel')].shape == (128, 7) and not np.any(head[('head', 'kernel')])
 
 
+def test_an_official_checkpoint_s_model_is_this_run_s_at_its_grid_and_classes_with_a_cls_token():
+  """What the official checkpoint fixes (grid from its pos_embedding, classes from its head, CLS
+  pooling) replaces this run's values, and what follows from them follows: the model a config
+  with those values resolves to."""
+  here = helpers.tiny_spec('liere8', pool='mean')  # 16 px, patch 4: a 4 x 4 grid.
+  state = {'mlp_head.1.weight': np.zeros((7, 32)), 'pos_embedding': np.zeros((1, 1 + 36, 32))}
+  there = tiny_model_config('liere8', pool='cls', size=24)
+  there.num_classes = 7
+  assert model_init._official_model(state, here) == resolve(there)
+
+
 @pytest.mark.parametrize('pool', ['cls', 'mean'])
 def test_abs_embedding_resized_as_evaluation_does(tmp_path, pool):
   config = _config(pe='abs', size=32, pool=pool)  # 8x8 patches.

@@ -6,7 +6,9 @@ The ConfigDict stays the user interface (configs/*.py, `--config.model.x=y`); `r
 it, fills every derived value (the variant's dims, the encoding's position mode, LieRE's
 generator stacks from `share`) and returns a frozen `ModelSpec`. Nothing downstream reads a
 model field with a default of its own. `ModelSpec.to_json()` is what the export writes and the
-PyTorch port reads.
+PyTorch port reads. Resolving is for a program's edges (a command line, bench, a test helper;
+`resolve_stored` where a stored run's config is read): the library (ViT, the converters,
+model_init, summary) takes the spec.
 
   spec = resolve(config.model)
   spec.width, spec.head_dim, spec.train_grid, spec.pe.positions, spec.pe.layers, ...
