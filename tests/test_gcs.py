@@ -18,6 +18,7 @@ import pytest
 from liere_jax import checkpoint, config_lib, data, model_init, param_tree, paths, train_lib
 from liere_jax.convert import __main__ as convert_cli
 from liere_jax.data import prepare
+from liere_jax.config import run as run_spec
 from liere_jax.config.data import resolve_data
 from tests import datasets, gcs, helpers, reference
 from tests.helpers import ROOT, free_port, run_tiny
@@ -124,7 +125,7 @@ def test_a_run_in_a_bucket_survives_sigterm_and_sigkill_bit_identically_and_is_r
   config, params, _ = checkpoint.load_params(RUN, 4)
   _same_params(params, checkpoint.load_params('gs://bucket/imported')[1])
   for source in (f'{RUN}:4', export):
-    loaded = model_init.load(config, source)
+    loaded = model_init.load(run_spec.resolve(config, 1), source)
     for key, value in param_tree.flatten(params).items():
       assert np.array_equal(loaded[key], np.asarray(value)), (source, key)
 
