@@ -155,7 +155,7 @@ def _check_parity(jm, tm, n_dims, sizes, case, positions=None, patch=4):
 @pytest.mark.parametrize('pe', ALL)
 def test_parity_every_encoding(pe, n_dims):
   """width 32, 2 heads: head_dim 16, so liere16 is one dense block and liere6 leaves 4 dims."""
-  jm, cfg = _jax_model(pe=pe, n_dims=n_dims, size=SIZES[n_dims][0], width=32, heads=2)
+  jm, _ = _jax_model(pe=pe, n_dims=n_dims, size=SIZES[n_dims][0], width=32, heads=2)
   _check_parity(jm, _torch_model(jm), n_dims, SIZES[n_dims], f'{pe} {n_dims}D')
 
 
@@ -180,15 +180,15 @@ def test_parity_variants(case):
   n_dims = case.pop('n_dims', 2)
   sizes = {'train': SIZES[n_dims][:1], 'larger': SIZES[n_dims][1:],
            'both': SIZES[n_dims]}[case.pop('sizes', 'both')]
-  jm, cfg = _jax_model(n_dims=n_dims, size=SIZES[n_dims][0], width=32, heads=2, **case)
+  jm, _ = _jax_model(n_dims=n_dims, size=SIZES[n_dims][0], width=32, heads=2, **case)
   _check_parity(jm, _torch_model(jm), n_dims, sizes, str(case))
 
 
 def test_parity_positions_override_and_cached_context():
-  jm, cfg = _jax_model(pe='liere8', width=32, heads=2)
+  jm, _ = _jax_model(pe='liere8', width=32, heads=2)
   tm = _torch_model(jm)
   _check_parity(jm, tm, 2, (24,), 'liere8 positions=rescaled', positions='rescaled')
-  jr, cfg_r = _jax_model(pe='rope_mixed', width=32, heads=2)
+  jr, _ = _jax_model(pe='rope_mixed', width=32, heads=2)
   _check_parity(jr, _torch_model(jr), 2, (24,), 'rope_mixed positions=rescaled',
                 positions='rescaled')
   x = _nchw(_inputs(2, 24))
@@ -200,7 +200,7 @@ def test_parity_positions_override_and_cached_context():
 def test_parity_abs_resize_down_and_up(n_dims, sizes):
   """jax.image.resize ('cubic' in 2D, else 'linear'; antialiased when shrinking), reproduced."""
   train = SIZES[n_dims][0]
-  jm, cfg = _jax_model(pe='abs', n_dims=n_dims, size=train, width=32, heads=2)
+  jm, _ = _jax_model(pe='abs', n_dims=n_dims, size=train, width=32, heads=2)
   _check_parity(jm, _torch_model(jm), n_dims, sizes, f'abs {n_dims}D resize')
 
 
@@ -215,7 +215,7 @@ def test_resize_weights_match_jax_image_resize():
 
 
 def test_channels_first_and_shape_errors():
-  jm, cfg = _jax_model(pe='liere8', width=32, heads=2)
+  jm, _ = _jax_model(pe='liere8', width=32, heads=2)
   tm = _torch_model(jm)
   with pytest.raises(ValueError, match='channels-first'):
     tm(torch.zeros(1, 16, 16, 3))
@@ -325,7 +325,7 @@ def test_wrong_file_names_the_key(tmp_path, edit, key, pattern):
 
 
 def test_first_mismatched_key_is_named():
-  jm, cfg = _jax_model(pe='liere8', width=32, heads=2)
+  jm, _ = _jax_model(pe='liere8', width=32, heads=2)
   tm = torch_vit.ViT.from_config(jm.spec.to_json())
   state = _state(jm)
   for key in ('blocks.0.norm1.weight', 'head.bias'):
@@ -568,7 +568,7 @@ def test_the_official_model_computes_the_layer0_bug_as_the_import_models_it():
 ])
 def test_official_export_refuses_what_it_cannot_represent(kw, message):
   kw = {**dict(width=128, heads=2, mlp_dim=64, qkv_bias=False, size=16), **kw}
-  jm, cfg = _jax_model(**kw)
+  jm, _ = _jax_model(**kw)
   if kw['qkv_bias']:
     jm.blocks[0].attn.qkv.bias[...] = jnp.ones_like(jm.blocks[0].attn.qkv.bias[...])
   with pytest.raises(ValueError, match=message):
