@@ -1,7 +1,9 @@
 """Grain worker processes (data.workers, to_iterator) give exactly the batches of ds[k], also on
 resume, and the `bench data` CLI reports images/s per worker count."""
 import json
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 
@@ -37,6 +39,25 @@ def test_workers_need_parsed_flags():
   finally:
     if parsed:
       flags.FLAGS.mark_as_parsed()
+
+
+@pytest.mark.usefixtures('absl_flags_parsed')
+def test_workers_outlive_a_sigterm_to_the_process_group():
+  """The main process notes SIGTERM and saves its step from the batches its workers still make
+  (train.train); a worker killed by it would fail the run unsaved."""
+  before = set(multiprocessing.active_children())
+  it = pipeline.to_iterator(grain.MapDataset.range(64), workers=1, threads=1, prefetch=1)
+  try:
+    assert next(it) == 0  # The worker is running: it made this item.
+    workers = set(multiprocessing.active_children()) - before
+    assert len(workers) == 1
+    for worker in workers:  # As `kill -TERM -PGID` reaches them (not this pytest process).
+      os.kill(worker.pid, signal.SIGTERM)
+    assert [next(it) for _ in range(1, 40)] == list(range(1, 40))
+    assert all(worker.is_alive() for worker in workers)
+  finally:
+    it.close()
+  assert not any(worker.is_alive() for worker in workers)  # close() still ends them.
 
 
 @pytest.mark.usefixtures('absl_flags_parsed')

@@ -1,6 +1,6 @@
 """The input benchmark: a config's real train batches per second against Grain worker count.
 
-Times `train_dataset(config.data)` (the config's own decode, augmentation, normalisation and
+Times `train_dataset` of the config's data (its own decode, augmentation, normalisation and
 mixup) through `to_iterator` with 0, 1, 2, ... worker processes, `data.threads` threads and
 `data.prefetch` batches ahead in each process, as train.py runs it. The data is a stand-in of
 the real size written to a temporary directory (liere_jax/data/standin.py), unless

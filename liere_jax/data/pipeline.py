@@ -29,6 +29,7 @@ Preparing data (no dataset is downloaded here): `python -m liere_jax.data.prepar
 without TensorFlow (liere_jax/data/prepare.py; docs/configs.md, "Data").
 """
 import math
+import signal
 from typing import Any, Dict, Iterator, Optional, Sequence
 
 from absl import flags
@@ -172,5 +173,15 @@ def to_iterator(ds: grain.MapDataset, *, start: int = 0, workers: int = 0, threa
   it = ds[start:].to_iter_dataset(
       grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch))
   if workers:
-    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers),
+                        worker_init_fn=_outlive_sigterm)
   return iter(it)
+
+
+def _outlive_sigterm(worker_index: int, worker_count: int):
+  """In each worker process: SIGTERM sent to the whole process group (`kill -- -PGID`, a
+  container or job scheduler stopping the run) leaves the workers running, so that the main
+  process, which notes it (train_lib.Preemption), gets the batches to reach its step and save
+  it; it ends them itself (close(): an event, then SIGKILL)."""
+  del worker_index, worker_count
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
