@@ -6,16 +6,22 @@ import numpy as np
 import scipy.linalg
 
 from liere_jax import rotations
+from liere_jax.expm import expm
 from liere_jax.positions import grid_positions
 
 
-def test_the_lattice_path_on_a_small_grid_gives_each_token_its_exponential():
+def test_by_default_a_small_grid_takes_the_lattice_path_and_each_token_gets_its_exponential():
   layers, heads, block, n_blocks = 2, 1, 4, 2
   gens = np.random.default_rng(0).uniform(
       -1, 1, (layers, heads, 2, n_blocks, rotations.num_free(block))).astype(np.float32)
   pos = grid_positions((3, 4), (3, 4), 'integer')  # (2, 0) = 2 (1, 0): powers to share
-  assert rotations.lattice_plan(pos) is not None
-  got = np.asarray(rotations.liere_rotations(jnp.asarray(gens), pos, block))
+  plan = rotations.lattice_plan(pos)
+  assert plan is not None and len(plan.primitives) < len(pos) - 1
+  matrices = []  # exponentiated, by the function given as the method (the lattice path: the
+  #               primitive points' only)
+  exp = lambda a: matrices.append(np.prod(a.shape[:-2])) or expm(a)
+  got = np.asarray(rotations.liere_rotations(jnp.asarray(gens), pos, block, method=exp))
+  assert matrices == [layers * heads * len(plan.primitives) * n_blocks], matrices
   assert got.shape == (layers, heads, len(pos), n_blocks, block, block)
   a = np.asarray(rotations.skew(jnp.asarray(np.einsum('tn,lhnkf->lhtkf', pos, gens)), block))
   want = np.vectorize(scipy.linalg.expm, signature='(b,b)->(b,b)')(a.astype(np.float64))
