@@ -26,3 +26,16 @@ def test_by_default_a_small_grid_takes_the_lattice_path_and_each_token_gets_its_
   a = np.asarray(rotations.skew(jnp.asarray(np.einsum('tn,lhnkf->lhtkf', pos, gens)), block))
   want = np.vectorize(scipy.linalg.expm, signature='(b,b)->(b,b)')(a.astype(np.float64))
   np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+
+
+def test_lattice_false_and_2x2_blocks_exponentiate_every_token_and_3x3_the_primitives_only():
+  # 2 x 2 blocks have a closed form: cheap enough that the lattice's products would cost more.
+  pos = grid_positions((3, 4), (3, 4), 'integer')
+  n_primitive = len(rotations.lattice_plan(pos).primitives)
+  for block, lattice, want in ((4, False, len(pos)), (2, True, len(pos)), (3, True, n_primitive)):
+    matrices = []
+    exp = lambda a: matrices.append(np.prod(a.shape[:-2])) or jnp.broadcast_to(
+        jnp.eye(block), a.shape)
+    gens = jnp.zeros((1, 1, 2, 1, rotations.num_free(block)))
+    rotations.liere_rotations(gens, pos, block, method=exp, lattice=lattice)
+    assert matrices == [want], (block, lattice, matrices)
