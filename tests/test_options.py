@@ -265,7 +265,7 @@ OPTION_TESTS = {
     'model.qkv_bias': (DIMS, P + 'test_official_export_refuses_what_it_cannot_represent'),
     'model.init': (M + 'test_official_init_is_torch_default', M + 'test_jax_init_is_unchanged'),
     'model.dtype': (M + 'test_bfloat16_computes_in_bf16_with_float32_parameters_and_rotations',),
-    'model.remat': (SC + 'test_remat_per_block_gives_the_same_train_step',),
+    'model.remat': (SC + 'test_remat_per_block_gives_the_same_train_step_with_dropout',),
     'model.scan_layers': (
         SC + 'test_scanned_blocks_give_the_loop_s_train_step_with_the_same_parameter_tree',
         S + 'test_scan_layers_defaults_by_depth_and_an_explicit_value_wins'),

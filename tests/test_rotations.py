@@ -105,29 +105,38 @@ def _lattice_case(block, layers=1, heads=1, grid=(33, 33), seed=0):
   return gens.astype(np.float32), pos
 
 
-@pytest.mark.parametrize('block', [4, 8, 64])
-def test_lattice_path_matches_float64_and_the_general_path(block):
-  gens, pos = _lattice_case(block)
-  g = np.random.default_rng(2).normal(size=(1, 1, len(pos), 64 // block, block, block))
-  g = jnp.asarray(g, jnp.float32)
+# LieRE8 at 4x the training range (33 x 33 on 9 x 9); 4 x 4 and 64 x 64 blocks at 2x (17 x 17):
+# the lattice's compile grows with its plan, 9 s for 64 x 64 blocks at 4x.
+@pytest.mark.parametrize('block,grid', [(4, (17, 17)), (8, (33, 33)), (64, (17, 17))])
+def test_lattice_path_matches_float64_and_the_general_path(block, grid):
+  gens, pos = _lattice_case(block, grid=grid)
+  # The cotangent lives on the CLS token, the 32 farthest tokens (4x the training range) and 31
+  # others: the float64 gradient then needs Frechet derivatives of those tokens only.
+  far = np.argsort(-np.abs(pos).sum(-1))[:32]
+  some = np.random.default_rng(1).choice(np.setdiff1d(np.arange(1, len(pos)), far), 31, False)
+  tokens = np.concatenate([[0], far, some])
+  g = np.zeros((1, 1, len(pos), 64 // block, block, block), np.float32)
+  g[:, :, tokens] = np.random.default_rng(2).normal(size=g[:, :, tokens].shape)
   out, grads = {}, {}
-  for lattice in (False, True):
+  for lattice in (False, True):  # One compile each: the rotations and their gradient.
     rot = lambda p, lattice=lattice: rotations.liere_rotations(p, pos, block, lattice=lattice)
-    out[lattice] = np.asarray(jax.jit(rot)(gens))
-    grads[lattice] = np.asarray(jax.jit(jax.grad(lambda p, g: jnp.sum(rot(p) * g)))(gens, g))
+    loss = lambda p, rot=rot: (jnp.sum(rot(p) * g), rot(p))
+    (_, r), dp = jax.jit(jax.value_and_grad(loss, has_aux=True))(gens)
+    out[lattice], grads[lattice] = np.asarray(r), np.asarray(dp)
   assert np.abs(out[True] - out[False]).max() <= 1e-5
   # float64: R(p) by SciPy, the gradient through the Frechet derivative (see above).
   a = np.asarray(rotations.liere_generators(gens.astype(np.float64), pos, block), np.float64)
-  a = a[0, 0].reshape(-1, block, block)
-  ref = np.stack([scipy.linalg.expm(x) for x in a])
-  r = out[True][0, 0].reshape(ref.shape)
+  a = a[0, 0]
+  ref = scipy.linalg.expm(a)
+  r = out[True][0, 0]
   assert np.abs(r - ref).max() <= 1e-5
-  assert np.abs(np.einsum('mji,mjk->mik', r, r) - np.eye(block)).max() <= 1e-5
-  gf = np.asarray(g, np.float64)[0, 0].reshape(ref.shape)
-  la = np.stack([scipy.linalg.expm_frechet(x.T, y, compute_expm=False) for x, y in zip(a, gf)])
+  assert np.abs(np.einsum('...ji,...jk->...ik', r, r) - np.eye(block)).max() <= 1e-5
+  at, gt = a[tokens].reshape(-1, block, block), g[0, 0, tokens].astype(np.float64)
+  la = np.stack([scipy.linalg.expm_frechet(x.T, y, compute_expm=False)
+                 for x, y in zip(at, gt.reshape(at.shape))])
   rows, cols = np.triu_indices(block, 1)
-  gc = (la[:, rows, cols] - la[:, cols, rows]).reshape(len(pos), 64 // block, -1)
-  gref = np.einsum('tn,tkf->nkf', pos.astype(np.float64), gc)
+  gc = (la[:, rows, cols] - la[:, cols, rows]).reshape(len(tokens), 64 // block, -1)
+  gref = np.einsum('tn,tkf->nkf', pos[tokens].astype(np.float64), gc)
   for lattice in (False, True):
     rel = np.abs(grads[lattice][0, 0] - gref).max() / np.abs(gref).max()
     assert rel <= 1e-4, f'lattice={lattice}: gradient relative error {rel:.2e}'
@@ -167,7 +176,7 @@ def test_lattice_path_under_jit_and_its_fallbacks():
                                 np.broadcast_to(np.eye(8), r[:, :, 0].shape))
 
 
-@pytest.mark.parametrize('n,layers,heads', [(1, 2, 3), (3, 2, 3), (8, 2, 3), (8, 1, 1)])
+@pytest.mark.parametrize('n,layers,heads', [(3, 2, 3), (8, 1, 1)])
 def test_lattice_path_split_over_data(n, layers, heads, monkeypatch):
   """On a mesh: every device computes 1/n of the exponentials, then the powers for 1/n of the
   (layer, head) stacks (n need not divide either)."""
