@@ -29,7 +29,7 @@ def evaluate_workdir(run, workdir: str, *, step=None, best: bool = False, out: s
   `workdir`'s latest checkpoint (`best`, or `step`): writes DIR/<out>/results.json and
   attention.png from process 0, prints the summary and returns the results. In any process (a
   notebook, a test, `python -m liere_jax.eval`). devices: those to run on (default: all; `run`
-  is resolved for their number). checks: a context manager around the checkpoint's lookup (the
+  must be resolved for their number). checks: a context manager around the checkpoint's lookup (the
   command line's makes its errors one-line refusals)."""
   from liere_jax import checkpoint, evaluation, train_lib
   from liere_jax.config import run as run_spec

@@ -187,7 +187,7 @@ def train_and_evaluate(run, workdir: str, *, progress: bool = True, devices=None
   """Trains `run` (a run_spec.RunSpec; config.json keeps the config it was resolved from) in
   `workdir`, evaluating as its loop says; resumes from the workdir's latest checkpoint. In any
   process: a notebook, a test, `python -m liere_jax.train`. devices: those to run on (default:
-  all; `run` is resolved for their number). checks: a context manager around the checks
+  all; `run` must be resolved for their number). checks: a context manager around the checks
   (`check`); the command line's makes their errors one-line refusals. Returns the step a
   SIGTERM stopped it at, or None."""
   from liere_jax import checkpoint, train_lib

@@ -169,6 +169,10 @@ class EvalSteps:
 
   def __post_init__(self):
     run_spec.spec_of(self.run, type(self).__name__)
+    n = self.mesh.devices.size
+    if self.run.num_devices not in (None, n):  # Its batch checks were for another count.
+      raise ValueError(f'The run was resolved for {self.run.num_devices} devices and the mesh has '
+                       f'{n}; resolve it for the mesh: liere_jax.config.run.resolve(config, {n}).')
     self.spec = self.run.model
     model = nnx.eval_shape(lambda: ViT(self.spec, rngs=nnx.Rngs(0)))
     model.train()

@@ -285,6 +285,10 @@ def test_the_library_takes_a_run_spec_and_refuses_a_config_naming_the_resolve(tm
     with pytest.raises(TypeError, match='^' + what + ', not a ConfigDict' + fix):
       call()
   assert not os.listdir(tmp_path)
+  # A run resolved for other devices than the mesh's: its batch checks do not hold there.
+  with pytest.raises(ValueError, match=re.escape('resolved for 2 devices and the mesh has 1; '
+                                                 'resolve it for the mesh: ')):
+    train_lib.EvalSteps(run_spec.resolve(cfg, 2), mesh)
   # A spec made by hand has no config to store in a workdir.
   bare = dataclasses.replace(run_spec.resolve(cfg, 1), source=None)
   with pytest.raises(ValueError, match='not made by liere_jax.config.run.resolve'):

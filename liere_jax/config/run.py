@@ -128,6 +128,8 @@ class RunSpec:
   # The config it was resolved from (plain dict), which a run directory stores (config.json) and
   # its checks read back; not part of what the run is (two configs may resolve alike).
   source: Optional[dict] = dataclasses.field(default=None, compare=False, repr=False)
+  # The devices its batches were checked against: the mesh it runs on must have as many.
+  num_devices: Optional[int] = dataclasses.field(default=None, compare=False, repr=False)
 
   def to_config(self) -> ml_collections.ConfigDict:
     """The config this spec was resolved from (a copy), as config.json stores it."""
@@ -173,7 +175,7 @@ def resolve(config, num_devices: int) -> RunSpec:
   model, loop = config_model.resolve(c['model']), _loop(c, num_devices)
   return RunSpec(model=model, data=config_data.resolve_data(c['data']), optimizer=_optimizer(c),
                  loop=loop, evaluation=_evaluation(c, model, num_devices // loop.model_parallel),
-                 source=c)
+                 source=c, num_devices=num_devices)
 
 
 def _optimizer(c: dict) -> OptimizerSpec:
