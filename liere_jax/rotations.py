@@ -270,6 +270,7 @@ APPLY = switches.Switch('apply', ('einsum', 'direct'), "rotate's form: 'einsum' 
                         "'direct' (elementwise up to 8, x on the left above; A/B only).")
 
 
+@jax.named_scope('pe_rotate')  # Its part of a step: liere_jax.bench.compile.SCOPES.
 def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
   """Applies per-token block rotations to queries or keys.
 

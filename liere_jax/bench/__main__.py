@@ -55,10 +55,14 @@ _BATCHES = flags.DEFINE_integer('batches', 10, 'data: timed batches of each (aft
                                 'the batch is --config.batch_size.')
 _PLATFORM = flags.DEFINE_enum('platform', 'cuda', PLATFORMS, 'lower: the platform to lower '
                               'the train step for.')
+_TOPOLOGY = flags.DEFINE_string('topology', 'v5litepod-8', 'compile: the Cloud TPU slice, as '
+                                'its accelerator type: v4-8 .. v4-4096, v5litepod-1 .. '
+                                'v5litepod-256, v5p-8 .., v6e-1 .. v6e-256.')
+_NO_EVAL = flags.DEFINE_bool('train_only', False, 'compile: the train step only.')
 _JSON = flags.DEFINE_bool('json', False, 'Print the result as JSON on the last line.')
 
 
-ACTIONS = ('expm', 'rotations', 'step', 'data', 'lower', 'profile', 'presets')
+ACTIONS = ('expm', 'rotations', 'step', 'data', 'lower', 'profile', 'presets', 'compile')
 
 
 def _platform():
@@ -157,11 +161,43 @@ def _step(log):
   return head, step_table(res), res
 
 
+def _compile(log):
+  from liere_jax.bench import compile as tpu
+  from liere_jax.config import run as run_spec
+  if _CONFIG.value is None:
+    raise app.UsageError('compile needs --config CONFIG[:args].')
+  if not jax.config.jax_platforms:  # Deviceless: this machine's own accelerators stay unused.
+    jax.config.update('jax_platforms', 'cpu')
+  spec = config_flags.get_config_filename(flags.FLAGS['config'])
+  overrides = config_flags.get_override_values(flags.FLAGS['config'])
+  configs, names = [_CONFIG.value], [spec]
+  with cli.refusing():
+    slice_ = tpu.parse_slice(_TOPOLOGY.value)
+    if _VS.value is not None:
+      names.append(with_args(spec, _VS.value))
+      configs.append(load_config(names[-1], {**overrides, **vs_overrides(_VS.value)}))
+      if vs_switches(_VS.value):
+        raise ValueError(f'--vs {_VS.value!r}: compile takes no switches (they are for bench '
+                         'step), only arguments and config.KEY=VALUE.')
+    runs = [run_spec.resolve(c, slice_.chips) for c in configs]
+  results = []
+  for name, run in zip(names, runs):
+    log(f'compiling {name} for {slice_.name} ({slice_.chips} chips, {slice_.hosts} hosts)')
+    results.append(tpu.compile_report(run, slice_, eval_step=not _NO_EVAL.value))
+  misfit = next((tpu.refusal(n, r) for n, r in zip(names, results) if not r['fits']), None)
+  if misfit:  # One line, exit 2: what a pod launch would have found out on the pod.
+    if _JSON.value:
+      print(json.dumps(results, default=str))
+    raise app.UsageError(misfit)
+  return f'{names[0]} compiled for {slice_.name} (TPU compiler, jax {jax.__version__})', \
+      tpu.compile_table(results, names), results
+
+
 def main(argv):
   action = cli.subcommand(argv, ACTIONS, 'bench')
   log = lambda s: print(s, file=sys.stderr, flush=True)
   run = {'expm': _expm, 'rotations': _rotations, 'step': _step, 'data': _data,
-         'lower': _lower, 'profile': _profile, 'presets': _presets}[action]
+         'lower': _lower, 'profile': _profile, 'presets': _presets, 'compile': _compile}[action]
   head, table, result = run(log)
   print(head)
   print(table)

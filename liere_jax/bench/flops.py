@@ -3,6 +3,7 @@
 XLA's cost analysis counts the body of a loop once, so it undercounts the chunked exponential
 (a `lax.map`) and its data-dependent squarings; these count them from the inputs instead.
 """
+import math
 from typing import Optional
 
 import jax
@@ -52,3 +53,18 @@ def liere_flops(generators, positions, block: int, n_devices: int = 1, lattice: 
   share = -(-a.shape[0] // n_devices)
   largest = max(fast_flops(a[i:i + share], taylor, form) for i in range(0, a.shape[0], share))
   return largest + -(-groups // n_devices) * per_group, whole
+
+
+def model_flops(spec, batch: int, train: bool = True) -> float:
+  """FLOPs of the ViT's matrix products from its shapes (a ModelSpec): patch embedding, q/k/v,
+  attention scores and values, output projection, MLP and head, 2 per multiply-add; a train
+  step is 3x the forward (the backward pass is two products per forward one). What MFU counts
+  (as in PaLM's appendix B, MaxText and big_vision): nothing for the position encoding, norms or
+  softmax, so an encoding's extra work lowers the MFU. ViT-B/16 at 224: 35.1 GFLOP forward."""
+  grid = math.prod(spec.train_grid)
+  tokens = grid + spec.num_prefix
+  d, m = spec.width, spec.mlp_dim
+  block = 2 * tokens * d * (3 * d + d + 2 * m) + 2 * 2 * tokens * tokens * d
+  embed = 2 * grid * math.prod(spec.patch) * spec.channels * d
+  forward = embed + spec.depth * block + 2 * d * spec.num_classes
+  return float(batch * forward * (3 if train else 1))

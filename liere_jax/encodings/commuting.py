@@ -293,6 +293,7 @@ class StringCirculant(Encoding):
     return Circulant(phase, self.block)
 
 
+@jax.named_scope('pe_rotate')
 def circulant_rotate(x: jax.Array, phase: jax.Array, block: int) -> jax.Array:
   """x [B, T, H, d] -> R x per block of `block` dims, R = F^-1 diag(e^{i phi}) F (a real
   circulant rotation), phase [H, T, k, block//2 + 1, (cos, sin)]; product in float32."""
