@@ -319,7 +319,8 @@ def test_same_model_reads_an_old_workdir(tmp_path):
       checkpoint.config_to_json(ml_collections.ConfigDict(old)))
   checkpoint.check_same_model(str(tmp_path), resolve(config.model))
   stored = checkpoint.read_config(str(tmp_path))
-  assert (stored.model.scan_layers, stored.model.pe.expm_precision) == (False, 'highest')
+  # expm_precision: LieRE's old 'highest' does not apply to rope_mixed (no exponential).
+  assert (stored.model.scan_layers, stored.model.pe.expm_precision) == (False, 'auto')
   assert (stored.model_init, tuple(stored.resolutions)) == ('', ())
   config.model.width = 64
   with pytest.raises(checkpoint.CheckpointError, match='model.width: 32 there, 64 now'):

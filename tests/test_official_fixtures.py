@@ -22,7 +22,7 @@ torch = pytest.importorskip('torch')
 
 from flax import nnx  # noqa: E402
 
-from liere_jax import checkpoint, config_lib, convert, model_init  # noqa: E402
+from liere_jax import checkpoint, config_lib, convert, model_init, param_tree  # noqa: E402
 from liere_jax.convert import __main__ as convert_cli  # noqa: E402
 from liere_jax.config import run as run_spec  # noqa: E402
 from liere_jax.config.model import resolve  # noqa: E402
@@ -183,3 +183,40 @@ def test_export_sets_the_official_per_layer_and_per_head_flags_of_each_sharing(
   kw = convert.official_spec(resolve(model))
   assert (kw['rotary_embedding_per_layer'], kw['rotary_embedding_per_head']) == (per_layer,
                                                                                  per_head)
+
+
+# The official repository's test models (its tests/test_forward.py): LiereImageClassification
+# with model_size 'tiny', imsize 32, patch 4, in 2D and 3D, for each architecture; and the
+# encoding a user names for it.
+OFFICIAL_TEST_MODELS = {'liere': 'liere64', 'rope_mixed': 'rope_mixed', 'absolute': 'abs',
+                        'visionllama': 'paper_visionllama'}
+
+
+@pytest.mark.parametrize('n', [2, 3])
+@pytest.mark.parametrize('arch', sorted(OFFICIAL_TEST_MODELS))
+def test_convert_cli_imports_each_official_test_model_from_a_model_json_a_user_writes(
+    tmp_path, arch, n):
+  """`convert from_official` with a model JSON that names only what a user would: the run holds
+  the model those values build (today's defaults for the rest, not the values that reproduce
+  runs stored before a field existed) with the official state_dict's parameters."""
+  init_args = dict(model_architecture=arch, model_size='tiny', imsize=32, patch_size=4,
+                   input_dimensionality=n)
+  official = convert.config_from_json(init_args, arch)[1]
+  layout = convert.official_layout(jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
+                                                convert.abstract_params(official)), official)[0]
+  state = official_fixtures.state_dict([(k, v.shape) for k, v in layout.items()], seed=n,
+                                       zeros=() if arch == 'absolute' else ('pos_embedding',))
+  pt, out = str(tmp_path / 'official.pt'), str(tmp_path / 'run')
+  torch.save({k: torch.from_numpy(v) for k, v in state.items()}, pt)
+  user = dict(variant='paper_tiny', patch=[4] * n, input_size=[32] * n, channels=3,
+              num_classes=100, pe={'name': OFFICIAL_TEST_MODELS[arch]})
+  assert convert_cli.call(['from_official', '--state_dict', pt, '--config', json.dumps(user),
+                           '--out_workdir', out]) == 0
+  config, params = checkpoint.load_params(out)[:2]
+  spec = resolve(config_lib.model_config(**{**user, 'pe': user['pe']['name']}))
+  assert resolve(config.model) == spec
+  want = param_tree.flatten(convert.from_official_layout(state, spec))
+  got = param_tree.flatten(params)
+  assert sorted(got) == sorted(want)
+  for key, value in want.items():
+    np.testing.assert_array_equal(got[key], value, err_msg=str(key))

@@ -194,3 +194,18 @@ def test_a_stored_config_of_each_vintage_is_upgraded_to_what_it_ran():
     assert {key: inner[key] for key in added} == added, section
   assert config_run.upgrade(json.loads(json.dumps(config))) == json.loads(json.dumps(config))
   assert MODEL.added()['scan_layers'] is False and PE.added()['expm_precision'] == 'highest'
+
+
+@pytest.mark.parametrize('pe,precision', [('liere8', 'highest'), ('paper_rope_mixed', 'highest'),
+                                          ('rope_mixed', 'auto'), ('abs', 'auto')])
+def test_a_stored_config_gets_an_options_old_value_only_where_its_encoding_reads_it(pe, precision):
+  """A run stored before model.pe.expm_precision existed computed LieRE's exponential at
+  'highest'; an encoding that reads no exponential ignored it, and its run resolves (evaluates)
+  with the default. A section a user writes is no stored one: it takes the defaults."""
+  stored = json.loads(json.dumps(load_config(f'configs/arrows.py:pe={pe}').to_dict()))
+  del stored['model']['pe']['expm_precision']
+  assert config_run.RUN.stored(stored) and MODEL.stored(stored['model'])
+  assert config_run.resolve(config_run.upgrade(stored), 1).model.pe.expm_precision == precision
+  user = {'patch': [4, 4], 'pe': {'name': pe}}
+  assert not MODEL.stored(user)
+  assert MODEL.upgrade(user, stored=False)['pe'] == {**PE.defaults(), 'name': pe}

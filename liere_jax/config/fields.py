@@ -1,12 +1,17 @@
 """A config field declared once: its name, default, one-line doc and, for a field added after
 runs were written, the value that reproduces those runs. The ConfigDict builders, the field
-lists, the upgrade of stored configs and the docs table all read these declarations.
+lists, the filling of a read section's missing fields and the docs table all read these
+declarations.
+
+What a missing field means is decided here only (`Section.upgrade`): in a section that a run
+stored, the field was added since and takes the value that reproduces the run (`added`, where it
+applies); in a section a user wrote, it takes its default.
 
   MODEL = Section('model', [Field('width', 0, 'Token width; 0 = the variant's.'), ...])
-  MODEL.build(width=32) -> ConfigDict; MODEL.names; MODEL.upgrade(stored) -> dict
+  MODEL.build(width=32) -> ConfigDict; MODEL.names; MODEL.upgrade(obj, MODEL.stored(obj)) -> dict
 """
 import dataclasses
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import ml_collections
 
@@ -19,19 +24,24 @@ class Field:
   name: str
   default: Any  # REQUIRED, a value, or a Section (a nested section).
   doc: str  # One line: what it is, its values, what 0 / None means.
-  added: Any = NEW  # Stored configs written before the field existed get this value.
+  added: Any = NEW  # Stored configs written before the field existed get it (Section.upgrade).
   kind: Optional[type] = None  # The type of a None default (ml_collections placeholder).
 
 
 @dataclasses.dataclass(frozen=True)
 class Section:
-  """The fields of one config section (`where`: 'model', 'model.pe', 'data', '' = the top)."""
+  """The fields of one config section (`where`: 'model', 'model.pe', 'data', '' = the top).
+  `applies(name, stored_section)`: whether field `name`'s `added` value means something to that
+  section (an encoding option does only to the encodings that read it); where not, the default
+  reproduces the run."""
   where: str
   fields: Tuple[Field, ...]
+  applies: Callable[[str, Dict[str, Any]], bool]
 
-  def __init__(self, where: str, fields: Sequence[Field]):
+  def __init__(self, where: str, fields: Sequence[Field], applies=lambda name, section: True):
     object.__setattr__(self, 'where', where)
     object.__setattr__(self, 'fields', tuple(fields))
+    object.__setattr__(self, 'applies', applies)
 
   @property
   def names(self) -> Tuple[str, ...]:
@@ -61,15 +71,28 @@ class Section:
         c[f.name] = f.default
     return c
 
-  def upgrade(self, stored: Dict[str, Any]) -> Dict[str, Any]:
-    """A stored section (plain dict) with the fields added since it was written at the values
-    that reproduce it; nested sections likewise. Other fields are left as they are."""
-    out = dict(stored)
+  def stored(self, section: Dict[str, Any]) -> bool:
+    """Whether plain dict `section` reads as one a run stored: it holds every field that every
+    stored section holds (those without `added`). A section a user writes names fewer."""
+    return all(f.name in section for f in self.fields if f.added is NEW)
+
+  def upgrade(self, section: Dict[str, Any], stored: bool = True) -> Dict[str, Any]:
+    """`section` (plain dict) with its missing fields filled, nested sections likewise: if a run
+    `stored` it, those added since it was written get the values that reproduce it (`added`;
+    the default where that does not apply); if a user wrote it, every field with a default gets
+    that default. Fields it has are left as they are; required ones (and, in a stored section,
+    those every stored one has) stay missing for the checks to name."""
+    out = dict(section)
     for f in self.fields:
-      if isinstance(f.default, Section) and isinstance(out.get(f.name), dict):
-        out[f.name] = f.default.upgrade(out[f.name])
-      elif f.name not in out and f.added is not NEW:
+      if isinstance(f.default, Section):
+        if isinstance(out.get(f.name), dict):
+          out[f.name] = f.default.upgrade(out[f.name], stored)
+      elif f.name in out or f.default is REQUIRED or (stored and f.added is NEW):
+        continue
+      elif stored and self.applies(f.name, section):
         out[f.name] = f.added
+      else:
+        out[f.name] = f.default
     return out
 
   def added(self) -> Dict[str, Any]:

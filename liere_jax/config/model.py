@@ -24,6 +24,14 @@ from liere_jax.config.fields import REQUIRED, Field, Section
 from liere_jax.encodings import registry
 from liere_jax.positions import MODES as POSITION_MODES
 
+
+def _reads(key: str, pe: dict) -> bool:
+  """Whether the encoding of model.pe section `pe` reads field `key` (an option only some
+  encodings read, PE_OPTION_DEFAULTS; a run of another encoding ignored it)."""
+  return (key not in PE_OPTION_DEFAULTS or 'name' not in pe or
+          key in registry.facts(pe['name']).options)
+
+
 PE = Section('model.pe', [
     Field('name', REQUIRED, 'The encoding: any of liere_jax.encodings.NAMES (docs/encodings.md).'),
     Field('positions', None, "Position mode (liere_jax.positions.MODES); None: the encoding's "
@@ -36,7 +44,7 @@ PE = Section('model.pe', [
           added='highest'),
     Field('jitter', 0.0, "Training-time position noise (ComRoPE's perturbation intensity); "
           '0 = off.', added=0.0),
-])
+], applies=_reads)
 
 MODEL = Section('model', [
     Field('variant', '', "'Ti', 'S', 'B', 'L' or 'paper_tiny' (VARIANTS); '' = width, "

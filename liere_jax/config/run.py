@@ -68,10 +68,12 @@ def docs_table() -> str:
   return '| field | default | what |\n|---|---|---|\n' + RUN.table()
 
 
-def upgrade(stored: dict) -> dict:
-  """A stored config (plain dict, from a config.json or an export's JSON) with the fields added
-  since it was written at the values that reproduce it; sections it lacks stay absent."""
-  return RUN.upgrade(stored)
+def upgrade(config: dict, stored: bool = True) -> dict:
+  """A config read back (plain dict, from a config.json or a model JSON) with its missing fields
+  filled (fields.Section.upgrade): if a run `stored` it, those added since it was written at the
+  values that reproduce it; if a user wrote it, at their defaults. Sections it lacks stay
+  absent."""
+  return RUN.upgrade(config, stored)
 
 
 SHARDINGS = ('data', 'fsdp')

@@ -7,8 +7,8 @@ model description we read back into a liere_jax config.
   - a workdir's config.json, or a plain model section;
   - the official model's description: its RoPEViT keyword arguments, or a
     LiereImageClassification's init_args (the `model` section of its lightning_conf YAML).
-A model written before a field existed gets the value that reproduces it (the fields' `added`
-values, liere_jax/config/), not today's default.
+A model a run wrote before a field existed gets the value that reproduces it (the fields'
+`added` values, liere_jax/config/); a model section a user wrote gets today's defaults.
 """
 import json
 from typing import Tuple
@@ -18,7 +18,7 @@ import ml_collections
 from liere_jax import paths
 from liere_jax.config import model as config_model
 from liere_jax.config.model import MODEL
-from liere_jax.config.run import upgrade
+from liere_jax.config.run import RUN, upgrade
 from liere_jax.convert import official_args
 
 FORMAT = 'liere_jax.torch_vit'
@@ -31,9 +31,9 @@ def export_json(spec: config_model.ModelSpec, config: ml_collections.ConfigDict)
           'source_config': json.loads(config.to_json())}
 
 
-def _model_section(obj: dict) -> ml_collections.ConfigDict:
-  """A plain model section (JSON) over config_lib's defaults; the fields added since it was
-  written at their old values."""
+def _model_section(obj: dict, stored: bool) -> ml_collections.ConfigDict:
+  """A plain model section (JSON) over config_lib's defaults; if a run `stored` it, the fields
+  added since it was written at their old values."""
   from liere_jax import config_lib
   try:
     m = config_lib.model_config(pe=obj['pe']['name'], variant=obj.get('variant') or '',
@@ -42,7 +42,8 @@ def _model_section(obj: dict) -> ml_collections.ConfigDict:
   except (KeyError, TypeError) as e:
     raise ValueError(f'The model section lacks the field {e}; write it with '
                      'liere_jax.config.model.resolve(config.model).to_json().') from None
-  for key, value in MODEL.upgrade(obj).items():  # Derived fields (head_dim, ...) are skipped.
+  # Derived fields (head_dim, ...) are skipped.
+  for key, value in MODEL.upgrade(obj, stored).items():
     if key == 'pe':
       for k, v in value.items():
         if k in m.pe:
@@ -72,7 +73,7 @@ def _from_official(obj: dict) -> ml_collections.ConfigDict:
 
 def _from_ours(obj: dict, what: str) -> ml_collections.ConfigDict:
   if not obj.get('source_config'):
-    return ml_collections.ConfigDict({'model': _model_section(obj)})
+    return ml_collections.ConfigDict({'model': _model_section(obj, stored=True)})
   source = dict(obj['source_config'])
   if not isinstance(source.get('model'), dict) or 'pe' not in source['model']:
     raise ValueError(f'{what}: source_config has no model section; remove source_config.')
@@ -103,9 +104,9 @@ def config_from_json(obj: dict, what: str
   elif obj.get('format') == FORMAT:
     config = _from_ours(obj, what)
   elif isinstance(obj.get('model'), dict) and 'pe' in obj['model']:
-    config = ml_collections.ConfigDict(upgrade(obj))
+    config = ml_collections.ConfigDict(upgrade(obj, RUN.stored(obj)))
   elif 'patch' in obj and 'pe' in obj:
-    config = ml_collections.ConfigDict({'model': _model_section(obj)})
+    config = ml_collections.ConfigDict({'model': _model_section(obj, MODEL.stored(obj))})
   else:
     raise ValueError(f'{what} is neither an exported model JSON, a liere_jax config.json, a '
                      'model section nor an official model description (no "model", "patch", '
