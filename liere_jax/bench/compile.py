@@ -370,8 +370,8 @@ def _advice(run, res, temp) -> str:
     options.append(f"--config.batch_size={fit * res['mesh']['data']} ({fit} a chip)")
   if run.model.remat == 'none':
     options.append('--config.model.remat=block')
-  if run.loop.sharding != 'fsdp':
-    options.append('--config.sharding=fsdp')
+  if run.loop.sharding != 'fsdp' and res['state'] > 0.1 * res.get('available', res['hbm']):
+    options.append('--config.sharding=fsdp')  # The state is worth sharding.
   return ' or '.join(options) or 'a slice with more chips'
 
 
@@ -431,3 +431,37 @@ def compile_table(results: list, names: list) -> str:
       lines.append(f"  {x['padded_bytes'] / 1e9:8.2f} GB  {x['scope']:20s} {x['opcode']:12s} "
                    f"{x['type'][:50]}  {x['op_name'][-60:]}")
   return '\n'.join(lines)
+
+
+def check_fit(config, target: str, name: str = 'The run'):
+  """train.py --check_fit: raises ValueError (one line: the need and what would fit) where the
+  run does not fit `target`, a Cloud TPU slice compiled for here (deviceless) or 'devices' (the
+  devices this process runs on, after jax.distributed starts). Returns the report."""
+  from liere_jax.config import run as run_spec
+  if target != 'devices':
+    slice_ = parse_slice(target)
+    res = compile_report(run_spec.resolve(config, slice_.chips), slice_, top=0)
+  else:
+    devices = jax.devices()
+    run = run_spec.resolve(config, len(devices))
+    stats = devices[0].memory_stats() or {}
+    limit = stats.get('bytes_limit')
+    res = {'topology': f'{len(devices)} x {devices[0].device_kind}', 'hbm': limit,
+           'device_kind': devices[0].device_kind, 'batch_per_chip': run.loop.batch_size /
+           (len(devices) // run.loop.model_parallel), 'mesh': {
+               'data': len(devices) // run.loop.model_parallel}, 'fits': True}
+    try:
+      ma = compile_steps(run, devices, eval_step=False)['train'].memory_analysis()
+      res['state'] = ma.argument_size_in_bytes
+      res['need'] = (ma.argument_size_in_bytes + ma.output_size_in_bytes
+                     - ma.alias_size_in_bytes + ma.temp_size_in_bytes)
+      res['fits'] = limit is None or res['need'] <= limit  # None: the backend does not say.
+      temp = ma.temp_size_in_bytes
+    except DoesNotFit as e:
+      res.update(state=_state_bytes(run, devices), available=e.available, fits=False)
+      res['need'], temp = e.need + res['state'], e.need
+    if not res['fits']:
+      res['advice'] = _advice(run, res, temp)
+  if not res['fits']:
+    raise ValueError(refusal(name, res))
+  return res

@@ -1,0 +1,134 @@
+"""The paper's configs compiled for TPU slices (bench compile), one cell at a time, resumable:
+each cell's result is kept as OUT/CONFIG_PE_TOPOLOGY.json and skipped when there; then the
+markdown tables of docs/tpu.md and docs/benchmarks.md are printed from what is there.
+
+  .venv-test/bin/python scripts/tpu_table.py [--out docs/results/tpu] [--jobs 1] [--only imagenet]
+  .venv-test/bin/python scripts/tpu_table.py --cells imagenet:liere64:v5litepod-8:1024 ...
+
+A cell is config:pe:topology[:batch] (batch: the config's recipe batch when left out). The
+compiler's memory and counts are exact for that program; the step time is a roofline estimate.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = ('imagenet', 'cifar100', 'ucf101')
+PES = ('abs', 'rope_mixed', 'liere8', 'liere64')
+TOPOLOGIES = ('v5litepod-8', 'v6e-8', 'v4-8')
+# LieRE's TPU cost (docs/benchmarks.md): ImageNet ViT-B/16 at 128 images a chip on v5e-8.
+COST_CELLS = tuple(f'imagenet:{pe}:v5litepod-8:1024' for pe in PES)
+
+
+def paper_cells():
+  return [f'{c}:{pe}:{t}' for c in CONFIGS for t in TOPOLOGIES for pe in PES]
+
+
+def _file(out, cell):
+  return os.path.join(out, cell.replace(':', '_') + '.json')
+
+
+def run_cell(out, cell):
+  config, pe, topology, *batch = cell.split(':')
+  path = _file(out, cell)
+  if os.path.exists(path):
+    return cell, 'kept'
+  cmd = [sys.executable, '-m', 'liere_jax.bench', 'compile', '--config',
+         f'configs/{config}.py:pe={pe}', '--topology', topology, '--train_only', '--json']
+  if batch:
+    cmd.append(f'--config.batch_size={batch[0]}')
+  t0 = time.time()
+  p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                     env={**os.environ, 'ALLOW_MULTIPLE_LIBTPU_LOAD': '1'})
+  lines = p.stdout.strip().splitlines()
+  if p.returncode not in (0, 2) or not lines or not lines[-1].startswith('['):
+    return cell, f'failed ({p.returncode}): {p.stderr.strip().splitlines()[-1:]}'
+  res, = json.loads(lines[-1])
+  res.update(cell=cell, compile_s=round(time.time() - t0, 1), command=' '.join(cmd[1:]))
+  with open(path + '.tmp', 'w') as f:
+    json.dump(res, f, indent=1)
+  os.replace(path + '.tmp', path)
+  return cell, f"{'fits' if res['fits'] else 'does not fit'} ({res['compile_s']:.0f} s)"
+
+
+def _load(out, cell):
+  try:
+    with open(_file(out, cell)) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return None
+
+
+def _gib(x):
+  return f'{x / 2**30:.2f}'
+
+
+def paper_table(out) -> str:
+  lines = ['| config | slice | pe | fits | GiB a chip (of HBM) | est. step ms | x abs | '
+           'bytes x abs | if not: would fit (estimate) |', '|---' * 9 + '|']
+  for config in CONFIGS:
+    for topology in TOPOLOGIES:
+      base = _load(out, f'{config}:abs:{topology}')
+      for pe in PES:
+        r = _load(out, f'{config}:{pe}:{topology}')
+        if r is None:
+          lines.append(f'| {config} | {topology} | {pe} | (not compiled yet) |||||')
+          continue
+        hbm = _gib(r.get('available', r['hbm']))
+        if not r['fits']:
+          lines.append(f"| {config} (batch {r['batch']}) | {topology} | {pe} | **no** | "
+                       f"{_gib(r['need'])} ({hbm}) | | | | {r['advice']} |")
+          continue
+        t, b = r['train'], base and base.get('train')
+        ratio = lambda k: f'{t[k] / b[k]:.2f}' if b else ''
+        lines.append(f"| {config} (batch {r['batch']}) | {topology} | {pe} | yes | "
+                     f"{_gib(r['need'])} ({hbm}) | {t['step_s'] * 1e3:.1f} | {ratio('step_s')} "
+                     f"| {ratio('bytes')} | |")
+  return '\n'.join(lines)
+
+
+def cost_table(out) -> str:
+  base = _load(out, COST_CELLS[0])
+  lines = ['| pe | GiB a chip | XLA TFLOP | XLA GB accessed | x abs | est. step ms | x abs | '
+           'est. MFU | exp. / lattice / rotation % of traffic |', '|---' * 9 + '|']
+  for cell in COST_CELLS:
+    r = _load(out, cell)
+    if r is None or not r['fits']:
+      lines.append(f"| {cell.split(':')[1]} | {'not compiled yet' if r is None else 'no fit'} "
+                   '||||||||')
+      continue
+    t, b = r['train'], base['train'] if base else None
+    parts = ' / '.join(f"{100 * t['parts'].get(p, 0):.0f}" for p in
+                       ('exponential', 'lattice products', 'rotation application'))
+    lines.append(f"| {cell.split(':')[1]} | {_gib(r['need'])} | {t['flops'] / 1e12:.2f} | "
+                 f"{t['bytes'] / 1e9:.0f} | {t['bytes'] / b['bytes'] if b else 0:.2f} | "
+                 f"{t['step_s'] * 1e3:.1f} | {t['step_s'] / b['step_s'] if b else 0:.2f} | "
+                 f"{t['mfu']:.3f} | {parts} |")
+  return '\n'.join(lines)
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument('--out', default=os.path.join(ROOT, 'docs', 'results', 'tpu'))
+  ap.add_argument('--jobs', type=int, default=1, help='cells compiled at once (RAM: ~4 GB each)')
+  ap.add_argument('--cells', nargs='*', help='default: the cost cells, then the paper table')
+  ap.add_argument('--only', help='only cells of this config')
+  args = ap.parse_args()
+  os.makedirs(args.out, exist_ok=True)
+  cells = args.cells or list(COST_CELLS) + paper_cells()
+  cells = [c for c in cells if not args.only or c.startswith(args.only + ':')]
+  with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+    for cell, status in pool.map(lambda c: run_cell(args.out, c), cells):
+      print(f'{cell}: {status}', flush=True)
+  print('\n## The paper configs (docs/tpu.md)\n')
+  print(paper_table(args.out))
+  print('\n## LieRE on v5e-8, ImageNet ViT-B/16 at 128 a chip (docs/benchmarks.md)\n')
+  print(cost_table(args.out))
+
+
+if __name__ == '__main__':
+  main()
