@@ -30,20 +30,22 @@ another Taylor scheme (a `Taylor`; liere_jax.bench times one) or a fixed form; `
 `squarings` say how `fast_cond` splits a stack and scales each chunk.
 """
 
+import contextlib
 import contextvars
 import functools
+import math
 import os
 from typing import Callable, Dict, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from liere_jax import dots as dots_lib
 
-METHODS = ('fast', 'fast_cond', 'fast_select', 'scipy', 'scipy_remat')
-FORMS = ('auto', 'cond', 'select')
+METHODS = ('fast', 'fast_loop', 'fast_cond', 'fast_select', 'scipy', 'scipy_remat')
+FORMS = ('auto', 'loop', 'cond', 'select')
 PRECISIONS = ('auto', 'highest')
+PLATFORM_FORMS = {'cpu': 'loop', 'tpu': 'loop', 'cuda': 'loop'}  # form='auto' (cuda: any GPU).
 _MAX_SQUARINGS = 24  # fast_cond: scaled norms up to 2**24, far beyond any position range in use.
 # fast_select: every matrix pays for SELECT_CAP squarings. 16 covers spectral radii up to 2**16:
 # the init's largest is 2**11 for LieRE64 at 4x the position range of our configs, and 2**9 at
@@ -56,7 +58,6 @@ SELECT_CAP = 16
 REMAT_ABOVE_BYTES = 16 * 2**30
 _CHUNK_BYTES = 16 * 2**20  # Matrices per chunk on accelerators, in bytes (fast_cond, remat).
 _CHUNK_BYTES_CPU = 2**16  # On CPU: small enough that a chunk's intermediates stay in cache.
-_TAYLOR = [1.0 / float(np.prod(np.arange(1, k + 1))) for k in range(13)]  # 1/k!, k <= 12.
 
 
 class Taylor(NamedTuple):
@@ -91,8 +92,8 @@ def expm(a: jax.Array, method: str = 'fast', precision='auto') -> jax.Array:
 
 def fast_expm(a: jax.Array, taylor: Optional[Taylor] = None, form: str = 'auto',
               precision='auto') -> jax.Array:
-  """expm(a, 'fast') with the Taylor scheme `taylor` (default: TAYLOR12, the library's), in
-  `form` (FORMS: 'auto' by platform), at `precision` (`per_platform`)."""
+  """expm(a, 'fast') with the Taylor scheme `taylor` (default: the form's, TAYLORS), in `form`
+  (FORMS: 'auto' by platform, PLATFORM_FORMS), at `precision` (`per_platform`)."""
   if form not in FORMS:
     raise ValueError(f'fast_expm form={form!r} is unknown; use one of {FORMS}.')
   flat, shape = _stack(a)
@@ -100,9 +101,7 @@ def fast_expm(a: jax.Array, taylor: Optional[Taylor] = None, form: str = 'auto',
     return _rotation_2x2(flat).reshape(shape)
   if not flat.shape[0]:  # Nothing to exponentiate (e.g. every position at the origin).
     return flat.reshape(shape)
-  taylor = taylor or TAYLOR12
-  form_of = lambda platform: (form if form != 'auto' else 'cond' if platform == 'cpu'
-                              else 'select')
+  form_of = lambda platform: PLATFORM_FORMS[platform] if form == 'auto' else form
   with jax.named_scope('liere_expm'):
     return per_platform(lambda platform: _form(taylor, form_of(platform), platform == 'cpu'),
                         precision, flat).reshape(shape)
@@ -111,8 +110,12 @@ def fast_expm(a: jax.Array, taylor: Optional[Taylor] = None, form: str = 'auto',
 @functools.lru_cache(maxsize=None)
 def _form(taylor, form, cpu):
   """One form of fast on [m, b, b] (a cached function: equal branches are traced once)."""
+  taylor = taylor or TAYLORS[form]
   if form == 'select':
     return functools.partial(_select_stack, taylor)
+  if form == 'loop':
+    fn = functools.partial(_loop_expm, taylor)
+    return (lambda x: _map_chunks(fn, x, _CHUNK_BYTES_CPU)) if cpu else fn
   budget = _CHUNK_BYTES_CPU if cpu else _CHUNK_BYTES
   return lambda x: _map_chunks(jax.checkpoint(functools.partial(_cond_expm, taylor)), x, budget)
 
@@ -133,14 +136,13 @@ def _rotation_2x2(a):
   return jnp.stack([jnp.stack([c, s], -1), jnp.stack([-s, c], -1)], -2)
 
 
-def _fast_budget():
-  return _CHUNK_BYTES_CPU if jax.default_backend() == 'cpu' else _CHUNK_BYTES
-
-
-def chunks(a: jax.Array) -> jax.Array:
-  """a [m, b, b] as `fast_cond` splits it on this backend: [n_chunks, chunk, b, b], the last
-  chunk zero-padded."""
-  return _chunked(a, _fast_budget())
+def chunks(a: jax.Array, form: str = 'cond') -> jax.Array:
+  """a [m, b, b] as `form` ('cond' or 'loop') splits it on this backend into pieces of one scale
+  each: [n_chunks, chunk, b, b], the last chunk zero-padded."""
+  cpu = jax.default_backend() == 'cpu'
+  if form == 'loop' and not cpu:
+    return a[None]
+  return _chunked(a, _CHUNK_BYTES_CPU if cpu else _CHUNK_BYTES)
 
 
 def _chunked(a, budget):
@@ -163,22 +165,27 @@ def _map_chunks(fn, a, budget):
   return out.reshape(-1, *a.shape[1:])[:a.shape[0]]
 
 
-def squarings(chunk: jax.Array, taylor: Optional[Taylor] = None) -> jax.Array:
-  """The squarings `fast_cond` (with `taylor`, default TAYLOR12) applies to a chunk [c, b, b]."""
-  taylor = taylor or TAYLOR12
-  return jnp.max(_squarings(taylor.powers(chunk), taylor.theta, _MAX_SQUARINGS))
+def squarings(chunk: jax.Array, taylor: Optional[Taylor] = None, form: str = 'cond') -> jax.Array:
+  """The squarings `form` ('cond' or 'loop'; with `taylor`, default the form's) applies to a
+  chunk [c, b, b] (`chunks`)."""
+  taylor = taylor or TAYLORS[form]
+  cap = _MAX_SQUARINGS if form == 'cond' else None
+  return jnp.max(_squarings(taylor.powers(chunk), taylor.theta, cap))
 
 
-def _squarings(powers, theta, cap):
+def _squarings(powers, theta, cap=None):
   """Squarings per matrix [c], from the highest power a^k of the unscaled matrices: the scaled
-  spectral radius ends at most theta (up to 2**cap)."""
+  spectral radius ends at most theta (up to 2**cap; no cap: as far as float32 goes). A matrix
+  with a non-finite entry gets none (its result is NaN either way: no endless loop)."""
   # A skew-symmetric matrix is normal: the Taylor remainder at x is bounded through rho(x) in
   # the 2-norm, and rho(a) <= ||a^k||_1^(1/k) <= ||a||_1 (tighter than the 1-norm, and free:
-  # the powers are needed anyway).
+  # the powers are needed anyway). ||a||_1 where a^k overflows.
   k = max(powers)
-  norm = jax.lax.stop_gradient(jnp.max(jnp.sum(jnp.abs(powers[k]), axis=-2), axis=-1))
-  norm = norm ** (1 / k) / theta
-  return jnp.clip(jnp.ceil(jnp.log2(jnp.maximum(norm, 1e-30))), 0, cap).astype(jnp.int32)
+  norm = lambda p: jnp.max(jnp.sum(jnp.abs(p), axis=-2), axis=-1)
+  bound = norm(powers[k]) ** (1 / k)
+  bound = jax.lax.stop_gradient(jnp.where(jnp.isfinite(bound), bound, norm(powers[1])))
+  s = jnp.ceil(jnp.log2(jnp.maximum(bound / theta, 1e-30)))
+  return jnp.where(jnp.isfinite(s), jnp.clip(s, 0, cap), 0).astype(jnp.int32)
 
 
 def _scaled_polynomial(taylor, powers, s):
@@ -191,6 +198,45 @@ def _newton_schulz(r):
   """One Newton-Schulz step to the nearest orthogonal matrix: squaring doubles the rounding
   error each time; this removes the part of it that breaks orthogonality."""
   return 1.5 * r - 0.5 * matmul(r, matmul(jnp.swapaxes(r, -1, -2), r))
+
+
+def _loop_expm(taylor, a):
+  """fast_loop on a [c, b, b]: one scale for the stack, from its largest bound, and that many
+  squarings in a while loop."""
+  return _newton_schulz(_squared_taylor(taylor, _DOTS.get())(a))
+
+
+def _taylor_squared(taylor, powers, s):
+  """p(a 2^-s)^(2^s) from a's powers, s a scalar: the squarings a while loop (on a TPU it runs
+  on the device; on a GPU each trip's predicate goes to the host)."""
+  return jax.lax.fori_loop(0, s, lambda _, y: matmul(y, y), _scaled_polynomial(taylor, powers, s))
+
+
+@functools.lru_cache(maxsize=None)
+def _squared_taylor(taylor, d):
+  """a [c, b, b] -> p(a 2^-s)^(2^s) with s the stack's squarings, products at d, as a function
+  whose VJP keeps a and s alone.
+
+  p and the squarings make a polynomial q in a, and the adjoint of a polynomial's derivative at
+  a is its derivative at a^T: the VJP of cotangent g is jvp(q, a^T, g), the same program run
+  forward on a^T with g as tangent (3 products a product, nothing stored; reverse mode would
+  keep every intermediate, and cannot go through a loop of unknown trip count).
+  """
+  def fwd(a):
+    with _products(d.forward):
+      powers = taylor.powers(a)
+      s = jnp.max(_squarings(powers, taylor.theta))
+      return _taylor_squared(taylor, powers, s), (a, s)
+
+  def bwd(res, g):
+    a, s = res
+    q = lambda x: _taylor_squared(taylor, taylor.powers(x), s)
+    with _products(d.backward):
+      return jax.jvp(q, (jnp.swapaxes(a, -1, -2),), (g,))[1],
+
+  run = jax.custom_vjp(lambda a: fwd(a)[0])
+  run.defvjp(fwd, bwd)
+  return run
 
 
 def _cond_expm(taylor, a):
@@ -257,12 +303,20 @@ def _dots(precision, platform: str) -> dots_lib.Dots:
 @functools.lru_cache(maxsize=256)  # Equal (fn, d) give one function: platform_dependent's dedup.
 def _with_dots(fn, d: dots_lib.Dots):
   def run(*args):
-    token = _DOTS.set(d)
-    try:
+    with _products(d):
       return fn(*args)
-    finally:
-      _DOTS.reset(token)
   return run
+
+
+@contextlib.contextmanager
+def _products(d):
+  """`matmul` inside is d: a Dots (its forward, with a VJP at its backward), or a plain product
+  (x, y) -> x @ y, which forward-mode differentiation goes through (fast_loop)."""
+  token = _DOTS.set(d)
+  try:
+    yield
+  finally:
+    _DOTS.reset(token)
 
 
 def matmul(x: jax.Array, y: jax.Array) -> jax.Array:
@@ -271,7 +325,7 @@ def matmul(x: jax.Array, y: jax.Array) -> jax.Array:
   d = _DOTS.get()
   if d is None:
     return per_platform(lambda _: matmul, 'auto', x, y)
-  return _matmul(d)(x, y)
+  return _matmul(d)(x, y) if isinstance(d, dots_lib.Dots) else d(x, y)
 
 
 def _cpu_auto() -> dots_lib.Dots:
@@ -305,23 +359,92 @@ def _matmul(d: dots_lib.Dots):
   return mm
 
 
-def _powers12(a):
+def _powers4(a):
   a2 = matmul(a, a)
   return {1: a, 2: a2, 4: matmul(a2, a2)}
 
 
-def _taylor12(x):
+def _taylor12_ps(x):
   """Degree 12 by Paterson-Stockmeyer from x, x^2, x^4 (one more product: x^3)."""
   x1, x2, x4 = x[1], x[2], x[4]
+  x = {1: x1, 2: x2, 3: matmul(x2, x1)}
   eye = jnp.eye(x1.shape[-1], dtype=x1.dtype)
-  x3 = matmul(x2, x1)
-  c = _TAYLOR
-  block = lambda j: c[j] * eye + c[j + 1] * x1 + c[j + 2] * x2 + c[j + 3] * x3
+  c = [1.0 / math.factorial(k) for k in range(13)]
+  block = lambda j: c[j] * eye + _combine(c[j + 1:j + 4], x)
   r = block(8) + c[12] * x4
   r = block(4) + matmul(x4, r)
   return block(0) + matmul(x4, r)
 
 
-# Degree 12 up to a scaled spectral radius of 1: remainder < 1/13! ~ 2e-10. Products: a^2, a^4,
-# x^3 and 2 in the polynomial.
-TAYLOR12 = Taylor(powers=_powers12, polynomial=_taylor12, theta=1.0, products=5)
+def _powers3(a):
+  a2 = matmul(a, a)
+  return {1: a, 2: a2, 3: matmul(a2, a)}
+
+
+def _combine(c, x):
+  """c[0] x + c[1] x^2 + c[2] x^3 (+ c[3] x^6) from the powers x (no identity term)."""
+  return sum(ci * x[k] for ci, k in zip(c[1:], (2, 3, 6))) + c[0] * x[1]
+
+
+# Bader, Blanes and Casas (2019), "Computing the matrix exponential with an optimized Taylor
+# polynomial approximation": Taylor's degree 12 in 4 products (x^2, x^3 and 2) and 18 in 5 (x^6
+# and 2 more), coefficients as published there (rows: B_i's of I, x, x^2, x^3[, x^6]); both are
+# exp's Taylor sum to 2e-16 relative (test_expm_taylor). theta: the float32 thresholds the paper
+# gives for unit roundoff 2^-24 (also torch.linalg.matrix_exp's), here on the spectral-radius
+# bound.
+_B12 = ((9.0198e-16, 0.46932117595418237389, -0.20099424927047284052, -0.04623946134063071740),
+        (5.31597895759871264183, 1.19926790417132231573, 0.01179296240992997031,
+         0.01108844528519167989),
+        (0.18188869982170434744, 0.05502798439925399070, 0.09351590770535414968,
+         0.00610700528898058230),
+        (-2.0861320e-13, -0.13181061013830184015, -0.02027855540589259079,
+         -0.00675951846863086359))
+_B18 = ((0., -1.00365581030144618291e-01, -8.02924648241156932449e-03,
+         -8.92138498045729985177e-04, 0.),
+        (0., 3.97849749499645077844e-01, 1.36783778460411720168e+00,
+         4.98289622525382669416e-01, -6.37898194594723280150e-04),
+        (-1.09676396052962061844e+01, 1.68015813878906206114e+00, 5.71779846478865511061e-02,
+         -6.98210122488052056106e-03, 3.34975017086070470649e-05),
+        (-9.04316832390810593223e-02, -6.76404519071381882256e-02, 6.75961301770459654925e-02,
+         2.95552570429315521194e-02, -1.39180257516060693404e-05),
+        (0., 0., -9.23364619367118555360e-02, -1.69364939002081722752e-02,
+         -1.40086798182036094347e-05))
+
+
+def _taylor12(x):
+  """T = B1 + (B2 + X6) X6 with X6 = B3 + B4^2. Apart from I: X6 = a I + x6, B2 + X6 = c I + y,
+  T = (b1_0 + c a) I + B1' + c x6 + a y + y x6 with b1_0 + c a = 1 (b1_0 and b4_0, below 1e-12,
+  left out). Formed as published, the I of T came out of the product c a in float32, an error
+  of ~4e-7 that the squarings amplify (gradient 1.2e-5 off, against 2e-6): here I enters once,
+  exactly, and every other term is O(x)."""
+  b1, b2, b3, b4 = (_combine(c[1:], x) for c in _B12)
+  a = _B12[2][0]
+  c = _B12[1][0] + a
+  x6 = b3 + matmul(b4, b4)
+  y = b2 + x6
+  return jnp.eye(x[1].shape[-1], dtype=x[1].dtype) + b1 + c * x6 + a * y + matmul(y, x6)
+
+
+def _powers18(a):
+  """a, a^2, a^3 and a^6 (the bound: rho(a) <= ||a^6||_1^(1/6))."""
+  x = _powers3(a)
+  return {**x, 6: matmul(x[3], x[3])}
+
+
+def _taylor18(x):
+  """T = B2 + (B3 + X9) X9 with X9 = B1 B5 + B4, I split off as in _taylor12: X9 = d I + x9,
+  B3 + X9 = e I + y, T = e d I + B2' + e x9 + d y + y x9 with e d = 1."""
+  b1, b2, b3, b4, b5 = (_combine(c[1:], x) for c in _B18)
+  d = _B18[3][0]
+  e = _B18[2][0] + d
+  x9 = matmul(b1, b5) + b4
+  y = b3 + x9
+  return jnp.eye(x[1].shape[-1], dtype=x[1].dtype) + b2 + e * x9 + d * y + matmul(y, x9)
+
+
+# The forms fast_cond and fast_select as they were: degree 12 up to a scaled spectral radius of
+# 1 (remainder < 1/13! ~ 2e-10) in 5 products: a^2, a^4, x^3 and 2 in the polynomial.
+TAYLOR12_PS = Taylor(powers=_powers4, polynomial=_taylor12_ps, theta=1.0, products=5)
+TAYLOR12 = Taylor(powers=_powers3, polynomial=_taylor12, theta=1.461661507209034, products=4)
+TAYLOR18 = Taylor(powers=_powers18, polynomial=_taylor18, theta=3.010066362817634, products=5)
+TAYLORS = {'loop': TAYLOR12, 'cond': TAYLOR12_PS, 'select': TAYLOR12_PS}  # By form.

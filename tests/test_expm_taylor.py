@@ -1,6 +1,6 @@
 """expm's `fast` piece by piece, on tiny stacks (seconds: the mutation run's selection for
-expm.py, docs/mutation.md): the degree-12 polynomial is the Taylor sum of exp, each matrix gets
-the fewest squarings that bring its bound under theta, and both forms match scipy in float64."""
+expm.py, docs/mutation.md): each Taylor scheme is exp's Taylor polynomial, each matrix gets the
+fewest squarings that bring its bound under theta, and every form matches scipy in float64."""
 import math
 
 import jax.numpy as jnp
@@ -28,39 +28,53 @@ def _planes(angles, block=4):
   return a
 
 
-@pytest.mark.parametrize('radius', [1.0, 0.25])
-def test_the_polynomial_is_exp_s_taylor_sum_to_degree_12_on_the_radii_it_is_used_at(radius):
-  # theta = 1: the polynomial sees spectral radii up to 1, where its terms x^8..x^11 still
-  # weigh 1/8!..1/11! (2.5e-5..2.5e-8): a coefficient off by one degree shows.
-  x = _skew(0, 6, radius)
-  taylor = expm_lib.TAYLOR12
-  got = np.asarray(taylor.polynomial(taylor.powers(jnp.asarray(x, jnp.float32))))
-  want, term = np.zeros_like(x), np.broadcast_to(np.eye(6), x.shape)
-  for k in range(13):
-    want = want + term
-    term = term @ x / (k + 1)
-  np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
-  assert taylor.theta == 1.0
+@pytest.mark.parametrize('name,degree', [('TAYLOR12_PS', 12), ('TAYLOR12', 12), ('TAYLOR18', 18)])
+def test_each_scheme_is_exp_s_taylor_polynomial_coefficient_by_coefficient(name, degree):
+  # On the shift matrix J (ones above the diagonal), p(J) = sum_k c_k J^k: row 0 holds c_0..c_18,
+  # each checked against 1/k! to float32's resolution (a published coefficient off in its 6th
+  # digit, or a lost term, shows); nothing past the degree.
+  taylor = getattr(expm_lib, name)
+  shift = jnp.asarray(np.eye(19, k=1, dtype=np.float32))
+  got = np.asarray(taylor.polynomial(taylor.powers(shift)), np.float64)[0]
+  want = [1 / math.factorial(k) if k <= degree else 0. for k in range(19)]
+  np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30)
 
 
-@pytest.mark.parametrize('theta,cap', [(1.0, 24), (0.5, 24), (1.0, 3)])
-def test_each_matrix_gets_the_fewest_squarings_that_bring_its_bound_under_theta(theta, cap):
-  angles = [0., 0.3, 0.9, 1.5, 3.0, 100., 5e7]  # 5e7 > 2**24: past the cap.
+def test_the_squarings_thresholds_are_the_published_float32_ones():
+  assert (expm_lib.TAYLOR12_PS.theta, expm_lib.TAYLOR12.theta, expm_lib.TAYLOR18.theta) == (
+      1.0, 1.461661507209034, 3.010066362817634)
+  assert (expm_lib.TAYLOR12.products, expm_lib.TAYLOR18.products) == (4, 5)
+
+
+@pytest.mark.parametrize('theta,cap', [(1.0, 24), (0.5, 24), (1.0, 3), (1.46, None)])
+@pytest.mark.parametrize('name', ['TAYLOR12_PS', 'TAYLOR12'])
+def test_each_matrix_gets_the_fewest_squarings_that_bring_its_bound_under_theta(name, theta, cap):
+  # 5e7 > 2**24: past the cond form's cap; 1e12: a^4 overflows float32 (the bound falls back
+  # to ||a||_1, here the same); no cap (fast_loop): every matrix its own count.
+  angles = [0., 0.3, 0.9, 1.5, 3.0, 100., 5e7, 1e12]
   a = jnp.asarray(_planes(angles))
-  s = expm_lib._squarings(expm_lib.TAYLOR12.powers(a), theta, cap)
+  s = expm_lib._squarings(getattr(expm_lib, name).powers(a), theta, cap)
   want = []
   for t in angles:
     n = 0
-    while t / 2**n > theta and n < cap:
+    while t / 2**n > theta and (cap is None or n < cap):
       n += 1
     want.append(n)
   assert s.dtype == jnp.int32 and s.tolist() == want, (s, want)
 
 
-@pytest.mark.parametrize('form', ['cond', 'select'])
-def test_both_forms_match_scipy_on_small_and_large_matrices(form, block=5):
-  # Small radii alone (no squaring at all), then a stack from 0.05 to 40: `cond` scales the
-  # whole chunk by its largest, `select` each matrix by its own. One shape: one compile.
+def test_a_non_finite_matrix_gets_no_squarings():
+  # fast_loop's trip count: a NaN or infinite bound must not become a huge or endless loop.
+  a = jnp.asarray(_planes([1.0, np.nan, np.inf, 4.0]))
+  s = expm_lib._squarings(expm_lib.TAYLOR12.powers(a), expm_lib.TAYLOR12.theta)
+  assert s.tolist() == [0, 0, 0, 2], s
+
+
+@pytest.mark.parametrize('form', ['loop', 'cond', 'select'])
+def test_each_form_matches_scipy_on_small_and_large_matrices(form, block=5):
+  # Small radii alone (no squaring at all), then a stack from 0.05 to 40: `loop` and `cond`
+  # scale the whole piece by its largest, `select` each matrix by its own. One shape: one
+  # compile.
   for radii in ([0.05, 0.1, 0.2, 0.3], [0.05, 0.7, 3.0, 40.0]):
     a = np.concatenate([_skew(i, block, r)[:1] for i, r in enumerate(radii)])
     got = np.asarray(expm_lib.fast_expm(jnp.asarray(a, jnp.float32), form=form))

@@ -16,22 +16,22 @@ _NEWTON_SCHULZ = 2  # Products of the final orthogonalisation step.
 
 
 def fast_flops(a, taylor: Optional[expm.Taylor] = None, form: str = 'auto') -> int:
-  """Forward FLOPs of expm.fast_expm(a, taylor, form) on this backend ('auto': fast_cond on CPU,
-  fast_select elsewhere): per matrix the scheme's fixed products, the Newton-Schulz step's and
-  the squarings (fast_cond: its chunk's, padding included; fast_select: SELECT_CAP), 2 b^3
-  FLOPs each. 0 for b = 2 (closed form)."""
-  taylor = taylor or expm.TAYLOR12
+  """Forward FLOPs of expm.fast_expm(a, taylor, form) on this backend ('auto': expm.PLATFORM_FORMS):
+  per matrix the scheme's fixed products (taylor, default the form's), the Newton-Schulz step's
+  and the squarings (fast_loop, fast_cond: its piece's, `expm.chunks`, padding included;
+  fast_select: SELECT_CAP), 2 b^3 FLOPs each. 0 for b = 2 (closed form)."""
   a = jnp.asarray(a, jnp.float32)
   b = a.shape[-1]
   if b == 2 or a.size == 0:
     return 0
-  fixed = taylor.products + _NEWTON_SCHULZ
   if form == 'auto':
-    form = 'cond' if jax.default_backend() == 'cpu' else 'select'
+    form = expm.PLATFORM_FORMS['cuda' if jax.default_backend() == 'gpu' else jax.default_backend()]
+  taylor = taylor or expm.TAYLORS[form]
+  fixed = taylor.products + _NEWTON_SCHULZ
   if form == 'select':
     return (fixed + expm.SELECT_CAP) * (a.size // b**2) * 2 * b**3
-  chunks = expm.chunks(a.reshape(-1, b, b))
-  s = jax.jit(lambda c: jax.lax.map(lambda x: expm.squarings(x, taylor), c))(chunks)
+  chunks = expm.chunks(a.reshape(-1, b, b), form)
+  s = jax.jit(lambda c: jax.lax.map(lambda x: expm.squarings(x, taylor, form), c))(chunks)
   return int((fixed + np.asarray(s, np.int64)).sum()) * chunks.shape[1] * 2 * b**3
 
 

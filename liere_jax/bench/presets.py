@@ -33,7 +33,7 @@ def _largest(case: str, n: int):
   return a[idx], g[idx]
 
 
-def errors(a, g, forward: str, backward: str, form: str = 'select'):
+def errors(a, g, forward: str, backward: str, form: str = 'loop'):
   """(forward max abs error, gradient relative error) of fast_expm(form) with its products at
   the emulated presets, against float64; the gradient of sum(R * G) on its skew part (None for
   g None: the forward alone)."""

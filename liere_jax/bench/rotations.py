@@ -1,7 +1,7 @@
 """The rotations benchmark: a whole model's LieRE rotations (rotations.liere_rotations), the
 general path (one exponential per token) against the lattice path (exponentials at the
 primitive grid points, powers for the rest), each with the library's degree-12 Taylor scheme
-and the degree-18 one defined here, side by side in one process. See liere_jax.bench."""
+and the degree-18 one (expm.TAYLOR18), side by side in one process. See liere_jax.bench."""
 import functools
 import statistics
 
@@ -14,38 +14,7 @@ from liere_jax.bench.expm import _timed
 from liere_jax.bench.flops import liere_flops
 from liere_jax.positions import grid_positions, with_prefix
 
-# Degree 18 in 5 products (the structure of Bader, Blanes and Casas, 2019, with coefficients
-# solved for it): T18 = B2 + (B3 + A9) A9, A9 = B1 B5 + B4, each B a combination of
-# (I, A, A^2, A^3[, A^6]). Used up to a scaled spectral radius of 3, it needs fewer squarings
-# than degree 12, but its float32 cancellation is larger, and the squarings double it.
-_B18 = dict(
-    b1=(-0.03972234290870274, 0.4592669618428011, 0.03674135694742408, 0.0040823729941582305),
-    b5=(1.2556627441679866, -0.3537439410937628, -0.08089101398254882, 0.014931171112628186,
-        3.0613769468148936e-06),
-    b4=(0.19404316037174738, 1.0172625235272112, 0.2471577146175959, 0.061934010098643244,
-        -3.193066231659192e-05),
-    b3=(-22.38749070489626, -1.2669451770537645, 0.03976319816519053, 0.02519350036276881,
-        -2.1923838013825762e-05),
-    b2=(4.206715553371252, 36.718065296131634, 2.9080863878591137, 0.19848404329836158,
-        0.00017616841326770723))
-
-
-def _powers18(a):
-  """a, a^2, a^3 and a^6 (the spectral-radius bound: rho(a) <= ||a^6||_1^(1/6))."""
-  a2 = expm.matmul(a, a)
-  a3 = expm.matmul(a2, a)
-  return {1: a, 2: a2, 3: a3, 6: expm.matmul(a3, a3)}
-
-
-def _taylor18(x):
-  eye = jnp.eye(x[1].shape[-1], dtype=x[1].dtype)
-  comb = lambda c: (c[0] * eye + c[1] * x[1] + c[2] * x[2] + c[3] * x[3]
-                    + (c[4] * x[6] if len(c) > 4 else 0.))
-  a9 = expm.matmul(comb(_B18['b1']), comb(_B18['b5'])) + comb(_B18['b4'])
-  return comb(_B18['b2']) + expm.matmul(comb(_B18['b3']) + a9, a9)
-
-
-TAYLOR18 = expm.Taylor(powers=_powers18, polynomial=_taylor18, theta=3.0, products=5)
+TAYLOR18 = expm.TAYLOR18
 TAYLORS = {12: expm.TAYLOR12, 18: TAYLOR18}  # By degree.
 
 ROTATION_CASES = {  # layers, heads, grid, block; 2D normalized positions, CLS at 0.
