@@ -265,9 +265,12 @@ def angle_rotations(angles: jax.Array) -> jax.Array:
   return jnp.stack([jnp.stack([c, -s], -1), jnp.stack([s, c], -1)], -2)
 
 
-APPLY = switches.Switch('apply', ('einsum', 'direct'), "rotate's form: 'einsum' (every "
-                        'block through one einsum, the rotations on the left; every platform), '
+APPLY = switches.Switch('apply', ('einsum', 'direct'), "rotate's form for blocks above 2: "
+                        "'einsum' (one einsum, the rotations on the left; every platform), "
                         "'direct' (elementwise up to 8, x on the left above; A/B only).")
+PAIRS = switches.Switch('pairs', ('rolls', 'blocks'), "rotate's form for blocks of 2: 'rolls' "
+                        "(on x's own layout), 'blocks' (x as [..., k, 2] pairs times [2, 2] "
+                        'blocks, the form before; A/B only).')
 
 
 @jax.named_scope('pe_rotate')  # Its part of a step: liere_jax.bench.compile.SCOPES.
@@ -282,16 +285,42 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
     x rotated (x' = R x per block), in x's dtype, with float32 products and sums (bf16 models
     rotate by bf16-rounded rotations).
 
-  x keeps its [B, T, H, d] layout; blocks of 2 are applied elementwise, larger ones by one einsum
-  with the rotations on the left. 'direct' (APPLY) applies blocks up to 8 elementwise: it made
-  the LieRE8 train step 1.2x slower on the CPU and 1.35x slower on an H200 (docs/benchmarks.md).
+  Blocks of 2 (every RoPE) are applied on x's own [B, T, H, d] layout (`_rotate_pairs`), blocks
+  above 2 by one einsum with the rotations on the left. 'direct' (APPLY) applies blocks up to 8
+  elementwise: it made the LieRE8 train step 1.2x slower on the CPU and 1.35x slower on an H200
+  (docs/benchmarks.md).
   """
   k, b = rot.shape[-3], rot.shape[-1]
   rot = jnp.swapaxes(rot, 0, 1).astype(x.dtype)  # [T, H or 1, k, b, b]
+  if b == 2 and PAIRS.get() == 'rolls':
+    return _rotate_pairs(x, rot)
   xr = x[..., :k * b].reshape(*x.shape[:-1], k, b)  # [B, T, H, k, b]
-  out = {'einsum': _apply_einsum, 'direct': _apply_direct}[APPLY.get()](xr, rot)
+  form = 'direct' if b == 2 else APPLY.get()
+  out = {'einsum': _apply_einsum, 'direct': _apply_direct}[form](xr, rot)
   out = out.reshape(*x.shape[:-1], k * b).astype(x.dtype)
   return jnp.concatenate([out, x[..., k * b:]], axis=-1) if k * b < x.shape[-1] else out
+
+
+def _rotate_pairs(x, rot):
+  """x [B, T, H, d] by 2 x 2 blocks rot [T, H or 1, k, 2, 2]: x' = c0 x + c1 x_next + c2 x_prev
+  elementwise, with x's neighbours along d (rolls) and coefficients [T, H or 1, d] made once per
+  call (pass-through dims: 1, 0, 0). Nothing of size 2 is a minor dimension (a TPU pads it to
+  128 lanes) and nothing [B, ...]-sized is made but x' (and its gradient)."""
+  d, k = x.shape[-1], rot.shape[-3]
+  r = rot.astype(jnp.float32)
+  zero = jnp.zeros_like(r[..., 0, 0])
+
+  def per_dim(pairs, fill):  # [T, H, k, 2] (even dim, odd dim) -> [T, H, d]
+    flat = pairs.reshape(*pairs.shape[:-2], 2 * k)
+    rest = jnp.full(flat.shape[:-1] + (d - 2 * k,), fill, jnp.float32)
+    return jnp.concatenate([flat, rest], -1) if 2 * k < d else flat
+
+  same = per_dim(jnp.stack([r[..., 0, 0], r[..., 1, 1]], -1), 1.)
+  nxt = per_dim(jnp.stack([r[..., 0, 1], zero], -1), 0.)
+  prev = per_dim(jnp.stack([zero, r[..., 1, 0]], -1), 0.)
+  xf = x.astype(jnp.float32)
+  out = same * xf + nxt * jnp.roll(xf, -1, -1) + prev * jnp.roll(xf, 1, -1)
+  return out.astype(x.dtype)
 
 
 def _elementwise(xr, rot):
@@ -307,8 +336,6 @@ def _product(spec, xr, rot, rot_first):
 
 
 def _apply_einsum(xr, rot):
-  if xr.shape[-1] == 2:
-    return _elementwise(xr, rot)
   return _product('thkij,bthkj->bthki', xr, rot, rot_first=True)
 
 
