@@ -7,27 +7,41 @@
   scipy_remat: the same under `jax.checkpoint`, per chunk of 16 MiB of matrices inside
                `lax.map`: the backward pass holds one chunk's intermediates at a time.
   fast:        b = 2 in closed form (a rotation by the angle a[0, 1]); otherwise scaling and
-               squaring from a spectral-radius bound, a degree-12 Taylor polynomial in 5 products
-               (Paterson-Stockmeyer) and a final Newton-Schulz step, in one of two forms chosen
-               per platform when the program is lowered (`jax.lax.platform_dependent`, so a
-               program lowered here for 'cuda' or 'tpu' takes that platform's form):
-    fast_cond    (CPU): ONE scale per chunk of 64 KiB of matrices (a scalar, so the squarings
-                 are real branches, `lax.cond`), chunks under `jax.checkpoint` inside `lax.map`.
-                 On a GPU each branch is a host round trip (XLA copies the predicate to the
-                 host): 72 per chunk with the backward pass.
-    fast_select  (GPU, TPU): a scale per matrix and SELECT_CAP squarings applied by select: no
-                 control flow at all. One piece, no remat, while its residuals stay under
-                 REMAT_ABOVE_BYTES; past that, chunks under `jax.checkpoint` (a `lax.map` with a
-                 static trip count).
-               Either form can be asked for by name on every platform (benchmarks, A/B).
+               squaring from a spectral-radius bound, a Taylor polynomial and a final
+               Newton-Schulz step, in a form chosen per platform when the program is lowered
+               (`jax.lax.platform_dependent`, so a program lowered here for 'cuda' or 'tpu'
+               takes that platform's form). What runs where (PLATFORM_FORMS, `per_platform`):
+
+    platform  form         one scale per      squarings                      Taylor       'auto'
+    cpu       fast_cond    64 KiB chunk       lax.cond branches, cap 2^24    PS 12, th 1  float32
+    tpu       fast_loop    the whole stack    while loop on the device       BBC 12, 1.46 bf16 x6
+    cuda      fast_loop    the whole stack    while loop: s + 1 host round   BBC 12, 1.46 bf16 x6
+                                              trips forward, s + 1 backward
+    (Taylor: TAYLORS, PS Paterson-Stockmeyer, BBC Bader-Blanes-Casas, th its theta; 'auto':
+    the products' precision, bf16 x6 = BF16_BF16_F32_X6 on a GPU, HIGHEST on a TPU.)
+
+    fast_loop    ONE scale for a piece (its largest bound: on accelerators the stack's, one
+                 reduction), its s squarings a `fori_loop` of dynamic trip count: no matrix pays
+                 for a cap, and no cap (exact as far as float32 goes). Its VJP runs the polynomial
+                 and squarings forward on a^T (`_squared_taylor`): it stores a and s alone. No
+                 conditional. On a GPU a while loop copies its predicate to the host each trip:
+                 2 (s + 1) round trips a step (s <= 9 for LieRE64 at the training range), against
+                 1,224 for fast_cond there. On this CPU it loses to fast_cond (fwd+bwd 2.1x on
+                 cifar LieRE64, 1.2x on LieRE8: docs/benchmarks.md), so the CPU keeps that.
+    fast_cond    ONE scale per chunk, chunks under `jax.checkpoint` inside `lax.map`, the
+                 squarings real branches (`lax.cond`; on a GPU each a host round trip).
+    fast_select  a scale per matrix and SELECT_CAP squarings applied by select, no control flow:
+                 every matrix pays for the cap, and past it the result is wrong. Kept for A/B
+                 (what accelerators ran before fast_loop), as fast_cond on accelerators.
+               Every form can be asked for by name on every platform (benchmarks, A/B).
 Products run at `precision` (`per_platform`): 'highest' is float32 everywhere; 'auto' keeps it on
 CPU and uses six bf16 passes on accelerators (tensor cores; a TPU's HIGHEST), which keep
 float32's error (docs/benchmarks.md; `liere_jax.dots` emulates the presets on CPU).
 
 `per_platform` runs a computation (the exponential, the lattice table's products) with its
 products at each platform's precision. `fast_expm(a, taylor, form, precision)` is `fast` with
-another Taylor scheme (a `Taylor`; liere_jax.bench times one) or a fixed form; `chunks` /
-`squarings` say how `fast_cond` splits a stack and scales each chunk.
+another Taylor scheme (a `Taylor`: TAYLOR18 for A/B) or a fixed form; `chunks` / `squarings`
+say how `fast_cond` and `fast_loop` split a stack and scale each piece.
 """
 
 import contextlib
@@ -45,7 +59,7 @@ from liere_jax import dots as dots_lib
 METHODS = ('fast', 'fast_loop', 'fast_cond', 'fast_select', 'scipy', 'scipy_remat')
 FORMS = ('auto', 'loop', 'cond', 'select')
 PRECISIONS = ('auto', 'highest')
-PLATFORM_FORMS = {'cpu': 'loop', 'tpu': 'loop', 'cuda': 'loop'}  # form='auto' (cuda: any GPU).
+PLATFORM_FORMS = {'cpu': 'cond', 'tpu': 'loop', 'cuda': 'loop'}  # form='auto' (cuda: any GPU).
 _MAX_SQUARINGS = 24  # fast_cond: scaled norms up to 2**24, far beyond any position range in use.
 # fast_select: every matrix pays for SELECT_CAP squarings. 16 covers spectral radii up to 2**16:
 # the init's largest is 2**11 for LieRE64 at 4x the position range of our configs, and 2**9 at
