@@ -92,26 +92,16 @@ def train(trainer, workdir: str, init_params=None, progress: bool = True, stop=N
   logger = Logger(workdir)
   bar = tqdm(total=loop.total_steps, initial=start, disable=not progress
              or jax.process_index() != 0, desc='train', unit='step')
-  t0, seen, preempted, saved = time.time(), 0, None, start
-  meta_of = lambda step: {'step': step, 'data_position': step, 'seed': loop.seed}
+  t0, seen, preempted = time.time(), 0, None
   try:
     for step in range(start + 1, loop.total_steps + 1):
-      try:
-        local = next(batches)
-      except Exception:  # pylint: disable=broad-except
-        if stop.cause is None:
-          raise
-        # A data worker ended by the SIGTERM (sent to the process group while it started,
-        # before it could ignore it: data/pipeline.py): the last complete step is the one reached.
-        preempted = step - 1
-        if preempted > saved:
-          checkpoint.save(latest, preempted, state, meta_of(preempted))
-        break
-      batch = trainer.global_batch(local)
+      # With data workers, SIGTERM to the process group leaves the batches to come; a worker
+      # that it ended while starting leaves them to this process (data/pipeline.py).
+      batch = trainer.global_batch(next(batches))
       state, metrics = trainer.train_step(state, batch)
       seen += loop.batch_size
       bar.update()
-      meta = meta_of(step)
+      meta = {'step': step, 'data_position': step, 'seed': loop.seed}
       eval_now = step == loop.total_steps or (loop.eval_every and step % loop.eval_every == 0)
       # SIGTERM (every process agrees on the step): save this step and stop.
       preempted = step if stop.reached(step) else None
@@ -138,7 +128,6 @@ def train(trainer, workdir: str, init_params=None, progress: bool = True, stop=N
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}")
       if save_now:
         checkpoint.save(latest, step, state, meta)
-        saved = step
         logger.flush()  # The metrics up to a checkpoint are kept with it.
       if eval_now:  # Also when preempted: it belongs to this step, which is then complete.
         accuracy = evaluation.evaluate(trainer, state['params'])
@@ -157,11 +146,9 @@ def train(trainer, workdir: str, init_params=None, progress: bool = True, stop=N
     mngr.wait_until_finished()
     mngr.close()
   logger.close()
-  if preempted is not None:
-    print(f'{stop.cause} at step {preempted} (process {jax.process_index()}): ' + (
-        f'saved step {preempted} to {workdir}; run the same command to resume there.'
-        if preempted else 'nothing to save yet; run the same command to start again.'),
-        flush=True)
+  if preempted:
+    print(f'{stop.cause} at step {preempted} (process {jax.process_index()}): saved step '
+          f'{preempted} to {workdir}; run the same command to resume there.', flush=True)
   return preempted
 
 

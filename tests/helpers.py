@@ -8,9 +8,11 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 from flax import nnx
 import numpy as np
+import pytest
 
 import liere_jax.configs
 from liere_jax import config_lib
@@ -94,30 +96,62 @@ def xla_flags(devices: int) -> str:
   return ' '.join([f'--xla_force_host_platform_device_count={devices}', *flags])
 
 
-def python(args, devices=1, cwd=ROOT, env=None, wait=True, timeout=600):
+def python(args, devices=1, cwd=ROOT, env=None, wait=True, timeout=600, **popen):
   """`python ARGS` with `devices` fake CPU devices (and the session's other XLA flags) and
   this checkout on PYTHONPATH, output and errors together: (returncode, output), or the running
-  Popen with wait=False."""
+  Popen with wait=False. `popen`: more Popen arguments (process_group)."""
   env = dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
              **(env or {}))
   proc = subprocess.Popen([sys.executable, *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+                          stderr=subprocess.STDOUT, text=True, **popen)
   if not wait:
     return proc
   out, _ = proc.communicate(timeout=timeout)
   return proc.returncode, out
 
 
-def run_tiny(program, workdir, *args, devices=1, wait=True, env=None, cwd=None):
+def run_tiny(program, workdir, *args, devices=1, wait=True, env=None, cwd=None, **popen):
   """`python -m liere_jax.<program>` (train or eval) on the tiny arrows run (TINY_RUN), from
   another directory than the checkout (as an installed library): `cwd`, default the workdir's
-  parent (required for a gs:// workdir)."""
+  parent (required for a gs:// workdir); `popen` as for `python`."""
   cmd = ['-m', f'liere_jax.{program}', '--config', ARROWS + ':grid=4', '--workdir', str(workdir),
          *TINY_RUN, *args]
   if program == 'train':
     cmd.append('--noprogress')
   return python(cmd, devices=devices, cwd=cwd or os.path.dirname(str(workdir)), env=env,
-                wait=wait)
+                wait=wait, **popen)
+
+
+def two_processes(program, workdir, *args, cwd):
+  """`program` (train or eval) of the tiny run as two local processes (jax.distributed on
+  127.0.0.1, one device each), running, in one process group of their own: as a VM's, which
+  `os.killpg(procs[0].pid, signal.SIGTERM)` stops, their data workers too, not pytest."""
+  addr = f'127.0.0.1:{free_port()}'
+  procs = []
+  for i in range(2):
+    procs.append(run_tiny(program, workdir, *args, f'--coordinator_address={addr}',
+                          '--num_processes=2', f'--process_id={i}', cwd=cwd, wait=False,
+                          process_group=procs[0].pid if procs else 0))
+  return procs
+
+
+def wait_for(condition, *procs, timeout=300):
+  """Polls `condition` while every one of `procs` runs; a process that ends first, or the
+  timeout, fails the test (and ends the others)."""
+  deadline = time.time() + timeout
+  while not condition():
+    if any(p.poll() is not None for p in procs) or time.time() > deadline:
+      for p in procs:
+        p.kill()
+      pytest.fail(f'no longer waiting: {[p.communicate()[0][-3000:] for p in procs]}')
+    time.sleep(0.05)
+
+
+def preempted_at(out: str) -> int:
+  """The step of the one line a preempted run prints."""
+  lines = [l for l in out.splitlines() if l.startswith('Preempted (SIGTERM')]
+  assert len(lines) == 1, out
+  return int(lines[0].split(' at step ')[1].split()[0])
 
 
 def override(config, overrides: dict):

@@ -9,7 +9,6 @@ programs are the slow part) is one test, not a fixture shared by several."""
 import os
 import signal
 import sys
-import time
 
 import jax
 import numpy as np
@@ -21,7 +20,7 @@ from liere_jax.data import prepare
 from liere_jax.config import run as run_spec
 from liere_jax.config.data import resolve_data
 from tests import datasets, gcs, helpers, reference
-from tests.helpers import ROOT, free_port, run_tiny
+from tests.helpers import ROOT, free_port, preempted_at, run_tiny, two_processes, wait_for
 
 RUN = 'gs://bucket/run'
 
@@ -30,34 +29,6 @@ RUN = 'gs://bucket/run'
 def store():
   with gcs.emulator():
     yield
-
-
-def _wait(condition, *procs, timeout=300):
-  """Polls `condition` while every one of `procs` runs; a process that ends first, or the
-  timeout, fails the test (and ends the others)."""
-  deadline = time.time() + timeout
-  while not condition():
-    if any(p.poll() is not None for p in procs) or time.time() > deadline:
-      for p in procs:
-        p.kill()
-      pytest.fail(f'no longer waiting: {[p.communicate()[0][-3000:] for p in procs]}')
-    time.sleep(0.05)
-
-
-def _two_processes(program, workdir, *args, cwd):
-  """`program` (train or eval) of the tiny run as two local processes (jax.distributed on
-  127.0.0.1, one device each), running."""
-  addr = f'127.0.0.1:{free_port()}'
-  return [run_tiny(program, workdir, *args, f'--coordinator_address={addr}',
-                   '--num_processes=2', f'--process_id={i}', cwd=cwd, wait=False)
-          for i in range(2)]
-
-
-def _preempted_at(out: str) -> int:
-  """The step of the one line a preempted run prints."""
-  lines = [l for l in out.splitlines() if l.startswith('Preempted (SIGTERM')]
-  assert len(lines) == 1, out
-  return int(lines[0].split(' at step ')[1].split()[0])
 
 
 def _same_params(a, b):
@@ -78,12 +49,13 @@ def test_a_run_in_a_bucket_survives_sigterm_and_sigkill_bit_identically_and_is_r
   args = ('--config.total_steps=4', '--config.checkpoint_every=2')
   ckpts = f'{RUN}/checkpoints'
   proc = run_tiny('train', RUN, *args, cwd=cwd, wait=False)
-  _wait(lambda: paths.path(f'{RUN}/config.json').exists(), proc)  # SIGTERM is handled by then.
+  # SIGTERM is handled once the config is written.
+  wait_for(lambda: paths.path(f'{RUN}/config.json').exists(), proc)
   proc.send_signal(signal.SIGTERM)
   out = proc.communicate(timeout=300)[0]
   assert proc.returncode == 143, out
   # Between scheduled checkpoints (every 2 steps): nothing but the step reached is saved.
-  step = _preempted_at(out)
+  step = preempted_at(out)
   assert step % 2 == 1 and checkpoint.steps_in(ckpts) == [step], out
   assert out.strip().splitlines()[-1] == (
       f'Preempted (SIGTERM) at step {step} (process 0): saved step {step} to {RUN}; run the '
@@ -91,7 +63,7 @@ def test_a_run_in_a_bucket_survives_sigterm_and_sigkill_bit_identically_and_is_r
   # SIGKILL once step 2 is being written (on a bucket a step is written in place, committed
   # last): the rerun resumes from the last whole step.
   proc = run_tiny('train', RUN, *args, cwd=cwd, wait=False)
-  _wait(lambda: 2 in checkpoint.steps_in(ckpts), proc)
+  wait_for(lambda: 2 in checkpoint.steps_in(ckpts), proc)
   proc.kill()
   assert f'Resumed from step {step}.' in proc.communicate(timeout=300)[0]
   rc, out = run_tiny('train', RUN, *args, cwd=cwd)
@@ -168,18 +140,18 @@ def test_two_processes_on_one_bucket_stop_together_on_sigterm_and_resume_bit_ide
   work = 'gs://bucket/two'
   args = ('--config.total_steps=6', '--config.checkpoint_every=4', '--config.eval_every=2',
           f'--config.model_init={init}')
-  procs = _two_processes('train', work, *args, cwd=tmp_path)
+  procs = two_processes('train', work, *args, cwd=tmp_path)
   # The evaluation at step 2 (compiled then) holds both processes there a while.
-  _wait(lambda: 2 in checkpoint.steps_in(f'{work}/checkpoints'), *procs)
+  wait_for(lambda: 2 in checkpoint.steps_in(f'{work}/checkpoints'), *procs)
   procs[1].send_signal(signal.SIGTERM)  # One process told: both stop at one step.
   outs = [p.communicate(timeout=300)[0] for p in procs]
   assert [p.returncode for p in procs] == [143, 143], outs
-  steps = {_preempted_at(out) for out in outs}
+  steps = {preempted_at(out) for out in outs}
   assert len(steps) == 1, outs
   step = steps.pop()
   assert step in (3, 5) and checkpoint.steps_in(f'{work}/checkpoints')[-1] == step, outs
   assert f'Started from the parameters of {init}' in outs[0]
-  procs = _two_processes('train', work, *args, cwd=tmp_path)
+  procs = two_processes('train', work, *args, cwd=tmp_path)
   outs = [p.communicate(timeout=300)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], outs
   assert all(f'Resumed from step {step}. --config.model_init={init} is ignored' in out
@@ -189,7 +161,7 @@ def test_two_processes_on_one_bucket_stop_together_on_sigterm_and_resume_bit_ide
   reference.assert_same_state(reference.uninterrupted_state(work, 6, processes=2, init=init),
                               got)
   # eval.py takes train.py's process flags and runs on the same two processes.
-  procs = _two_processes('eval', work, cwd=tmp_path)
+  procs = two_processes('eval', work, cwd=tmp_path)
   outs = [p.communicate(timeout=300)[0] for p in procs]
   assert [p.returncode for p in procs] == [0, 0], outs
   assert paths.read_json(f'{work}/eval/results.json')['n_examples'] == 40

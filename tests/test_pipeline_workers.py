@@ -1,5 +1,8 @@
 """Grain worker processes (data.workers, to_iterator) give exactly the batches of ds[k], also on
-resume, and the `bench data` CLI reports images/s per worker count."""
+resume and when SIGTERM ends them; a run of two processes with workers stopped by SIGTERM to its
+process group saves the step they agree on and resumes bit-identically; the `bench data` CLI
+reports images/s per worker count."""
+import contextlib
 import json
 import multiprocessing
 import os
@@ -12,10 +15,11 @@ import grain
 import numpy as np
 import pytest
 
-from liere_jax import config_lib
+from liere_jax import checkpoint, config_lib
 from liere_jax.data import pipeline
 from liere_jax.config.data import resolve_data
-from tests import datasets
+from tests import datasets, reference
+from tests.helpers import preempted_at, two_processes, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,6 +64,37 @@ def test_workers_outlive_a_sigterm_to_the_process_group():
   assert not any(worker.is_alive() for worker in workers)  # close() still ends them.
 
 
+def _sigterm_while_starting(worker_index, worker_count):
+  """A worker that SIGTERM reaches before it can ignore it (in place of _outlive_sigterm)."""
+  del worker_index, worker_count
+  os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _crash_while_starting(worker_index, worker_count):
+  del worker_index, worker_count
+  os._exit(3)
+
+
+@pytest.mark.usefixtures('absl_flags_parsed')
+def test_items_of_workers_ended_by_sigterm_come_from_this_process(monkeypatch):
+  """...from the first item they did not give (a run of several processes goes on to the step
+  they agree on: the last test); workers ended otherwise still fail the iterator."""
+  monkeypatch.setattr(pipeline, '_outlive_sigterm', _sigterm_while_starting)
+  it = pipeline.to_iterator(grain.MapDataset.range(64), start=5, workers=2, threads=1,
+                            prefetch=1)
+  try:
+    assert [next(it) for _ in range(5, 40)] == list(range(5, 40))
+  finally:
+    it.close()
+  monkeypatch.setattr(pipeline, '_outlive_sigterm', _crash_while_starting)
+  it = pipeline.to_iterator(grain.MapDataset.range(64), workers=1, threads=1, prefetch=1)
+  try:
+    with pytest.raises(RuntimeError, match='terminated unexpectedly with exit code 3'):
+      next(it)
+  finally:
+    it.close()
+
+
 @pytest.mark.usefixtures('absl_flags_parsed')
 def test_workers_and_resume_give_the_batches_of_ds_k(tmp_path):
   datasets.prepare(datasets.Cifar100, str(tmp_path), sizes=dict(train=12, test=4))
@@ -96,3 +131,55 @@ def test_bench_data_cli_json():
   assert res['cores'] >= 1 and res['batch_size'] == 4 and 'stand-in' in res['data']
   assert res['input_shape'] == [32, 32, 3] and res['measured']
   assert 'images/CPU s' in proc.stdout  # The table came first.
+
+
+def _workers_of(pid: int) -> list:
+  """The pids of the processes that `pid` spawned (multiprocessing's spawn: Grain's workers)."""
+  found = []
+  for child in os.listdir('/proc'):
+    try:
+      stat = open(f'/proc/{child}/stat').read()
+      spawned = b'spawn_main' in open(f'/proc/{child}/cmdline', 'rb').read()
+    except (OSError, ValueError):  # Not a process, or one that just ended.
+      continue
+    if spawned and int(stat.rsplit(')', 1)[1].split()[1]) == pid:
+      found.append(int(child))
+  return found
+
+
+def test_two_processes_with_workers_stopped_by_sigterm_to_their_group_save_the_agreed_step(
+    tmp_path):
+  """Two processes (jax.distributed, one device each) with data.workers=2, sent SIGTERM as a
+  pod's VMs shut down: to the whole process group. Once while the workers start (the signal ends
+  those it reaches before they ignore it; their batches then come from the training process),
+  once mid-run in the resumed run (at its first evaluation; the workers ignore it). Both
+  times both processes save the step they agree on and exit 143, and the state saved the second
+  time is bit-identical to the same steps uninterrupted (tests/reference.py)."""
+  work = tmp_path / 'run'
+  args = ('--config.total_steps=6', '--config.checkpoint_every=2', '--config.eval_every=2',
+          '--config.data.workers=2')
+  ckpts = str(work / 'checkpoints')
+  stops = []
+  for moment in ('workers start', 'mid-run'):
+    procs = two_processes('train', work, *args, cwd=tmp_path)
+    try:
+      if moment == 'workers start':
+        wait_for(lambda: all(_workers_of(p.pid) for p in procs), *procs, timeout=120)
+      else:  # The resumed run saved a step: at an evaluation, which holds it there a while.
+        wait_for(lambda: checkpoint.steps_in(ckpts)[-1] > stops[0], *procs, timeout=120)
+      os.killpg(procs[0].pid, signal.SIGTERM)
+      outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:  # Workers whose process was killed (a failed test) would outlive it.
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(procs[0].pid, signal.SIGKILL)
+    assert [p.returncode for p in procs] == [143, 143], (moment, outs)
+    steps = {preempted_at(out) for out in outs}
+    assert len(steps) == 1, (moment, outs)
+    stops.append(steps.pop())
+    assert checkpoint.steps_in(ckpts)[-1] == stops[-1], (moment, outs)
+    if moment == 'workers start':  # Ended by it: a worker that had not yet ignored SIGTERM.
+      assert any('A data worker was ended by SIGTERM' in out for out in outs), outs
+    else:
+      assert all(f'Resumed from step {stops[0]}.' in out for out in outs), outs
+  reference.assert_same_state(reference.uninterrupted_state(work, stops[1], processes=2),
+                              reference.stored_state(work))

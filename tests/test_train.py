@@ -8,7 +8,6 @@ import dataclasses
 import json
 import os
 import re
-import signal
 
 import jax
 import numpy as np
@@ -187,24 +186,6 @@ def test_non_finite_state_stops_and_keeps_the_last_good_checkpoint(tiny_run, tmp
   batch = next(data.to_iterator(data.train_dataset(trainer.run.data, global_batch_size=16, seed=0),
                                 start=3))  # Step s trains on batch s - 1.
   assert np.isfinite(float(trainer.loss_step(p, trainer.global_batch(batch))))
-
-
-def test_a_data_worker_ended_by_the_sigterm_stops_the_run_at_its_last_complete_step(
-    tmp_path, monkeypatch):
-  """SIGTERM to the process group while a Grain worker starts (before it ignores SIGTERM: the
-  pipeline's other test) ends that worker, and the next batch fails: the run saves the last
-  step it completed and stops as preempted, rather than failing unsaved."""
-  iterator = data.to_iterator
-
-  def workers_ended_at_batch_3(ds, *, start, **kw):
-    for k, batch in enumerate(iterator(ds, start=start), start):
-      if k == 3:  # Step 4's batch.
-        os.kill(os.getpid(), signal.SIGTERM)  # Noted by the run's handler (train_lib).
-        raise RuntimeError('Worker process was terminated unexpectedly with exit code -15.')
-      yield batch
-  monkeypatch.setattr(data, 'to_iterator', workers_ended_at_batch_3)
-  assert train_tiny(tmp_path / 'run', total_steps=8, checkpoint_every=100, log_every=100) == 3
-  assert checkpoint.manager(str(tmp_path / 'run')).latest_step() == 3
 
 
 def test_dropout_changes_the_step_and_its_masks_are_a_function_of_seed_and_step():

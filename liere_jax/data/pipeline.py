@@ -28,11 +28,13 @@ Preparing data (no dataset is downloaded here): `python -m liere_jax.data.prepar
 --download_dir=DL --data_dir=DIR` turns the original download in DL into the TFDS dataset,
 without TensorFlow (liere_jax/data/prepare.py; docs/configs.md, "Data").
 """
+import functools
 import math
 import signal
 from typing import Any, Dict, Iterator, Optional, Sequence
 
 from absl import flags
+from absl import logging
 import grain
 import numpy as np
 
@@ -164,18 +166,23 @@ def to_iterator(ds: grain.MapDataset, *, start: int = 0, workers: int = 0, threa
   order through shared memory (so about N (prefetch + 2) items exist at once). Workers are
   spawned and import the main module: call this under `if __name__ == '__main__'` with absl
   flags parsed (app.run), and close() the iterator when done (else they end when it is
-  collected).
+  collected). A worker ended by SIGTERM (`_outlive_sigterm`) leaves the items to this process.
   """
   if workers and not flags.FLAGS.is_parsed():
     raise RuntimeError(f'workers={workers}: Grain worker processes read absl flags; run under '
                        'absl.app.run (as train.py does), or call '
                        'absl.flags.FLAGS.mark_as_parsed() first.')
-  it = ds[start:].to_iter_dataset(
+  read = functools.partial(_read, ds, threads=threads, prefetch=prefetch)
+  if not workers:
+    return iter(read(start))
+  return _Workers(read, start, read(start).mp_prefetch(
+      grain.MultiprocessingOptions(num_workers=workers), worker_init_fn=_outlive_sigterm))
+
+
+def _read(ds: grain.MapDataset, start: int, *, threads: int, prefetch: int) -> grain.IterDataset:
+  """ds[start:] read by `threads` threads of this process, `prefetch` items ahead."""
+  return ds[start:].to_iter_dataset(
       grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch))
-  if workers:
-    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers),
-                        worker_init_fn=_outlive_sigterm)
-  return iter(it)
 
 
 def _outlive_sigterm(worker_index: int, worker_count: int):
@@ -185,3 +192,33 @@ def _outlive_sigterm(worker_index: int, worker_count: int):
   it; it ends them itself (close(): an event, then SIGKILL)."""
   del worker_index, worker_count
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class _Workers:
+  """The items of Grain's workers, and from the first that they fail to give, a worker having
+  been ended by SIGTERM (the signal reached it while it started, before `_outlive_sigterm`), the
+  same items read in this process: the run goes on to the step that its processes agree to stop
+  at (train_lib.Preemption) and saves it, as without workers."""
+
+  def __init__(self, read, start: int, workers: grain.IterDataset):
+    self._read, self._next, self._it = read, start, iter(workers)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> Example:
+    try:
+      item = next(self._it)
+    except RuntimeError as error:
+      if f'terminated unexpectedly with exit code {-signal.SIGTERM}.' not in str(error):
+        raise
+      logging.warning('A data worker was ended by SIGTERM; item %d on is read in this process.',
+                      self._next)
+      self._it.close()
+      self._it = iter(self._read(self._next))
+      item = next(self._it)
+    self._next += 1
+    return item
+
+  def close(self):
+    self._it.close()
