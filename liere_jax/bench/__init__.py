@@ -8,6 +8,8 @@ r"""Benchmarks: the matrix exponential on realistic LieRE cases, whole train/eva
   python -m liere_jax.bench data --config configs/imagenet.py --config.batch_size=32 \
       [--workers 0,1,2] [--batches N] [--repeats N] [--json]
   python -m liere_jax.bench lower --config configs/imagenet.py:pe=liere64 --platform cuda [--json]
+  python -m liere_jax.bench compile --config configs/imagenet.py:pe=liere64 --topology v5litepod-256 \
+      [--vs pe=abs] [--train_only] [--json]
   python -m liere_jax.bench profile --config configs/imagenet.py:pe=liere64 [--steps N] [--json]
   python -m liere_jax.bench presets [--case NAME] [--json]
 
@@ -51,7 +53,10 @@ machine).
 
 lower: the train step lowered for --platform (cuda, tpu, cpu) on this machine, as that
 platform runs it (lower.py): data-dependent conditionals, while loops, and the precisions of
-LieRE's products. profile: a jax.profiler trace of the train step summarized (profile.py):
+LieRE's products. compile: the train and eval steps compiled for a Cloud TPU slice by the TPU
+compiler on this machine (compile.py; needs requirements-tpu.txt): per chip memory against the
+chip's HBM, the compiler's FLOPs and bytes, a roofline step estimate, the rotary encodings'
+share of the traffic; a run that does not fit is refused in one line (exit 2). profile: a jax.profiler trace of the train step summarized (profile.py):
 device-busy fraction, kernels and device-to-host copies per step, top kernels. presets: the
 exponential's error with its products at each dot-algorithm preset, emulated on CPU
 (presets.py; the CPU computes the BF16 presets in float32 and refuses the TF32 ones).
@@ -60,8 +65,8 @@ Timings use block_until_ready and nothing device-specific: the same command runs
 and TPU. The last line of --json output is the machine-readable result.
 
 Modules: expm.py (bench expm), rotations.py (bench rotations and the degree-18 scheme),
-flops.py (counted FLOPs of the exponentials), step.py (bench step), peer.py (the official
-code's step), data.py (bench data), lower.py (bench lower), profile.py (bench profile),
+flops.py (counted FLOPs of the exponentials, the model's from its shapes), step.py (bench step), peer.py (the official
+code's step), data.py (bench data), lower.py (bench lower), compile.py (bench compile), profile.py (bench profile),
 presets.py (bench presets),
 __main__.py (the command line).
 """

@@ -119,9 +119,9 @@ def _abstract(tree, shardings):
                       shardings)
 
 
-def compile_steps(run, devices, eval_step: bool = True) -> dict:
-  """The run's train step (and eval step) compiled for `devices` with the mesh, shardings and
-  batch train.py uses there: {'train': Compiled, 'eval': Compiled}."""
+def compile_steps(run, devices, steps=('train', 'eval')) -> dict:
+  """The run's train and eval steps (`steps`) compiled for `devices` with the mesh, shardings
+  and batch train.py uses there: {'train': Compiled, 'eval': Compiled}."""
   from liere_jax import train_lib
   trainer = train_lib.Trainer(run, train_lib.make_mesh(devices, run.loop.model_parallel))
   m = run.model
@@ -132,8 +132,10 @@ def compile_steps(run, devices, eval_step: bool = True) -> dict:
   batch = _abstract(batch, {k: trainer.batch_sharding for k in batch})
   out = {}
   with jax.set_mesh(trainer.mesh):
-    out['train'] = trainer.train_step.jitted.trace(trainer.abstract_state, batch).lower().compile()
-    if eval_step:
+    if 'train' in steps:
+      out['train'] = trainer.train_step.jitted.trace(trainer.abstract_state,
+                                                     batch).lower().compile()
+    if 'eval' in steps:
       params = _abstract(trainer.param_shapes, trainer.param_sharding)
       ctx = jax.eval_shape(lambda p: trainer._pe_context_fn(p, m.train_grid, None), params)
       ctx = _abstract(ctx, jax.tree.map(lambda _: trainer.replicated, ctx))
@@ -268,7 +270,7 @@ class DoesNotFit(Exception):
 
 def _compile(run, devices, eval_step):
   try:
-    return compile_steps(run, devices, eval_step)
+    return compile_steps(run, devices, ('train', 'eval') if eval_step else ('train',))
   except Exception as e:  # pylint: disable=broad-except
     m = _OOM.search(str(e))
     if m is None:
@@ -343,7 +345,11 @@ def compile_report(run, slice_, eval_step: bool = True, top: int = 5) -> dict:
     res[name] = dict(mem, flops=flops, bytes=nbytes, model_flops=useful, step_s=step_s,
                      bound='memory' if nbytes / chip.hbm_bw > flops / chip.peak_flops
                      else 'compute', mfu=useful / step_s / chip.peak_flops if step_s else None)
-  traffic = hlo_traffic(compiled['train'].as_text())
+  text = compiled['train'].as_text()
+  # A data-dependent conditional would be a branch the TPU decides while running: none expected.
+  res['train']['conditionals'] = len(re.findall(r' conditional\(', text))
+  res['train']['while_loops'] = len(re.findall(r' while\(', text))
+  traffic = hlo_traffic(text)
   total = sum(r['padded_bytes'] for r in traffic) or 1
   parts = {part: sum(r['padded_bytes'] for r in traffic if r['scope'] == part) / total
            for _, part in SCOPES}
@@ -420,6 +426,10 @@ def compile_table(results: list, names: list) -> str:
   for _, part in SCOPES:
     row(f'  {part} % of traffic', [100 * r['train']['parts'].get(part, 0.) if 'train' in r
                                    else None for r in results], '10.1f')
+  row('train conditionals / while loops', [None for _ in results])
+  lines[-1] = f"{'train conditionals / while loops':34s}" + ''.join(
+      f"{r['train']['conditionals']:>6d} / {r['train']['while_loops']:<2d}" if 'train' in r
+      else '         -' for r in results)
   row('eval need GiB', get('eval', 'need', GiB))
   row('eval est. step ms', get('eval', 'step_s', 1e-3))
   for i, r in enumerate(results):
@@ -451,7 +461,7 @@ def check_fit(config, target: str, name: str = 'The run'):
            (len(devices) // run.loop.model_parallel), 'mesh': {
                'data': len(devices) // run.loop.model_parallel}, 'fits': True}
     try:
-      ma = compile_steps(run, devices, eval_step=False)['train'].memory_analysis()
+      ma = compile_steps(run, devices, ('train',))['train'].memory_analysis()
       res['state'] = ma.argument_size_in_bytes
       res['need'] = (ma.argument_size_in_bytes + ma.output_size_in_bytes
                      - ma.alias_size_in_bytes + ma.temp_size_in_bytes)
