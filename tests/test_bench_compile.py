@@ -92,7 +92,7 @@ def test_a_tiny_run_compiles_for_a_one_host_and_a_multi_host_slice(topology):
   train, evals = res['train'], res['eval']
   assert 0 < train['need'] <= res['need'] < s.chip.hbm and 0 < evals['need']
   assert train['arguments'] > 0 and train['temporaries'] > 0 and train['aliased'] > 0
-  assert train['flops'] > train['model_flops'] > 0 and train['bytes'] > 0
+  assert 0.5 < train['flops'] / train['model_flops'] < 5 and train['bytes'] > 0
   assert train['step_s'] == max(train['flops'] / s.chip.peak_flops,
                                 train['bytes'] / s.chip.hbm_bw)
   assert train['conditionals'] == 0  # No branch decided on the device.
