@@ -128,13 +128,14 @@ def test_select_form_chunks_and_recomputes_only_past_its_memory_rule(monkeypatch
   from liere_jax import expm
   from liere_jax.bench import lower
   # Branches are traced once per shape: each half takes its own stack size.
-  loops = lambda m: lower.summarize(jax.jit(jax.grad(lambda x: jnp.sum(expm.fast_expm(x)))).trace(
+  loops = lambda m: lower.summarize(jax.jit(jax.grad(lambda x: jnp.sum(expm.fast_expm(
+      x, form='select')))).trace(
       jnp.zeros((m, 8, 8))).lower(lowering_platforms=('cuda',)).compiler_ir('stablehlo'),
                                     'cuda')['while_loops']
-  assert not expm.select_remat(expm.TAYLOR12, 63, 8) and loops(63) == 0
+  assert not expm.select_remat(expm.TAYLOR12_PS, 63, 8) and loops(63) == 0
   monkeypatch.setattr(expm, 'REMAT_ABOVE_BYTES', 1000)
   monkeypatch.setattr(expm, '_CHUNK_BYTES', 4 * 64 * 8)  # 4 matrices a chunk
-  assert expm.select_remat(expm.TAYLOR12, 64, 8) and loops(64) > 0
+  assert expm.select_remat(expm.TAYLOR12_PS, 64, 8) and loops(64) > 0
 
 
 def test_attention_asks_for_cudnn_on_a_gpu_unless_switched_to_xla(monkeypatch):
