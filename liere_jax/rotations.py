@@ -268,7 +268,7 @@ def angle_rotations(angles: jax.Array) -> jax.Array:
 APPLY = switches.Switch('apply', ('einsum', 'direct'), "rotate's form for blocks above 2: "
                         "'einsum' (one einsum, the rotations on the left; every platform), "
                         "'direct' (elementwise up to 8, x on the left above; A/B only).")
-PAIRS = switches.Switch('pairs', ('rolls', 'blocks'), "rotate's form for blocks of 2: 'rolls' "
+PAIRS = switches.Switch('pairs', ('swap', 'blocks'), "rotate's form for blocks of 2: 'swap' "
                         "(on x's own layout), 'blocks' (x as [..., k, 2] pairs times [2, 2] "
                         'blocks, the form before; A/B only).')
 
@@ -292,7 +292,7 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
   """
   k, b = rot.shape[-3], rot.shape[-1]
   rot = jnp.swapaxes(rot, 0, 1).astype(x.dtype)  # [T, H or 1, k, b, b]
-  if b == 2 and PAIRS.get() == 'rolls':
+  if b == 2 and PAIRS.get() == 'swap':
     return _rotate_pairs(x, rot)
   xr = x[..., :k * b].reshape(*x.shape[:-1], k, b)  # [B, T, H, k, b]
   form = 'direct' if b == 2 else APPLY.get()
@@ -302,25 +302,62 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
 
 
 def _rotate_pairs(x, rot):
-  """x [B, T, H, d] by 2 x 2 blocks rot [T, H or 1, k, 2, 2]: x' = c0 x + c1 x_next + c2 x_prev
-  elementwise, with x's neighbours along d (rolls) and coefficients [T, H or 1, d] made once per
-  call (pass-through dims: 1, 0, 0). Nothing of size 2 is a minor dimension (a TPU pads it to
-  128 lanes) and nothing [B, ...]-sized is made but x' (and its gradient)."""
+  """x [B, T, H, d] by 2 x 2 blocks rot [T, H or 1, k, 2, 2] on x's own layout: x' = c0 x +
+  c1 swap(x), swap exchanging the two dims of each pair, coefficients [T, H or 1, d] made once
+  per call (pass-through dims: 1 and 0). Nothing of size 2 is a minor dimension (a TPU pads it
+  to 128 lanes)."""
   d, k = x.shape[-1], rot.shape[-3]
   r = rot.astype(jnp.float32)
-  zero = jnp.zeros_like(r[..., 0, 0])
 
-  def per_dim(pairs, fill):  # [T, H, k, 2] (even dim, odd dim) -> [T, H, d]
-    flat = pairs.reshape(*pairs.shape[:-2], 2 * k)
+  def per_dim(even, odd, fill):  # [T, H, k] each -> [T, H, d], interleaved
+    flat = jnp.stack([even, odd], -1).reshape(*even.shape[:-1], 2 * k)
     rest = jnp.full(flat.shape[:-1] + (d - 2 * k,), fill, jnp.float32)
     return jnp.concatenate([flat, rest], -1) if 2 * k < d else flat
 
-  same = per_dim(jnp.stack([r[..., 0, 0], r[..., 1, 1]], -1), 1.)
-  nxt = per_dim(jnp.stack([r[..., 0, 1], zero], -1), 0.)
-  prev = per_dim(jnp.stack([zero, r[..., 1, 0]], -1), 0.)
-  xf = x.astype(jnp.float32)
-  out = same * xf + nxt * jnp.roll(xf, -1, -1) + prev * jnp.roll(xf, 1, -1)
-  return out.astype(x.dtype)
+  c0 = per_dim(r[..., 0, 0], r[..., 1, 1], 1.)
+  c1 = per_dim(r[..., 0, 1], r[..., 1, 0], 0.)
+  return _pairs(x, c0, c1)
+
+
+def _swap(x):
+  """x [..., d] with the dims of each pair (2j, 2j + 1) exchanged (the last of odd d stays): a
+  product with a permutation, exact in x's dtype, which the compilers keep on x's layout where
+  a reshape to [..., d/2, 2] would not be."""
+  swap = jnp.asarray(np.eye(x.shape[-1])[_pair_swap(x.shape[-1])], x.dtype)
+  precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else None
+  return jnp.matmul(x, swap, precision=precision)
+
+
+def _pair_swap(d):
+  perm = np.arange(d) ^ 1
+  perm[perm >= d] = d - 1
+  return perm
+
+
+@jax.custom_vjp
+def _pairs(x, c0, c1):
+  """c0 x + c1 swap(x) in float32, in x's dtype; c0, c1 [T, H or 1, d] against x [B, T, H, d]."""
+  return (c0 * x.astype(jnp.float32) + c1 * _swap(x).astype(jnp.float32)).astype(x.dtype)
+
+
+def _pairs_fwd(x, c0, c1):
+  return _pairs(x, c0, c1), (x, c0, c1)
+
+
+def _pairs_bwd(res, g):
+  """One pass over g and x: dx = c0 g + swap(c1) swap(g) (swap is its own transpose), dc = sums
+  over the batch. Only x (the projection's output, kept anyway) is saved, not a float32 copy;
+  every swap is of x's dtype."""
+  x, c0, c1 = res
+  f32 = lambda a: a.astype(jnp.float32)
+  dx = (c0 * f32(g) + c1[..., _pair_swap(x.shape[-1])] * f32(_swap(g))).astype(x.dtype)
+
+  def over_batch(y, c):  # [B, T, H, d] -> c's [T, H or 1, d]
+    return jnp.sum(y, (0, 2) if c.shape[1] < y.shape[2] else 0).reshape(c.shape)
+  return dx, over_batch(f32(g) * f32(x), c0), over_batch(f32(g) * f32(_swap(x)), c1)
+
+
+_pairs.defvjp(_pairs_fwd, _pairs_bwd)
 
 
 def _elementwise(xr, rot):

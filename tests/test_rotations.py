@@ -216,3 +216,23 @@ def test_a_single_patch_grid_is_the_identity_rotation():
   for pos in (np.zeros((2, 2), np.float32), jnp.zeros((2, 2))):
     rot = rotations.liere_rotations(gen, pos, 8)
     np.testing.assert_array_equal(np.asarray(rot), np.broadcast_to(np.eye(8), rot.shape))
+
+
+@pytest.mark.parametrize('heads, d', [(3, 64), (1, 70), (3, 7)])
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_pairs_on_x_layout_equal_the_blocks_form_forward_and_backward(heads, d, dtype):
+  """Blocks of 2 on x's own layout (the default) and as [..., k, 2] x [2, 2] blocks (the form
+  before, PAIRS 'blocks'): the same x' and the same gradients in x and R, bit for bit; rotations
+  per head or shared (H or 1), dims past the last pair pass through, any 2 x 2 block."""
+  rng = np.random.default_rng(d)
+  x = jnp.asarray(rng.standard_normal((2, 5, 3, d)), dtype)
+  rot = jnp.asarray(rng.standard_normal((heads, 5, min(32, d // 2), 2, 2)), jnp.float32)
+  weight = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+  run = lambda: jax.value_and_grad(lambda x, r: jnp.sum(
+      rotations.rotate(x, r).astype(jnp.float32) * weight), (0, 1))(x, rot)
+  new = run()
+  with rotations.PAIRS('blocks'):
+    old = run()
+  for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(old)):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(rotations.rotate(x, rot)[..., 64:], x[..., 64:])
