@@ -115,6 +115,34 @@ def test_taylor18_matches_float64_and_the_library_keeps_degree_12():
   np.testing.assert_array_equal(np.asarray(expm.fast_expm(jnp.asarray(a))), r12)
 
 
+def test_step_mfu_counts_the_model_from_shapes_as_the_tpu_compiler_does():
+  """bench step's MFU numerator (model_flops, from the ViT's shapes) against the TPU compiler's
+  count of an abs train step compiled deviceless (every product XLA's, no loop); XLA's count is
+  withheld where a library does the products (a GPU's cuBLAS GEMMs) or a loop hides work."""
+  pytest.importorskip('libtpu', reason='requirements-tpu.txt')
+  from liere_jax.bench import compile as tpu
+  from liere_jax.bench import step
+  from liere_jax.bench.flops import model_flops
+  from liere_jax.config import run as run_spec
+  cfg, _ = helpers.tiny_config_and_batch(64)
+  cfg.model.update(width=512, mlp_dim=2048, heads=8, depth=2)
+  cfg.model.pe.name, cfg.batch_size = 'abs', 64
+  run = run_spec.resolve(cfg, 1)
+  devices = tpu.slice_devices(tpu.parse_slice('v5litepod-1'))
+  compiled = tpu.compile_steps(run, devices, steps=('train',))['train']
+  ratio = step._flops(compiled) / model_flops(run.model, 64)
+  assert 1.0 <= ratio < 1.1, ratio  # XLA adds norms, softmax, GELU and Adam.
+  assert step.peak_flops(devices[0].device_kind) == 197e12  # v5e
+
+  class Compiled:  # What a GPU compiles: its GEMMs as cuBLAS custom calls; or a loop.
+    def __init__(self, text):
+      self.as_text = lambda: text
+    cost_analysis = compiled.cost_analysis
+  gemm = '%d = f32[8,8]{1,0} custom-call(%a, %b), custom_call_target="__cublas$gemm"'
+  assert step._flops(Compiled(compiled.as_text() + gemm)) is None
+  assert step._flops(Compiled('%w = (s32[]) while(%t), condition=%c, body=%b')) is None
+
+
 def test_with_args_appends_and_replaces():
   assert bench.with_args('c.py:variant=Ti', 'pe=abs') == 'c.py:variant=Ti,pe=abs'
   assert bench.with_args('c.py:pe=liere8,variant=Ti', 'pe=abs') == 'c.py:variant=Ti,pe=abs'

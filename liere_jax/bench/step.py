@@ -1,6 +1,7 @@
 """The step benchmark: train and eval steps of a config (A) against a baseline (B), and
 optionally the official PyTorch LieRE train step of A's shape (peer.py). See liere_jax.bench."""
 import ast
+import re
 import statistics
 import time
 
@@ -14,7 +15,8 @@ from liere_jax import config_lib, model, rotations, switches  # pylint: disable=
 from liere_jax.switches import SWITCHES
 from liere_jax.bench import peer
 from liere_jax.bench.expm import _fmt, _timed
-from liere_jax.bench.flops import liere_flops
+from liere_jax.bench.compile import CHIPS
+from liere_jax.bench.flops import liere_flops, model_flops
 
 
 def load_config(spec: str, overrides: dict):
@@ -97,6 +99,7 @@ class _StepBench:
     self.eval_compile_s = time.perf_counter() - t0
     self.flops = _flops(self.train_c)
     self.eval_flops = _flops(self.eval_c)
+    self.model_flops = model_flops(t.spec, config.batch_size)
     self.expm_flops = _expm_flops(t, self.state['params'], self.grid, mesh.shape['data'])
     self.times = {'train': [], 'eval': []}
     self.extra = {}
@@ -159,8 +162,18 @@ def _expm_flops(trainer, params, grid, n):
   return {'per_device': per_device, 'one_device': one_device, 'devices': n}
 
 
+# Library calls whose FLOPs XLA's cost analysis does not see (cuBLAS / cuDNN GEMMs, convolutions
+# and attention on GPUs; oneDNN's on CPUs).
+_OPAQUE_CALLS = re.compile(r'custom_call_target="(__cublas|__cudnn|__onednn)')
+
+
 def _flops(compiled):
+  """XLA's FLOP count of a compiled step, None where it is not the whole step: the products
+  handed to a library (custom calls) are missing, and a loop's body is counted once."""
   try:
+    text = compiled.as_text()
+    if _OPAQUE_CALLS.search(text) or re.search(r'\swhile\(', text):
+      return None
     cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):
       cost = cost[0]
@@ -200,7 +213,7 @@ def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakd
     res = _run_steps(a, b, off, names, steps, warmup, breakdown)
     kind = jax.devices()[0].device_kind
     res['device_kind'] = kind
-    res['peak_flops'] = next((v for k, v in PEAK_BF16_FLOPS.items() if k in kind), None)
+    res['peak_flops'] = peak_flops(kind)
     return res
   finally:
     if off is not None:
@@ -235,6 +248,7 @@ def _run_steps(a, b, off, names, steps, warmup, breakdown):
       'eval_ratio': med(a, 'eval') / med(b, 'eval'),
       'compile_s': a.compile_s, 'baseline_compile_s': b.compile_s,
       'eval_compile_s': a.eval_compile_s, 'baseline_eval_compile_s': b.eval_compile_s,
+      'model_flops_train': a.model_flops, 'baseline_model_flops_train': b.model_flops,
       'flops_train': a.flops, 'baseline_flops_train': b.flops,
       'flops_eval': a.eval_flops, 'baseline_flops_eval': b.eval_flops,
       'expm_flops': a.expm_flops,
@@ -258,8 +272,15 @@ def _run_steps(a, b, off, names, steps, warmup, breakdown):
   return res
 
 
-# Dense bf16 tensor-core peaks (vendor data sheets), for the model FLOP utilisation.
+# Dense bf16 tensor-core peaks (vendor data sheets), for the model FLOP utilisation; TPUs'
+# from bench.compile.CHIPS.
 PEAK_BF16_FLOPS = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12, 'L4': 121e12}
+
+
+def peak_flops(device_kind: str):
+  """The bf16 peak FLOP/s of a device, None where not known (CPUs)."""
+  tpu = next((c.peak_flops for c in CHIPS.values() if c.device_kind == device_kind), None)
+  return tpu or next((v for k, v in PEAK_BF16_FLOPS.items() if k in device_kind), None)
 
 
 def step_table(res) -> str:
@@ -272,13 +293,17 @@ def step_table(res) -> str:
   row('eval step, cached (s)', res['eval_s'], res['baseline_eval_s'])
   row('compile train (s)', res['compile_s'], res['baseline_compile_s'])
   row('compile eval (s)', res['eval_compile_s'], res['baseline_eval_compile_s'])
+  # MFU counts the ViT's products from its shapes (bench.flops.model_flops); XLA's count is shown
+  # only where it is the whole step ('-': a library's GEMMs or a loop body it misses).
+  row('train GFLOP (model)', _g(res['model_flops_train']), _g(res['baseline_model_flops_train']))
   row('train GFLOP (XLA)', _g(res['flops_train']), _g(res['baseline_flops_train']))
   per_s = lambda t: res['batch_size'] / t if t else None
   row('train images/s', per_s(res['train_s']), per_s(res['baseline_train_s']))
-  if res.get('peak_flops'):  # XLA counts a loop body once: exact for steps without loops (abs).
-    mfu = lambda f, t: f / t / res['peak_flops'] if f and t else None
-    row(f"MFU ({res['peak_flops'] / 1e12:.0f} TFLOP/s)", mfu(res['flops_train'], res['train_s']),
-        mfu(res['baseline_flops_train'], res['baseline_train_s']))
+  if res.get('peak_flops'):
+    mfu = lambda f, t: f / t / res['peak_flops']
+    row(f"MFU ({res['peak_flops'] / 1e12:.0f} TFLOP/s)",
+        mfu(res['model_flops_train'], res['train_s']),
+        mfu(res['baseline_model_flops_train'], res['baseline_train_s']))
   row('eval GFLOP (XLA)', _g(res['flops_eval']), _g(res['baseline_flops_eval']))
   if res.get('expm_flops'):
     e = res['expm_flops']
