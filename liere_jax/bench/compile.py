@@ -354,6 +354,11 @@ def compile_report(run, slice_, eval_step: bool = True, top: int = 5) -> dict:
   parts = {part: sum(r['padded_bytes'] for r in traffic if r['scope'] == part) / total
            for _, part in SCOPES}
   res['train']['parts'] = {k: v for k, v in parts.items() if v}
+  by_op = {}
+  for r in traffic:
+    key = f"{r['scope']}: {r['op_name'].replace('jit(_train_step)/', '')}"
+    by_op[key] = by_op.get(key, 0) + r['padded_bytes']
+  res['train']['by_op'] = dict(sorted(by_op.items(), key=lambda kv: -kv[1])[:200])
   res['train']['largest'] = [
       {k: r[k] for k in ('opcode', 'scope', 'op_name', 'count', 'bytes', 'padded_bytes')}
       | {'type': r['type'][:80]} for r in sorted(traffic, key=lambda r: -r['padded_bytes'])[:top]]
@@ -432,13 +437,20 @@ def compile_table(results: list, names: list) -> str:
       else '         -' for r in results)
   row('eval need GiB', get('eval', 'need', GiB))
   row('eval est. step ms', get('eval', 'step_s', 1e-3))
+  if len(results) == 2 and all('train' in r for r in results):
+    a_ops, b_ops = (r['train']['by_op'] for r in results)
+    diff = {k: a_ops.get(k, 0) - b_ops.get(k, 0) for k in set(a_ops) | set(b_ops)}
+    lines.append("A - B: where the train steps' traffic differs most (MB as laid out, summed by "
+                 'op name over layers and loops):')
+    for k, v in sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:8]:
+      lines.append(f'  {v / 1e6:+10.1f} MB  {k[-100:]}')
   for i, r in enumerate(results):
     if 'train' not in r:
       continue
     lines.append(f'{chr(65 + i)}: largest HBM traffic of the train step (bytes as laid out, '
                  'loops counted):')
     for x in r['train']['largest']:
-      lines.append(f"  {x['padded_bytes'] / 1e9:8.2f} GB  {x['scope']:20s} {x['opcode']:12s} "
+      lines.append(f"  {x['padded_bytes'] / 1e6:10.1f} MB  {x['scope']:20s} {x['opcode']:12s} "
                    f"{x['type'][:50]}  {x['op_name'][-60:]}")
   return '\n'.join(lines)
 
