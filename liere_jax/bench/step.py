@@ -287,8 +287,8 @@ def step_table(res) -> str:
   lines = [f"A = {res['config']}", f"B = {res['baseline']}",
            f"{'':22s} {'A':>10s} {'B':>10s} {'A / B':>8s}"]
   row = lambda name, x, y: lines.append(
-      f'{name:22s} {_fmt(x, "10.4f")} {_fmt(y, "10.4f")} '
-      f'{_fmt(x / y if x and y else None, "8.3f")}')
+      f'{name:22s} {_fmt(x, "10.4f"):>10s} {_fmt(y, "10.4f"):>10s} '
+      f'{_fmt(x / y if x and y else None, "8.3f"):>8s}')
   row('train step (s)', res['train_s'], res['baseline_train_s'])
   row('eval step, cached (s)', res['eval_s'], res['baseline_eval_s'])
   row('compile train (s)', res['compile_s'], res['baseline_compile_s'])
