@@ -204,6 +204,7 @@ def _lattice_rotations(generators, plan: LatticePlan, block: int, exp, precision
   return out.reshape(l, h, len(plan.token_slot), k, block, block)
 
 
+@jax.named_scope('liere_lattice')  # Reading the table: the lattice path's traffic.
 def take_static(x: jax.Array, idx: np.ndarray) -> jax.Array:
   """x[:, idx] for static numpy indices, whose backward is gathers, not XLA's scatter-add (a
   serial loop on CPU)."""

@@ -103,7 +103,7 @@ def cost_table(out) -> str:
       continue
     t, b = r['train'], base['train'] if base else None
     parts = ' / '.join(f"{100 * t['parts'].get(p, 0):.0f}" for p in
-                       ('exponential', 'lattice products', 'rotation application'))
+                       ('exponential', 'lattice', 'rotation application'))
     lines.append(f"| {cell.split(':')[1]} | {_gib(r['need'])} | {t['flops'] / 1e12:.2f} | "
                  f"{t['bytes'] / 1e9:.0f} | {t['bytes'] / b['bytes'] if b else 0:.2f} | "
                  f"{t['step_s'] * 1e3:.1f} | {t['step_s'] / b['step_s'] if b else 0:.2f} | "

@@ -151,7 +151,7 @@ def compile_steps(run, devices, steps=('train', 'eval')) -> dict:
 # --- What the compiled program does: memory, the compiler's counts, the roofline, LieRE's part.
 
 # Named scopes (jax.named_scope in the library) -> the part of the step they are.
-SCOPES = (('liere_expm', 'exponential'), ('liere_lattice', 'lattice products'),
+SCOPES = (('liere_expm', 'exponential'), ('liere_lattice', 'lattice'),
           ('pe_rotate', 'rotation application'))
 _DTYPE_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 's4': 1, 'u4': 1, 'bf16': 2, 'f16': 2, 's16': 2,
                 'u16': 2, 'f32': 4, 's32': 4, 'u32': 4, 'f64': 8, 's64': 8, 'u64': 8,
