@@ -95,8 +95,7 @@ def train(trainer, workdir: str, init_params=None, progress: bool = True, stop=N
   t0, seen, preempted = time.time(), 0, None
   try:
     for step in range(start + 1, loop.total_steps + 1):
-      # With data workers, SIGTERM to the process group leaves the batches to come; a worker
-      # that it ended while starting leaves them to this process (data/pipeline.py).
+      # Data workers outlive SIGTERM to the process group (data/pipeline.py): the batches come.
       batch = trainer.global_batch(next(batches))
       state, metrics = trainer.train_step(state, batch)
       seen += loop.batch_size

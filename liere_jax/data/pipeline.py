@@ -28,13 +28,13 @@ Preparing data (no dataset is downloaded here): `python -m liere_jax.data.prepar
 --download_dir=DL --data_dir=DIR` turns the original download in DL into the TFDS dataset,
 without TensorFlow (liere_jax/data/prepare.py; docs/configs.md, "Data").
 """
-import functools
+import contextlib
 import math
+from multiprocessing import resource_tracker
 import signal
 from typing import Any, Dict, Iterator, Optional, Sequence
 
 from absl import flags
-from absl import logging
 import grain
 import numpy as np
 
@@ -166,59 +166,60 @@ def to_iterator(ds: grain.MapDataset, *, start: int = 0, workers: int = 0, threa
   order through shared memory (so about N (prefetch + 2) items exist at once). Workers are
   spawned and import the main module: call this under `if __name__ == '__main__'` with absl
   flags parsed (app.run), and close() the iterator when done (else they end when it is
-  collected). A worker ended by SIGTERM (`_outlive_sigterm`) leaves the items to this process.
+  collected). The workers outlive a SIGTERM, also one that comes while they start (_Workers).
   """
   if workers and not flags.FLAGS.is_parsed():
     raise RuntimeError(f'workers={workers}: Grain worker processes read absl flags; run under '
                        'absl.app.run (as train.py does), or call '
                        'absl.flags.FLAGS.mark_as_parsed() first.')
-  read = functools.partial(_read, ds, threads=threads, prefetch=prefetch)
-  if not workers:
-    return iter(read(start))
-  return _Workers(read, start, read(start).mp_prefetch(
-      grain.MultiprocessingOptions(num_workers=workers), worker_init_fn=_outlive_sigterm))
-
-
-def _read(ds: grain.MapDataset, start: int, *, threads: int, prefetch: int) -> grain.IterDataset:
-  """ds[start:] read by `threads` threads of this process, `prefetch` items ahead."""
-  return ds[start:].to_iter_dataset(
+  it = ds[start:].to_iter_dataset(
       grain.ReadOptions(num_threads=threads, prefetch_buffer_size=prefetch))
+  if not workers:
+    return iter(it)
+  return _Workers(it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers),
+                                 worker_init_fn=_outlive_sigterm))
 
 
 def _outlive_sigterm(worker_index: int, worker_count: int):
-  """In each worker process: SIGTERM sent to the whole process group (`kill -- -PGID`, a
-  container or job scheduler stopping the run) leaves the workers running, so that the main
-  process, which notes it (train_lib.Preemption), gets the batches to reach its step and save
-  it; it ends them itself (close(): an event, then SIGKILL)."""
+  """In each worker process, first thing: SIGTERM sent to the whole process group (`kill --
+  -PGID`, a VM shutting down, a job scheduler) leaves the workers running, so that the main
+  process, which notes it (train_lib.Preemption), gets the batches to reach the step its
+  processes agree on and save it; it ends them itself (close(): an event, then SIGKILL). The
+  worker started with SIGTERM blocked (_Workers): one that came before is dropped here too."""
   del worker_index, worker_count
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 class _Workers:
-  """The items of Grain's workers, and from the first that they fail to give, a worker having
-  been ended by SIGTERM (the signal reached it while it started, before `_outlive_sigterm`), the
-  same items read in this process: the run goes on to the step that its processes agree to stop
-  at (train_lib.Preemption) and saves it, as without workers."""
+  """Grain's workers, started and read with SIGTERM blocked in this thread. The processes it
+  starts, and the threads that start them, inherit that mask: a SIGTERM that reaches a worker
+  while it starts waits for `_outlive_sigterm` instead of ending it (the run would then fail
+  unsaved, or hang: spawning blocks on a dead worker once the dataset it sends is more than a
+  pipe holds). This process still gets it at once, in another thread (JAX's preemption
+  notifier; Python runs train_lib.Preemption's handler in the main thread)."""
 
-  def __init__(self, read, start: int, workers: grain.IterDataset):
-    self._read, self._next, self._it = read, start, iter(workers)
+  def __init__(self, workers: grain.IterDataset):
+    # Started here first: starting it in a thread unblocks SIGTERM there (multiprocessing).
+    resource_tracker.ensure_running()
+    with _sigterm_blocked():
+      self._it = iter(workers)
 
   def __iter__(self):
     return self
 
   def __next__(self) -> Example:
-    try:
-      item = next(self._it)
-    except RuntimeError as error:
-      if f'terminated unexpectedly with exit code {-signal.SIGTERM}.' not in str(error):
-        raise
-      logging.warning('A data worker was ended by SIGTERM; item %d on is read in this process.',
-                      self._next)
-      self._it.close()
-      self._it = iter(self._read(self._next))
-      item = next(self._it)
-    self._next += 1
-    return item
+    with _sigterm_blocked():
+      return next(self._it)
 
   def close(self):
     self._it.close()
+
+
+@contextlib.contextmanager
+def _sigterm_blocked():
+  previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+  try:
+    yield
+  finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
