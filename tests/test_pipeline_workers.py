@@ -155,9 +155,12 @@ def test_two_processes_with_workers_stopped_by_sigterm_to_their_group_save_the_a
     try:
       if moment == 'workers start':
         wait_for(lambda: all(_workers_of(p.pid) for p in procs), *procs, timeout=120)
+        workers = [w for p in procs for w in _workers_of(p.pid)]
       else:  # The resumed run saved a step: at an evaluation.
         wait_for(lambda: checkpoint.steps_in(ckpts)[-1] > stops[0], *procs, timeout=120)
       os.killpg(procs[0].pid, signal.SIGTERM)
+      if moment == 'workers start':  # It reached a worker while it started: it waits there.
+        assert any(_sigterm_blocked_and_pending(w) for w in workers)
       outs = [p.communicate(timeout=120)[0] for p in procs]
     finally:  # Workers whose process was killed (a failed test) would outlive it.
       with contextlib.suppress(ProcessLookupError):
