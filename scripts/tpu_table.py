@@ -5,7 +5,8 @@ markdown tables of docs/tpu.md and docs/benchmarks.md are printed from what is t
   .venv-test/bin/python scripts/tpu_table.py [--out docs/results/tpu] [--jobs 1] [--only imagenet]
   .venv-test/bin/python scripts/tpu_table.py --cells imagenet:liere64:v5litepod-8:1024 ...
 
-A cell is config:pe:topology[:batch] (batch: the config's recipe batch when left out). The
+A cell is config:pe:topology[:batch[:KEY=VALUE...]] (batch: the config's recipe batch when left
+out or empty; KEY=VALUE: --config overrides, e.g. model.pe.expm=fast_select). The
 compiler's memory and counts are exact for that program; the step time is a roofline estimate.
 """
 import argparse
@@ -20,8 +21,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ('imagenet', 'cifar100', 'ucf101')
 PES = ('abs', 'rope_mixed', 'liere8', 'liere64')
 TOPOLOGIES = ('v5litepod-8', 'v6e-8', 'v4-8')
-# LieRE's TPU cost (docs/benchmarks.md): ImageNet ViT-B/16 at 128 images a chip on v5e-8.
+# LieRE's TPU cost (docs/benchmarks.md): ImageNet ViT-B/16 at 128 images a chip on v5e-8; the
+# exponential's form before issue 38 (fast_select) beside it.
 COST_CELLS = tuple(f'imagenet:{pe}:v5litepod-8:1024' for pe in PES)
+BEFORE_CELLS = tuple(f'imagenet:{pe}:v5litepod-8:1024:model.pe.expm=fast_select'
+                     for pe in ('liere8', 'liere64'))
 
 
 def paper_cells():
@@ -29,18 +33,20 @@ def paper_cells():
 
 
 def _file(out, cell):
-  return os.path.join(out, cell.replace(':', '_') + '.json')
+  return os.path.join(out, cell.replace(':', '_').replace('=', '-') + '.json')
 
 
 def run_cell(out, cell):
-  config, pe, topology, *batch = cell.split(':')
+  config, pe, topology, *rest = cell.split(':')
+  batch, overrides = rest[:1], rest[1:]
   path = _file(out, cell)
   if os.path.exists(path):
     return cell, 'kept'
   cmd = [sys.executable, '-m', 'liere_jax.bench', 'compile', '--config',
          f'configs/{config}.py:pe={pe}', '--topology', topology, '--train_only', '--json']
-  if batch:
+  if batch and batch[0]:
     cmd.append(f'--config.batch_size={batch[0]}')
+  cmd += [f'--config.{o}' for o in overrides]
   t0 = time.time()
   p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                      env={**os.environ, 'ALLOW_MULTIPLE_LIBTPU_LOAD': '1'})
@@ -95,16 +101,16 @@ def cost_table(out) -> str:
   base = _load(out, COST_CELLS[0])
   lines = ['| pe | GiB a chip | XLA TFLOP | XLA GB accessed | x abs | est. step ms | x abs | '
            'est. MFU | exp. / lattice / rotation % of traffic |', '|---' * 9 + '|']
-  for cell in COST_CELLS:
+  for cell in COST_CELLS + BEFORE_CELLS:
     r = _load(out, cell)
+    name = cell.split(':')[1] + ''.join(f' ({o})' for o in cell.split(':')[4:])
     if r is None or not r['fits']:
-      lines.append(f"| {cell.split(':')[1]} | {'not compiled yet' if r is None else 'no fit'} "
-                   '||||||||')
+      lines.append(f"| {name} | {'not compiled yet' if r is None else 'no fit'} ||||||||")
       continue
     t, b = r['train'], base['train'] if base else None
     parts = ' / '.join(f"{100 * t['parts'].get(p, 0):.0f}" for p in
                        ('exponential', 'lattice', 'rotation application'))
-    lines.append(f"| {cell.split(':')[1]} | {_gib(r['need'])} | {t['flops'] / 1e12:.2f} | "
+    lines.append(f"| {name} | {_gib(r['need'])} | {t['flops'] / 1e12:.2f} | "
                  f"{t['bytes'] / 1e9:.0f} | {t['bytes'] / b['bytes'] if b else 0:.2f} | "
                  f"{t['step_s'] * 1e3:.1f} | {t['step_s'] / b['step_s'] if b else 0:.2f} | "
                  f"{t['mfu']:.3f} | {parts} |")
@@ -119,7 +125,7 @@ def main():
   ap.add_argument('--only', help='only cells of this config')
   args = ap.parse_args()
   os.makedirs(args.out, exist_ok=True)
-  cells = args.cells or list(COST_CELLS) + paper_cells()
+  cells = args.cells or list(COST_CELLS) + list(BEFORE_CELLS) + paper_cells()
   cells = [c for c in cells if not args.only or c.startswith(args.only + ':')]
   with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
     for cell, status in pool.map(lambda c: run_cell(args.out, c), cells):
