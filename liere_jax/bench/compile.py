@@ -241,13 +241,17 @@ def hlo_traffic(text: str) -> list:
   out = []
   for comp, mult in count.items():
     sizes = {name: _array_bytes(t) for name, t, *_ in comps.get(comp, [])}
-    sizes.update({})  # Parameters of a loop body are its carried values: counted where used.
-    for name, type_str, opcode, operands, attrs in comps.get(comp, []):
+    names = {}  # An instruction the compiler added (a copy, a layout change) has no op_name:
+    for name, type_str, opcode, operands, attrs in comps.get(comp, []):  # its operand's, marked.
+      args = re.findall(r'%([\w.\-]+)', operands)
+      own = re.search(r'op_name="([^"]*)"', attrs)
+      names[name] = own.group(1) if own else next(
+          (f'({opcode} of) {names[a].removeprefix("(")}' for a in args if names.get(a)), '')
       if opcode in _SKIP or comp in fused:
         continue
-      read = [sizes.get(o, (0, 0)) for o in re.findall(r'%([\w.\-]+)', operands)]
+      read = [sizes.get(o, (0, 0)) for o in args]
       written = sizes[name]
-      op_name = (re.search(r'op_name="([^"]*)"', attrs) or re.search('()', '')).group(1)
+      op_name = names[name]
       scope = next((part for key, part in SCOPES if key in op_name), 'other')
       out.append({'name': name, 'opcode': opcode, 'type': type_str, 'scope': scope,
                   'op_name': op_name, 'count': mult,
