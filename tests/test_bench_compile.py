@@ -43,8 +43,9 @@ HLO = """HloModule m
   %t = (s32[], f32[8,8]{1,0:T(8,128)}) parameter(0)
   %x = f32[8,8]{1,0:T(8,128)} get-tuple-element(%t), index=1
   %f = f32[8,8]{1,0:T(8,128)} fusion(%x), kind=kLoop, calls=%fused, metadata={op_name="jit(f)/liere_expm/neg"}
+  %cp = f32[8,8]{0,1:T(8,128)} copy(%f)
   %i = s32[] get-tuple-element(%t), index=0
-  ROOT %r = (s32[], f32[8,8]{1,0:T(8,128)}) tuple(%i, %f)
+  ROOT %r = (s32[], f32[8,8]{1,0:T(8,128)}) tuple(%i, %cp)
 }
 
 %cond (c: (s32[], f32[8,8])) -> pred[] {
@@ -65,9 +66,13 @@ ENTRY %main (a: f32[8,8], b: bf16[4,256]) -> f32[8,8] {
 
 
 def test_traffic_counts_top_level_instructions_times_their_loops_and_tiles_as_laid_out():
+  """hlo_traffic on a handwritten module: what it counts, how often, in which scope."""
   rows = {r['name']: r for r in tpu.hlo_traffic(HLO)}
-  assert set(rows) == {'f', 'c0'}  # Not the fused negate, parameters, tuples or the loop.
+  assert set(rows) == {'f', 'cp', 'c0'}  # Not the fused negate, parameters, tuples, the loop.
   f, c0 = rows['f'], rows['c0']
+  # A copy the compiler added (no op name) counts as the op it copies.
+  assert rows['cp']['op_name'] == '(copy of) jit(f)/liere_expm/neg'
+  assert (rows['cp']['scope'], rows['cp']['count']) == ('exponential', 5)
   assert (f['scope'], f['count'], c0['scope'], c0['count']) == (
       'exponential', 5, 'rotation application', 1)
   assert f['bytes'] == 5 * 2 * 8 * 8 * 4  # Read and written, 5 trips.
