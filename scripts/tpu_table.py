@@ -28,8 +28,8 @@ BEFORE_CELLS = tuple(f'imagenet:{pe}:v5litepod-8:1024:model.pe.expm=fast_select'
                      for pe in ('liere8', 'liere64'))
 
 
-def paper_cells():
-  return [f'{c}:{pe}:{t}' for c in CONFIGS for t in TOPOLOGIES for pe in PES]
+def paper_cells():  # Every config on the first slice, then on the next.
+  return [f'{c}:{pe}:{t}' for t in TOPOLOGIES for c in CONFIGS for pe in PES]
 
 
 def _file(out, cell):
@@ -125,7 +125,7 @@ def main():
   ap.add_argument('--only', help='only cells of this config')
   args = ap.parse_args()
   os.makedirs(args.out, exist_ok=True)
-  cells = args.cells or list(COST_CELLS) + list(BEFORE_CELLS) + paper_cells()
+  cells = args.cells or list(COST_CELLS) + paper_cells() + list(BEFORE_CELLS)
   cells = [c for c in cells if not args.only or c.startswith(args.only + ':')]
   with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
     for cell, status in pool.map(lambda c: run_cell(args.out, c), cells):
