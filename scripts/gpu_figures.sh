@@ -5,7 +5,8 @@
 # 1. the train step of every encoding in PES against abs (ViT-B/16, BATCH); 2. a profile of
 # the LieRE64 step (device-busy fraction, kernels and device-to-host copies per step, top
 # kernels); 3. the A/B of each GPU change against the path before it (all at once, then one
-# by one: the exponential's form, its precision, rotate's form, cuDNN attention); 4. bench expm
+# by one: issue 38's squarings as a loop and RoPE pairs on x's layout first, then the
+# exponential's form, cuDNN attention, its precision, rotate's form); 4. bench expm
 # against torch.matrix_exp; 5. the official step beside ours (with OFFICIAL, a checkout of
 # github.com/StanfordMIMI/LieRE). OUT gets log.txt (everything printed), results.jsonl (each
 # bench's JSON line, tagged) and each reproduce run in RUNS as a .tgz. Environment: PY
@@ -20,9 +21,9 @@ PY=${PY:-python3}
 DEADLINE=${DEADLINE:-570}
 BATCH=${BATCH:-128}
 PES=${PES-liere64 liere8 paper_rope_mixed rope_mixed}
-AB=${AB-all expm precision apply attention}
+AB=${AB-squarings pairs all expm attention precision apply}
 RUNS=${RUNS:-}
-EXPM_ARGS=${EXPM_ARGS---repeats 3 --case imagenet_vitb16_liere64 --case imagenet_vitb16_liere8 --case cifar_vitb_liere64 --impl fast --impl fast_cond --impl torch}
+EXPM_ARGS=${EXPM_ARGS---repeats 3 --case imagenet_vitb16_liere64 --case imagenet_vitb16_liere8 --case cifar_vitb_liere64 --impl fast --impl fast_select --impl fast_cond --impl torch}
 OFFICIAL_BATCH=${OFFICIAL_BATCH:-64}
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")  # Both paths may be relative to where the script was called from.
@@ -72,13 +73,17 @@ for pe in $PES; do step "step_$pe" "pe=$pe" pe=abs; done
 section profile_liere64 120 $PY -m liere_jax.bench profile \
     --config configs/imagenet.py:pe=liere64 --config.batch_size="$BATCH" --steps 5 --json
 
-# Each change against the path before it, in one process (B = before): the exponential's form
+# Each change against the path before it, in one process (B = before): the squarings a loop
+# with the stack's count (fast_loop) against 16 kept by select (fast_select); RoPE's blocks of 2
+# on x's layout against [..., 2, 2] blocks (pairs=blocks); the exponential's form
 # (fast_cond: per-chunk branches and remat), its products (highest: float32), XLA's attention
 # instead of cuDNN's (attention=xla); and rotate's elementwise form (apply=direct), which lost.
 OLD_EXPM=config.model.pe.expm=fast_cond
 OLD_PREC=config.model.pe.expm_precision=highest
 for ab in $AB; do
   case $ab in
+    squarings) step ab_squarings pe=liere64 config.model.pe.expm=fast_select ;;
+    pairs) step ab_pairs pe=rope_mixed pairs=blocks ;;
     all) step ab_all pe=liere64 "$OLD_EXPM,$OLD_PREC,attention=xla" ;;
     expm) step ab_expm pe=liere64 "$OLD_EXPM" ;;
     precision) step ab_precision pe=liere64 "$OLD_PREC" ;;
