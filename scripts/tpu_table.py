@@ -1,6 +1,7 @@
 """The paper's configs compiled for TPU slices (bench compile), one cell at a time, resumable:
 each cell's result is kept as OUT/CONFIG_PE_TOPOLOGY.json and skipped when there; then the
-markdown tables of docs/tpu.md and docs/benchmarks.md are printed from what is there.
+markdown tables of docs/tpu.md and docs/benchmarks.md are made from what is there, printed and
+written between their markers in those files (--nowrite: printed only).
 
   .venv-test/bin/python scripts/tpu_table.py [--out docs/results/tpu] [--jobs 1] [--only imagenet]
   .venv-test/bin/python scripts/tpu_table.py --cells imagenet:liere64:v5litepod-8:1024 ...
@@ -13,6 +14,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -117,12 +119,30 @@ def cost_table(out) -> str:
   return '\n'.join(lines)
 
 
+DOCS = (('docs/tpu.md', 'TPU_TABLE', paper_table),
+        ('docs/benchmarks.md', 'COST_TABLE', cost_table))
+
+
+def write_docs(out):
+  """Each table between its markers (<!-- NAME begin --> ... <!-- NAME end -->)."""
+  for path, marker, table in DOCS:
+    path = os.path.join(ROOT, path)
+    with open(path) as f:
+      text = f.read()
+    begin, end = f'<!-- {marker} begin -->', f'<!-- {marker} end -->'
+    block = f'{begin}\n{table(out)}\n{end}'
+    text = re.sub(re.escape(begin) + '.*?' + re.escape(end), lambda _: block, text, flags=re.S)
+    with open(path, 'w') as f:
+      f.write(text)
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--out', default=os.path.join(ROOT, 'docs', 'results', 'tpu'))
   ap.add_argument('--jobs', type=int, default=1, help='cells compiled at once (RAM: ~4 GB each)')
   ap.add_argument('--cells', nargs='*', help='default: the cost cells, then the paper table')
   ap.add_argument('--only', help='only cells of this config')
+  ap.add_argument('--nowrite', action='store_true', help='print the tables, leave the docs')
   args = ap.parse_args()
   os.makedirs(args.out, exist_ok=True)
   cells = args.cells or list(COST_CELLS) + paper_cells() + list(BEFORE_CELLS)
@@ -134,6 +154,8 @@ def main():
   print(paper_table(args.out))
   print('\n## LieRE on v5e-8, ImageNet ViT-B/16 at 128 a chip (docs/benchmarks.md)\n')
   print(cost_table(args.out))
+  if not args.nowrite:
+    write_docs(args.out)
 
 
 if __name__ == '__main__':
