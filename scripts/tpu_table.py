@@ -140,12 +140,14 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--out', default=os.path.join(ROOT, 'docs', 'results', 'tpu'))
   ap.add_argument('--jobs', type=int, default=1, help='cells compiled at once (RAM: ~4 GB each)')
-  ap.add_argument('--cells', nargs='*', help='default: the cost cells, then the paper table')
+  ap.add_argument('--cells', nargs='*', help='default: the cost cells, then the paper table; '
+                  'none: only the tables')
   ap.add_argument('--only', help='only cells of this config')
   ap.add_argument('--nowrite', action='store_true', help='print the tables, leave the docs')
   args = ap.parse_args()
   os.makedirs(args.out, exist_ok=True)
-  cells = args.cells or list(COST_CELLS) + paper_cells() + list(BEFORE_CELLS)
+  cells = (list(COST_CELLS) + paper_cells() + list(BEFORE_CELLS) if args.cells is None
+           else args.cells)  # --cells alone: no compile, the tables from what is there.
   cells = [c for c in cells if not args.only or c.startswith(args.only + ':')]
   with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
     for cell, status in pool.map(lambda c: run_cell(args.out, c), cells):
