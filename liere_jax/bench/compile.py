@@ -77,7 +77,7 @@ class Slice:
           chips_per_host_bounds=self.host_shape,
           chip_config_name='megacore' if self.chip.cores_in_name else 'default')
     except Exception as e:  # pylint: disable=broad-except
-      if 'libtpu' in str(e).lower() or 'tpu' in str(e).lower():
+      if 'tpu' in str(e).lower():  # libtpu missing, or another platform's jax.
         raise RuntimeError(f'--topology {self.name} needs the TPU compiler: pip install -r '
                            f'requirements-tpu.txt ({type(e).__name__}: {str(e)[:200]})') from e
       raise
@@ -260,7 +260,8 @@ def hlo_traffic(text: str) -> list:
   return out
 
 
-_OOM = re.compile(r'required for (.+?) \(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)')
+_OOM = re.compile(r'required for (.+?) \(([\d.]+)([KMGT])\) exceeds available HBM '
+                  r'\(([\d.]+)([KMGT])\)')
 _UNIT = {'K': 2**10, 'M': 2**20, 'G': 2**30, 'T': 2**40}
 
 
