@@ -15,8 +15,9 @@
     platform  form         one scale per      squarings                      Taylor       'auto'
     cpu       fast_cond    64 KiB chunk       lax.cond branches, cap 2^24    PS 12, th 1  float32
     tpu       fast_loop    the whole stack    while loop on the device       BBC 12, 1.46 bf16 x6
-    cuda      fast_loop    the whole stack    while loop: s + 1 host round   BBC 12, 1.46 bf16 x6
-                                              trips forward, s + 1 backward
+    cuda      fast_select  the whole stack    SELECT_CAP squarings, select   PS 12, th 1  bf16 x6
+                                              (fast_loop: s + 1 host round trips
+                                              each way; untimed on a GPU yet)
     (Taylor: TAYLORS, PS Paterson-Stockmeyer, BBC Bader-Blanes-Casas, th its theta; 'auto':
     the products' precision, bf16 x6 = BF16_BF16_F32_X6 on a GPU, HIGHEST on a TPU.)
 
@@ -59,7 +60,9 @@ from liere_jax import dots as dots_lib
 METHODS = ('fast', 'fast_loop', 'fast_cond', 'fast_select', 'scipy', 'scipy_remat')
 FORMS = ('auto', 'loop', 'cond', 'select')
 PRECISIONS = ('auto', 'highest')
-PLATFORM_FORMS = {'cpu': 'cond', 'tpu': 'loop', 'cuda': 'loop'}  # form='auto' (cuda: any GPU).
+PLATFORM_FORMS = {'cpu': 'cond', 'tpu': 'loop', 'cuda': 'select'}  # form='auto' (cuda: any GPU).
+# cuda keeps select, the form measured on the H100 / H200, until the loop's ~20 host round trips a
+# step are timed on a GPU (scripts/gpu_figures.sh ab_squarings); a TPU runs the loop on device.
 _MAX_SQUARINGS = 24  # fast_cond: scaled norms up to 2**24, far beyond any position range in use.
 # fast_select: every matrix pays for SELECT_CAP squarings. 16 covers spectral radii up to 2**16:
 # the init's largest is 2**11 for LieRE64 at 4x the position range of our configs, and 2**9 at

@@ -82,7 +82,7 @@ OLD_EXPM=config.model.pe.expm=fast_cond
 OLD_PREC=config.model.pe.expm_precision=highest
 for ab in $AB; do
   case $ab in
-    squarings) step ab_squarings pe=liere64 config.model.pe.expm=fast_select ;;
+    squarings) step ab_squarings pe=liere64 config.model.pe.expm=fast_loop ;;  # A: select (GPU default)
     pairs) step ab_pairs pe=rope_mixed pairs=blocks ;;
     all) step ab_all pe=liere64 "$OLD_EXPM,$OLD_PREC,attention=xla" ;;
     expm) step ab_expm pe=liere64 "$OLD_EXPM" ;;
