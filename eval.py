@@ -1,5 +1,5 @@
 """`python eval.py ...` = `python -m liere_jax.eval ...` (liere_jax/eval.py)."""
-from liere_jax.cli import evaluate
+import liere_jax.eval
 
 if __name__ == '__main__':
-  evaluate.run()
+  liere_jax.eval.run()

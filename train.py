@@ -1,5 +1,5 @@
 """`python train.py ...` = `python -m liere_jax.train ...` (liere_jax/train.py)."""
-from liere_jax.cli import train
+import liere_jax.train
 
 if __name__ == '__main__':
-  train.run()
+  liere_jax.train.run()

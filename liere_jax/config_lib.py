@@ -53,9 +53,9 @@ def unknown_override(config: ml_collections.ConfigDict, key: str) -> Optional[st
 
 
 def parse_flags(argv):
-  """absl flags parser for the entry points (cli.run(main, tool, flags_parser=parse_flags)): an
+  """absl flags parser for the entry points (command.run(main, tool, flags_parser=parse_flags)): an
   override of a key the config lacks raises a flags.Error of one line naming it and its
-  section's fields, which cli.run prints as the tool's refusal."""
+  section's fields, which command.run prints as the tool's refusal."""
   from absl import flags
   try:
     return flags.FLAGS(argv)

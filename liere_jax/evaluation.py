@@ -7,8 +7,10 @@ LieRE: dataset/videodataset.py:171-196, lightning_modules/lightning_liere_image_
 181-225); `evaluate` reports that as `top1` and `per_view`, and also `per_video`: each video
 classified by the mean of its views' softmax probabilities.
 """
+import contextlib
 import dataclasses
 import io
+import json
 import math
 from typing import Dict, Optional, Tuple
 
@@ -80,7 +82,7 @@ def by_video(video: np.ndarray, label: np.ndarray, probs: np.ndarray) -> Accurac
 
 def evaluate(steps, params, *, input_size: Optional[int] = None,
              positions: Optional[str] = None, shuffle: bool = False) -> Accuracy:
-  """Top-1 of the run of `steps` (a train_lib.EvalSteps; a Trainer is one) over the whole eval
+  """Top-1 of the run of `steps` (a steps.EvalSteps; a Trainer is one) over the whole eval
   split (every view, with data.eval_views); nothing is dropped. input_size: another input size;
   positions: another position mode; shuffle: patches permuted (shuffle_patches).
 
@@ -166,3 +168,43 @@ def attention_png(steps, params, path: str, num_examples: int = 4):
   png = io.BytesIO()
   Image.fromarray(np.concatenate(rows, axis=0)).save(png, format='PNG')
   paths.write(path, png.getvalue())  # A local file or an object (gs://...).
+
+
+def evaluate_workdir(run, workdir: str, *, step=None, best: bool = False, out: str = 'eval',
+                     devices=None, checks=contextlib.nullcontext) -> dict:
+  """Every evaluation of `run` (a RunSpec of the workdir's model) on the parameters of
+  `workdir`'s latest checkpoint (`best`, or `step`): writes DIR/<out>/results.json and
+  attention.png from process 0, prints the summary and returns the results. In any process (a
+  notebook, a test, `python -m liere_jax.eval`). devices: those to run on (default: all; `run`
+  must be resolved for their number). checks: a context manager around the checkpoint's lookup (the
+  command line's makes its errors one-line refusals)."""
+  from liere_jax import checkpoint
+  from liere_jax.steps import EvalSteps, make_mesh
+  from liere_jax.config import run as run_spec
+  run_spec.spec_of(run, 'evaluate_workdir')
+  with checks():
+    _, params, step = checkpoint.load_params(workdir, step, best=best)
+  steps = EvalSteps(run, make_mesh(devices, run.loop.model_parallel))
+  params = steps.place_params(params)  # Stacked under model.scan_layers.
+
+  accuracy, results = evaluate_run(steps, params)
+  results = dict(step=int(step), pe=run.model.pe.name, **results)
+  if jax.process_index() != 0:
+    return results
+  out = paths.path(workdir) / out
+  out.mkdir(parents=True, exist_ok=True)
+  results['attention_png'] = str(out / 'attention.png')
+  attention_png(steps, params, results['attention_png'])
+  paths.write(out / 'results.json', json.dumps(results, indent=1))
+  (lo, hi), top1, shuffled = results['top1_ci95'], accuracy.top1, results['shuffled_top1']
+  print(f"{'run':24s}{workdir} (step {step}, pe={results['pe']})")
+  print(f"{'top-1':24s}{top1:.4f}  [{lo:.4f}, {hi:.4f}] 95% CI, n={results['n_examples']}")
+  if accuracy.per_video is not None:
+    print(f"{'top-1 per view, video':24s}{accuracy.per_view:.4f}, {accuracy.per_video:.4f}  "
+          f'(views: {run.data.eval_views}; top-1 is per view)')
+  print(f"{'top-1, patches shuffled':24s}{shuffled:.4f}  (drop {top1 - shuffled:+.4f})")
+  for size, by_mode in results['resolutions'].items():
+    cells = '  '.join(f'{mode} {acc:.4f}' for mode, acc in by_mode.items())
+    print(f"{'top-1 at ' + size + ' px':24s}{cells}")
+  print(f"{'results':24s}{out / 'results.json'}")
+  return results

@@ -53,7 +53,7 @@ _ZEROS = nnx.initializers.zeros_init()
 
 def sharded(init, *axes):
   """`init` with the logical axes of its parameter as metadata ('embed' = width, 'heads' = the
-  q|k|v / head outputs, 'mlp' = MLP hidden, None = never split); train_lib maps them to mesh
+  q|k|v / head outputs, 'mlp' = MLP hidden, None = never split); steps.py maps them to mesh
   axes (data parallel, fsdp, a model axis)."""
   return nnx.with_partitioning(init, axes, eager_sharding=False)
 

@@ -17,7 +17,7 @@ from absl import flags
 from flax import nnx
 from ml_collections import config_flags
 
-from liere_jax import cli, config_lib
+from liere_jax import command, config_lib
 from liere_jax.config.model import ModelSpec, resolve
 from liere_jax.model import ViT
 
@@ -66,7 +66,7 @@ def summarize(spec: ModelSpec) -> dict:
 
 def main(argv):
   del argv
-  with cli.refusing():  # The config file and its model's values are checked first.
+  with command.refusing():  # The config file and its model's values are checked first.
     s = summarize(resolve(flags.FLAGS.config.model))
   print(f"position encoding      {s['pe']}")
   print(f"parameters             {s['params_total']:,}")
@@ -84,4 +84,4 @@ if __name__ == '__main__':  # Flags only here: the module is imported by tests a
   config_flags.DEFINE_config_file('config', None, 'Config file[:args].', lock_config=True)
   flags.DEFINE_bool('json', False, 'Print one JSON object as the last line.')
   flags.mark_flag_as_required('config')
-  cli.run(main, 'summary', flags_parser=config_lib.parse_flags)
+  command.run(main, 'summary', flags_parser=config_lib.parse_flags)

@@ -11,182 +11,65 @@ on a TPU pod, where `jax.distributed.initialize()` finds them itself).
 `--config.model_init=DIR[:best|:STEP]` (or an export, or an official checkpoint) starts a new run
 from another's parameters: fine-tuning, liere_jax/model_init.py.
 
-In a process of your own (a notebook, a test), with no flags:
+In a process of your own (a notebook, a test), with no flags (liere_jax/training.py):
 
-  run = run_spec.resolve(config, jax.device_count())  # liere_jax.config.run
-  train_and_evaluate(run, workdir)
+  run = liere_jax.config.run.resolve(config, jax.device_count())
+  liere_jax.training.train_and_evaluate(run, workdir)
+
+This file is the command line: its flags, and the config resolved for this process's devices.
 """
-import contextlib
-import math
-import time
+import sys
 
 import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-from liere_jax import paths
+from liere_jax import command, config_lib, distributed, training
 
-class Logger:
-  """Metrics (paths.MetricsWriter: metrics/*.jsonl) and TensorBoard events from process 0.
-  Metrics are written as one object at each checkpoint, evaluation and close, and at least
-  every FLUSH_S seconds: object stores take no appends."""
-  FLUSH_S = 300.  # Objects are read back one by one: not too many of them.
-
-  def __init__(self, workdir):
-    self.active = jax.process_index() == 0
-    if self.active:
-      from tensorboardX import SummaryWriter
-      self.tb = SummaryWriter(str(paths.path(workdir) / 'tensorboard'))
-      self.metrics = paths.MetricsWriter(workdir)
-      self.flushed = time.time()
-
-  def write(self, step, metrics):
-    if not self.active:
-      return
-    for k, v in metrics.items():
-      self.tb.add_scalar(k, v, step)
-    self.metrics.add(step, metrics)
-    if time.time() - self.flushed > self.FLUSH_S:
-      self.flush()
-
-  def flush(self):
-    if self.active:
-      self.metrics.flush()
-      self.tb.flush()
-      self.flushed = time.time()
-
-  def close(self):
-    if self.active:
-      self.flush()
-      self.tb.close()
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file[:args].',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints and metrics go.')
+_PROCESS = distributed.process_flags()
+_PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
+_CHECK_FIT = flags.DEFINE_string(
+    'check_fit', None, "First compile the train step for a Cloud TPU slice (e.g. v5litepod-256: "
+    "deviceless, before any host waits on another) or for 'devices' (the ones it runs on), and "
+    'stop in one line, exit 2, where it does not fit their memory (liere_jax.bench.compile). '
+    'Costs one more compile.')
+# A preempted run exits with the status of a process ended by SIGTERM, after saving.
+PREEMPTED_EXIT = 143
 
 
-def train(trainer, workdir: str, init_params=None, progress: bool = True, stop=None):
-  """The training loop of `trainer.run` in `workdir`: resumes from its latest checkpoint, else
-  starts from `init_params` (model_init.load) or fresh parameters. SIGTERM (`stop`, a
-  train_lib.Preemption; default one made here) saves the step reached and ends the loop there:
-  returns that step (None when the run went to its end)."""
-  from tqdm import tqdm
-
-  from liere_jax import checkpoint, data, evaluation, model_init, train_lib
-  loop = trainer.run.loop
-  stop = stop or train_lib.Preemption()
-  latest = checkpoint.manager(workdir, keep=loop.keep)
-  best = checkpoint.manager(workdir, 'best', best=True)
-  if latest.latest_step() is not None:
-    state, meta = checkpoint.restore(latest, trainer.abstract_state)
-    print(f"Resumed from step {meta['step']}." + (
-        f' --config.model_init={loop.model_init} is ignored: the run goes on from its own '
-        'checkpoint.' if loop.model_init else ''))
-  elif init_params is not None:
-    state, meta = model_init.init_state(trainer, loop.seed, init_params), {'step': 0}
-    print(f'Started from the parameters of {loop.model_init} (fresh optimizer, step 0).')
-  else:
-    state, meta = trainer.init_state(loop.seed), {'step': 0}
-  start = int(meta['step'])
-
-  run_data = trainer.run.data
-  train_ds = data.train_dataset(run_data, global_batch_size=loop.batch_size, seed=loop.seed,
-                                process_index=jax.process_index(),
-                                process_count=jax.process_count())
-  batches = data.to_iterator(train_ds, start=start, workers=run_data.workers,
-                             threads=run_data.threads, prefetch=run_data.prefetch)
-  logger = Logger(workdir)
-  bar = tqdm(total=loop.total_steps, initial=start, disable=not progress
-             or jax.process_index() != 0, desc='train', unit='step')
-  t0, seen, preempted = time.time(), 0, None
-  try:
-    for step in range(start + 1, loop.total_steps + 1):
-      # Data workers outlive SIGTERM to the process group (data/pipeline.py): the batches come.
-      batch = trainer.global_batch(next(batches))
-      state, metrics = trainer.train_step(state, batch)
-      seen += loop.batch_size
-      bar.update()
-      meta = {'step': step, 'data_position': step, 'seed': loop.seed}
-      eval_now = step == loop.total_steps or (loop.eval_every and step % loop.eval_every == 0)
-      # SIGTERM (every process agrees on the step): save this step and stop.
-      preempted = step if stop.reached(step) else None
-      save_now = step % loop.checkpoint_every == 0 or eval_now or preempted
-      if save_now or step % loop.log_every == 0:
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        # A checkpoint is good when its own parameters give a finite loss on its step's batch
-        # (the step's reported loss is of the parameters before the update).
-        if save_now:
-          metrics['saved_loss'] = float(trainer.loss_step(state['params'], batch))
-        bad = [k for k in ('loss', 'param_norm', 'saved_loss') if not math.isfinite(
-            metrics.get(k, 0.))]
-        if bad:  # NaNs persist, so checking at log and save steps is enough.
-          latest.wait_until_finished()
-          raise FloatingPointError(
-              f'{bad[0]} is {metrics[bad[0]]} at step {step}; stopping. The last good checkpoint '
-              f'(step {latest.latest_step()}) is intact. Resume with a lower --config.lr, or '
-              'start from it in a new --workdir with --config.grad_clip=1.0 '
-              f'--config.model_init={workdir} (clipping changes the optimizer state).')
-      if step % loop.log_every == 0 or step == loop.total_steps:
-        metrics['images_per_s'] = seen / (time.time() - t0)
-        t0, seen = time.time(), 0
-        logger.write(step, metrics)
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}")
-      if save_now:
-        checkpoint.save(latest, step, state, meta)
-        logger.flush()  # The metrics up to a checkpoint are kept with it.
-      if eval_now:  # Also when preempted: it belongs to this step, which is then complete.
-        accuracy = evaluation.evaluate(trainer, state['params'])
-        evals = accuracy.metrics('eval_accuracy')  # With video views: also per view and video.
-        logger.write(step, evals)
-        logger.flush()
-        bar.write(f'step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in evals.items()))
-        checkpoint.save(best, step, state, meta, metrics={'accuracy': accuracy.top1})
-      if preempted:
-        break
-  finally:
-    batches.close()  # Ends the worker processes (data.workers).
-    stop.close()
-  bar.close()
-  for mngr in (latest, best):
-    mngr.wait_until_finished()
-    mngr.close()
-  logger.close()
-  if preempted:
-    print(f'{stop.cause} at step {preempted} (process {jax.process_index()}): saved step '
-          f'{preempted} to {workdir}; run the same command to resume there.', flush=True)
-  return preempted
-
-
-def check(run, workdir: str):
-  """Everything about starting `run` (a run_spec.RunSpec) in `workdir` that can be refused,
-  before anything is compiled or written: the store, the dataset, a workdir that all processes
-  see, the same model as the workdir's checkpoints, and --config.model_init's parameters, which
-  it returns (None when fresh or resumed)."""
-  from liere_jax import checkpoint, model_init
+def main(argv):
+  del argv
   from liere_jax.config import run as run_spec
-  paths.check_store(workdir, '--workdir', tensorboard=True)
-  run_spec.check_data(run)  # Says how to prepare an unprepared dataset.
-  # Several processes: one workdir, seen alike (before any of them reads it).
-  checkpoint.check_shared_workdir(workdir)
-  checkpoint.check_same_model(workdir, run.model)
-  # A resumed run ignores model_init.
-  return (model_init.load(run) if run.loop.model_init
-          and not checkpoint.has_checkpoint(workdir) else None)
+  logging.set_verbosity(logging.WARNING)
+  workdir = _WORKDIR.value
+  if not workdir:
+    raise app.UsageError('--workdir is required.')
+  fit = _CHECK_FIT.value
+  if fit and fit != 'devices':  # The slice's program, compiled here before the pod starts.
+    from liere_jax.bench import compile as tpu
+    with command.refusing():
+      print(f"{fit}: fits ({tpu.check_fit(_CONFIG.value, fit)['need'] / tpu.GiB:.2f} GiB a chip).")
+  with command.refusing():
+    distributed.init_distributed(*(f.value for f in _PROCESS))
+  # Everything is checked before anything is compiled or written.
+  with command.refusing():
+    run = run_spec.resolve(_CONFIG.value, jax.device_count())  # A bad config file fails here.
+    if fit == 'devices':
+      from liere_jax.bench import compile as tpu
+      tpu.check_fit(_CONFIG.value, fit)
+  if training.train_and_evaluate(run, workdir, progress=_PROGRESS.value,
+                                 checks=command.refusing) is not None:
+    sys.exit(PREEMPTED_EXIT)
 
 
-def train_and_evaluate(run, workdir: str, *, progress: bool = True, devices=None,
-                       checks=contextlib.nullcontext):
-  """Trains `run` (a run_spec.RunSpec; config.json keeps the config it was resolved from) in
-  `workdir`, evaluating as its loop says; resumes from the workdir's latest checkpoint. In any
-  process: a notebook, a test, `python -m liere_jax.train`. devices: those to run on (default:
-  all; `run` must be resolved for their number). checks: a context manager around the checks
-  (`check`); the command line's makes their errors one-line refusals. Returns the step a
-  SIGTERM stopped it at, or None."""
-  from liere_jax import checkpoint, train_lib
-  from liere_jax.config import run as run_spec
-  run_spec.spec_of(run, 'train_and_evaluate')
-  with checks():
-    init_params = check(run, workdir)
-  trainer = train_lib.Trainer(run, train_lib.make_mesh(devices, run.loop.model_parallel))
-  stop = train_lib.Preemption()  # From the first write on, SIGTERM saves the step reached.
-  checkpoint.write_config(workdir, run.to_config())
-  return train(trainer, workdir, init_params, progress=progress, stop=stop)
+def run():
+  """`python -m liere_jax.train` (and the checkout's train.py)."""
+  flags.mark_flags_as_required(['config', 'workdir'])
+  command.run(main, 'train', flags_parser=config_lib.parse_flags)
 
 
-if __name__ == '__main__':  # The command line is liere_jax/cli/train.py.
-  from liere_jax.cli import train as train_cli
-  train_cli.run()
+if __name__ == '__main__':
+  run()

@@ -182,22 +182,22 @@ def tiny_config(arg='grid=4', **overrides):
 
 
 def trainer(config, devices=None, model_parallel=1):
-  """train_lib.Trainer of `config` resolved for `devices` (default: all), as the programs build
+  """steps.Trainer of `config` resolved for `devices` (default: all), as the programs build
   it: the test's edge, where a config becomes a RunSpec."""
   import jax
-  from liere_jax import train_lib
+  from liere_jax import steps
   from liere_jax.config import run as run_spec
   devices = jax.devices() if devices is None else devices
-  return train_lib.Trainer(run_spec.resolve(config, len(devices)),
-                           train_lib.make_mesh(devices, model_parallel))
+  return steps.Trainer(run_spec.resolve(config, len(devices)),
+                           steps.make_mesh(devices, model_parallel))
 
 
 def train(config, workdir, devices=1):
-  """train.train_and_evaluate in this process on the first `devices` devices, as `python -m
+  """training.train_and_evaluate in this process on the first `devices` devices, as `python -m
   liere_jax.train` with that many devices trains (the same steps, bit for bit); returns the
   step SIGTERM stopped it at, or None, and prints what the program prints."""
   import jax
-  from liere_jax import train as training
+  from liere_jax import training
   from liere_jax.config import run as run_spec
   return training.train_and_evaluate(run_spec.resolve(config, devices), str(workdir),
                                      progress=False, devices=jax.devices()[:devices])
@@ -214,12 +214,12 @@ def evaluate(workdir, config=None, devices=1, out='eval', **overrides):
   `devices` devices: the run's own config (or `config`) with `overrides`; returns the
   results."""
   import jax
-  from liere_jax import checkpoint, eval as eval_lib
+  from liere_jax import checkpoint, evaluation
   from liere_jax.config import run as run_spec
   run = run_spec.resolve(override(config or checkpoint.read_config(str(workdir)), overrides),
                          devices)
   checkpoint.check_same_model(str(workdir), run.model)
-  return eval_lib.evaluate_workdir(run, str(workdir), out=out, devices=jax.devices()[:devices])
+  return evaluation.evaluate_workdir(run, str(workdir), out=out, devices=jax.devices()[:devices])
 
 
 def copy_run(workdir, to):

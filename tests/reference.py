@@ -14,7 +14,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from liere_jax import checkpoint, data, model_init, param_tree, train_lib
+from liere_jax import checkpoint, data, model_init, param_tree
+from liere_jax.steps import Trainer, make_mesh
 from liere_jax.checkpoint_damage import stored_target
 from liere_jax.config import run as run_spec
 
@@ -24,7 +25,7 @@ def uninterrupted_state(workdir, steps: int, processes: int = 1, init=None) -> d
   of the run in `workdir` on `processes` devices, from fresh parameters or from `init` (a
   --config.model_init source, as that run started)."""
   run = run_spec.resolve(checkpoint.read_config(str(workdir)), processes)
-  trainer = train_lib.Trainer(run, train_lib.make_mesh(jax.devices()[:processes]))
+  trainer = Trainer(run, make_mesh(jax.devices()[:processes]))
   loop = trainer.run.loop
   if init is None:
     state = trainer.init_state(loop.seed)

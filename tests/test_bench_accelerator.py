@@ -97,14 +97,14 @@ def test_rotate_takes_the_einsum_on_every_platform():
 def _compiled_ops(cfg, overrides, settings):
   """The op names of the config's compiled train step on this CPU, in order."""
   import re
-  from liere_jax import train_lib
+  from liere_jax import steps
   from liere_jax.bench.step import load_config, random_batches
   from liere_jax.config import run as run_spec
   cfg = cfg.copy_and_resolve_references()
   for key, value in overrides.items():
     cfg.model.pe[key] = value
   with switches.using(settings):
-    t = train_lib.Trainer(run_spec.resolve(cfg, 1), train_lib.make_mesh(jax.devices()[:1]))
+    t = steps.Trainer(run_spec.resolve(cfg, 1), steps.make_mesh(jax.devices()[:1]))
     train, _ = random_batches(cfg)
     hlo = t.train_step.lower(t.abstract_state, t.global_batch(train)).compile().as_text()
   return re.findall(r'= \S+ ([a-z][\w-]*)\(', hlo)

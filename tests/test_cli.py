@@ -1,5 +1,5 @@
 """Every command line refuses bad input in one line with exit status 2 and writes nothing
-(liere_jax/cli: cli.run, cli.refusing), whichever check finds it: absl's flag parsing, the run's
+(liere_jax/command.py: command.run, command.refusing), whichever check finds it: absl's flag parsing, the run's
 config, the dataset, the processes, --config.model_init's checkpoint, the converters, the
 preparation, the benchmarks, the reproduction suites. Refusals come before anything is compiled,
 so each case is one short process."""
@@ -83,10 +83,12 @@ def test_a_refusal_is_one_line_with_exit_status_2_and_writes_nothing(case, tiny_
 
 
 def test_importing_the_library_defines_no_flag():
-  """Flags belong to the command lines (liere_jax/cli, the tools' __main__ modules): a notebook
-  or a test imports any other module and calls it, with no flag defined behind its back."""
+  """Flags belong to the command lines (liere_jax/train.py, liere_jax/eval.py, the tools'
+  __main__ modules): a notebook or a test imports any other module and calls it, with no flag
+  defined behind its back."""
+  programs = ('liere_jax.train', 'liere_jax.eval')
   for module in pkgutil.walk_packages(liere_jax.__path__, 'liere_jax.'):
-    if '__main__' not in module.name and not module.name.startswith('liere_jax.cli'):
+    if '__main__' not in module.name and module.name not in programs:
       importlib.import_module(module.name)
   owners = [m for m in flags.FLAGS.flags_by_module_dict() if m.startswith('liere_jax')]
-  assert [m for m in owners if not m.startswith('liere_jax.cli')] == []
+  assert [m for m in owners if m not in programs] == []

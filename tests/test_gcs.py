@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from liere_jax import checkpoint, config_lib, data, model_init, param_tree, paths, train_lib
+from liere_jax import checkpoint, config_lib, data, distributed, model_init, param_tree, paths
 from liere_jax.convert import __main__ as convert_cli
 from liere_jax.data import prepare
 from liere_jax.config import run as run_spec
@@ -228,4 +228,4 @@ def test_the_reproduce_runner_writes_its_logs_and_walls_in_a_bucket(store):
 
 def test_process_flags_come_all_three_or_none():
   with pytest.raises(ValueError, match='give all three, or none to let jax find them'):
-    train_lib.init_distributed('127.0.0.1:1234', None, None)
+    distributed.init_distributed('127.0.0.1:1234', None, None)

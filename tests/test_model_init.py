@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from liere_jax import checkpoint, config_lib, convert, model_init, train_lib
+from liere_jax import checkpoint, config_lib, convert, model_init
+from liere_jax.steps import make_optimizer
 from liere_jax import param_tree
 from liere_jax.config import run as run_spec
 from liere_jax.config.model import resolve
@@ -39,7 +40,7 @@ def _random_params(config, seed):
 def _save_run(workdir, config, steps, best_step=None):
   """A training workdir: {step: params} with a non-zero Adam state, the best at best_step."""
   checkpoint.write_config(workdir, config)
-  tx, _ = train_lib.make_optimizer(run_spec.resolve(config, 1))
+  tx, _ = make_optimizer(run_spec.resolve(config, 1))
   best = {best_step: steps[best_step]} if best_step else {}
   for name, kept in (('checkpoints', steps), ('best', best)):
     mngr = checkpoint.manager(workdir, name, best=name == 'best')

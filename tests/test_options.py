@@ -164,13 +164,13 @@ def test_the_model_dims_shape_the_parameter_tree():
 def test_the_optimizer_is_adamw_with_the_configs_betas_eps_decay_and_clipping():
   """Two steps of the configured optimizer against Adam(W) written out in numpy, at values far
   from the defaults (a field left at its default changes the numbers)."""
-  from liere_jax import train_lib
+  from liere_jax import steps
   from liere_jax.config import run as run_spec
   from tests.helpers import tiny_config_and_batch
   cfg, _ = tiny_config_and_batch(8)
   cfg.update(lr=0.1, warmup_steps=0, total_steps=100, b1=0.5, b2=0.75, eps=0.1,
              weight_decay=0.3, grad_clip=1.0)
-  tx, schedule = train_lib.make_optimizer(run_spec.resolve(cfg, 1))
+  tx, schedule = steps.make_optimizer(run_spec.resolve(cfg, 1))
   rng = np.random.default_rng(0)
   p = {'a': rng.normal(size=3).astype(np.float32), 'b': rng.normal(size=2).astype(np.float32)}
   grads = [{k: 3 * rng.normal(size=v.shape).astype(np.float32) for k, v in p.items()}

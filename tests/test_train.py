@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from liere_jax import checkpoint, config_lib, data, evaluation, train_lib
+from liere_jax import checkpoint, config_lib, data, evaluation, steps
 from liere_jax.config import run as run_spec
 from liere_jax.config import data as config_data
 import liere_jax.configs
@@ -203,7 +203,7 @@ def _tiny_spec(pe, num_eval=24):
 
 
 def test_the_eval_step_compiles_once_per_grid_whatever_the_position_mode():
-  trainer = train_lib.Trainer(_tiny_spec('liere8'), train_lib.make_mesh(jax.devices()[:1]))
+  trainer = steps.Trainer(_tiny_spec('liere8'), steps.make_mesh(jax.devices()[:1]))
   params = trainer.init_state(0)['params']
   accuracies = [evaluation.evaluate(trainer, params, positions=mode).top1
                 for mode in (None, 'normalized', 'rescaled')]
@@ -221,7 +221,7 @@ def test_other_sizes_are_evaluated_in_the_modes_the_encoding_reads(pe, modes):
   assert spec.evaluation.positions_modes == modes
   if pe != 'abs':
     return
-  trainer = train_lib.Trainer(spec, train_lib.make_mesh(jax.devices()[:1]))
+  trainer = steps.Trainer(spec, steps.make_mesh(jax.devices()[:1]))
   _, results = evaluation.evaluate_run(trainer, trainer.init_state(0)['params'])
   assert results['positions_modes'] == ['integer']
   assert list(results['resolutions']) == ['60'] and list(results['resolutions']['60']) == [
@@ -250,18 +250,18 @@ def test_the_run_spec_is_resolved_once_and_names_a_bad_field():
 
 
 def test_the_library_takes_a_run_spec_and_refuses_a_config_naming_the_resolve(tmp_path):
-  from liere_jax import eval as eval_lib, train as training
+  from liere_jax import training
   cfg, _ = tiny_config_and_batch(8)
-  mesh = train_lib.make_mesh(jax.devices()[:1])
+  mesh = steps.make_mesh(jax.devices()[:1])
   fix = re.escape('; resolve the config first: liere_jax.config.run.resolve(config, '
                   'jax.device_count()).') + '$'
-  for call, what in ((lambda: train_lib.Trainer(cfg, mesh), 'Trainer takes a RunSpec'),
-                     (lambda: train_lib.EvalSteps(cfg, mesh), 'EvalSteps takes a RunSpec'),
-                     (lambda: train_lib.make_optimizer(cfg),
+  for call, what in ((lambda: steps.Trainer(cfg, mesh), 'Trainer takes a RunSpec'),
+                     (lambda: steps.EvalSteps(cfg, mesh), 'EvalSteps takes a RunSpec'),
+                     (lambda: steps.make_optimizer(cfg),
                       'make_optimizer takes an OptimizerSpec'),
                      (lambda: training.train_and_evaluate(cfg, str(tmp_path)),
                       'train_and_evaluate takes a RunSpec'),
-                     (lambda: eval_lib.evaluate_workdir(cfg, str(tmp_path)),
+                     (lambda: evaluation.evaluate_workdir(cfg, str(tmp_path)),
                       'evaluate_workdir takes a RunSpec')):
     with pytest.raises(TypeError, match='^' + what + ', not a ConfigDict' + fix):
       call()
@@ -269,7 +269,7 @@ def test_the_library_takes_a_run_spec_and_refuses_a_config_naming_the_resolve(tm
   # A run resolved for other devices than the mesh's: its batch checks do not hold there.
   with pytest.raises(ValueError, match=re.escape('resolved for 2 devices and the mesh has 1; '
                                                  'resolve it for the mesh: ')):
-    train_lib.EvalSteps(run_spec.resolve(cfg, 2), mesh)
+    steps.EvalSteps(run_spec.resolve(cfg, 2), mesh)
   # A spec made by hand has no config to store in a workdir.
   bare = dataclasses.replace(run_spec.resolve(cfg, 1), source=None)
   with pytest.raises(ValueError, match='not made by liere_jax.config.run.resolve'):
@@ -280,7 +280,7 @@ def test_the_library_takes_a_run_spec_and_refuses_a_config_naming_the_resolve(tm
 def test_the_schedule_is_linear_warmup_then_cosine_to_zero(warmup):
   config = load_config('configs/arrows.py')
   config.warmup_steps = warmup
-  _, schedule = train_lib.make_optimizer(run_spec.resolve(config, 1))
+  _, schedule = steps.make_optimizer(run_spec.resolve(config, 1))
   lr, total = config.lr, config.total_steps
   for step in (0, 1, 25, warmup, 120, 299, total):
     if step < warmup:
@@ -298,6 +298,6 @@ def test_evaluation_reads_batches_of_eval_batch_size(monkeypatch):
     sizes.append(global_batch_size)
     return real(*args, global_batch_size=global_batch_size, **kwargs)
   monkeypatch.setattr(evaluation.data, 'eval_batches', spy)
-  trainer = train_lib.Trainer(_tiny_spec('liere8'), train_lib.make_mesh(jax.devices()[:1]))
+  trainer = steps.Trainer(_tiny_spec('liere8'), steps.make_mesh(jax.devices()[:1]))
   result = evaluation.evaluate(trainer, trainer.init_state(0)['params'])
   assert sizes == [8] and len(result.correct) == 24

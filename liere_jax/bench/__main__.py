@@ -6,7 +6,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from liere_jax import cli, config_lib
+from liere_jax import command, config_lib
 from liere_jax.expm import PRECISIONS
 from liere_jax.bench.data import bench_data, data_table
 from liere_jax.bench.expm import DEFAULT_CASES, IMPLS, bench_expm, expm_table, parse_case
@@ -72,7 +72,7 @@ def _platform():
 
 def _expm(log):
   cases = _CASE.value or DEFAULT_CASES
-  with cli.refusing():
+  with command.refusing():
     [parse_case(c) for c in cases]
     if _PRECISION.value not in PRECISIONS:
       raise ValueError(f'--precision={_PRECISION.value!r} is unknown; use one of {PRECISIONS}.')
@@ -118,7 +118,7 @@ def _lower(log):
 
 def _presets(log):
   case = (_CASE.value or ['imagenet_vitb16_liere64'])[0]
-  with cli.refusing():
+  with command.refusing():
     parse_case(case)
   rows = bench_presets(case, log=log)
   return (f'{case}: the exponential (fast_loop, as accelerators run it) at emulated presets against float64 SciPy, '
@@ -171,7 +171,7 @@ def _compile(log):
   spec = config_flags.get_config_filename(flags.FLAGS['config'])
   overrides = config_flags.get_override_values(flags.FLAGS['config'])
   configs, names = [_CONFIG.value], [spec]
-  with cli.refusing():
+  with command.refusing():
     slice_ = tpu.parse_slice(_TOPOLOGY.value)
     if _VS.value is not None:
       names.append(with_args(spec, _VS.value))
@@ -194,7 +194,7 @@ def _compile(log):
 
 
 def main(argv):
-  action = cli.subcommand(argv, ACTIONS, 'bench')
+  action = command.subcommand(argv, ACTIONS, 'bench')
   log = lambda s: print(s, file=sys.stderr, flush=True)
   run = {'expm': _expm, 'rotations': _rotations, 'step': _step, 'data': _data,
          'lower': _lower, 'profile': _profile, 'presets': _presets, 'compile': _compile}[action]
@@ -206,4 +206,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.run(main, 'bench', flags_parser=config_lib.parse_flags)
+  command.run(main, 'bench', flags_parser=config_lib.parse_flags)

@@ -122,8 +122,8 @@ def _abstract(tree, shardings):
 def compile_steps(run, devices, steps=('train', 'eval')) -> dict:
   """The run's train and eval steps (`steps`) compiled for `devices` with the mesh, shardings
   and batch train.py uses there: {'train': Compiled, 'eval': Compiled}."""
-  from liere_jax import train_lib
-  trainer = train_lib.Trainer(run, train_lib.make_mesh(devices, run.loop.model_parallel))
+  from liere_jax.steps import Trainer, make_mesh
+  trainer = Trainer(run, make_mesh(devices, run.loop.model_parallel))
   m = run.model
   image = (run.loop.batch_size,) + tuple(m.input_size) + (m.channels,)
   batch = {'image': jax.ShapeDtypeStruct(
@@ -286,8 +286,8 @@ def _compile(run, devices, eval_step):
 
 def _state_bytes(run, devices) -> int:
   """Bytes a chip of the train state (parameters and Adam's moments) in its sharding."""
-  from liere_jax import train_lib
-  t = train_lib.Trainer(run, train_lib.make_mesh(devices, run.loop.model_parallel))
+  from liere_jax import steps
+  t = steps.Trainer(run, steps.make_mesh(devices, run.loop.model_parallel))
   leaves = jax.tree.leaves(t.abstract_state)
   return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in leaves)
 

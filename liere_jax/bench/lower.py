@@ -20,12 +20,12 @@ PRODUCT_SCOPES = ('liere_expm', 'liere_lattice')
 def lower_train_step(config, platforms):
   """The config's train step lowered for each of `platforms` (MLIR modules), from abstract
   inputs on a one-device mesh of this machine."""
-  from liere_jax import train_lib
+  from liere_jax import steps
   from liere_jax.config import run as run_spec
   for platform in platforms:
     if platform not in PLATFORMS:
       raise ValueError(f'--platform={platform!r} is unknown; use one of {PLATFORMS}.')
-  t = train_lib.Trainer(run_spec.resolve(config, 1), train_lib.make_mesh(jax.devices()[:1]))
+  t = steps.Trainer(run_spec.resolve(config, 1), steps.make_mesh(jax.devices()[:1]))
   train, _ = random_batches(config)
   if t.pixels is not None:  # data.normalise='device': the step takes uint8 pixels.
     train['image'] = train['image'].astype(np.uint8)

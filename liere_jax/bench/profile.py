@@ -54,8 +54,8 @@ def summarize_xspace(profile, steps: int, wall_s: float, top: int = 8) -> dict:
 def profile_step(config, steps: int = 5, warmup: int = 2, log=print) -> dict:
   """Traces `steps` train steps of the config (random inputs of its shape) after warm-up."""
   from liere_jax.bench.step import _StepBench
-  from liere_jax import train_lib
-  bench = _StepBench(config, train_lib.make_mesh(model_parallel=config.model_parallel))
+  from liere_jax.steps import make_mesh
+  bench = _StepBench(config, make_mesh(model_parallel=config.model_parallel))
   for _ in range(warmup):
     jax.block_until_ready(bench.train())
   with tempfile.TemporaryDirectory() as tmp:

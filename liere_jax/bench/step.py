@@ -82,10 +82,10 @@ class _StepBench:
   """One config: its trainer, compiled train/eval steps, state and batches."""
 
   def __init__(self, config, mesh, breakdown=False):
-    from liere_jax import train_lib
+    from liere_jax import steps
     from liere_jax.config import run as run_spec
     self.config = config
-    self.trainer = t = train_lib.Trainer(run_spec.resolve(config, mesh.devices.size), mesh)
+    self.trainer = t = steps.Trainer(run_spec.resolve(config, mesh.devices.size), mesh)
     self.state = t.init_state(config.seed)
     train, evalb = random_batches(config)
     self.train_batch, self.eval_batch = t.global_batch(train), t.global_batch(evalb)
@@ -193,7 +193,7 @@ def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakd
   starts first, so a wrong checkout (or an A without official counterpart) fails with
   peer.OfficialError before anything compiles.
   """
-  from liere_jax import train_lib
+  from liere_jax.steps import make_mesh
   off = None
   if official:
     try:
@@ -204,7 +204,7 @@ def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakd
     log(f"official: RoPEViT from {official['checkout']}, torch {off.info['torch']} on "
         f"{off.info['device']} ({off.info['threads']} threads), {off.info['params']:,} params")
   try:
-    mesh = train_lib.make_mesh(model_parallel=config.model_parallel)
+    mesh = make_mesh(model_parallel=config.model_parallel)
     log('compiling A')
     a = _StepBench(config, mesh, breakdown)
     log('compiling B')

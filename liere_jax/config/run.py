@@ -10,7 +10,7 @@ training field from the config.
   run.to_config()   # The config it came from, as a run directory stores it (config.json).
 
 Resolving is for a program's edges (the CLIs, bench, reproduce, a test helper): the library
-(train_lib.Trainer, data.train_dataset, ...) takes the spec, and refuses a config.
+(steps.Trainer, data.train_dataset, ...) takes the spec, and refuses a config.
 """
 import copy
 import dataclasses

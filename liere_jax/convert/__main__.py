@@ -31,7 +31,7 @@ from typing import Sequence
 from absl import logging
 from absl import flags
 
-from liere_jax import cli, convert
+from liere_jax import command, convert
 
 ACTIONS = ('to_torch', 'to_official', 'from_torch', 'from_official')
 # flag -> (help, the actions that take it, the actions that need it).
@@ -95,7 +95,7 @@ def run(action: str, flag_values: flags.FlagValues = flags.FLAGS):
 def main(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
   """`python -m liere_jax.convert ACTION [flags]` with parsed `flag_values`: 0, or exits with
   status 2 and one line on bad input."""
-  action = cli.subcommand(argv, ACTIONS, 'convert')
+  action = command.subcommand(argv, ACTIONS, 'convert')
   logging.set_verbosity(logging.WARNING)  # Orbax's INFO lines.
   try:
     lines = run(action, flag_values)
@@ -117,4 +117,4 @@ def call(argv: Sequence[str]) -> int:
 
 if __name__ == '__main__':
   define_flags()
-  cli.run(main, 'convert')
+  command.run(main, 'convert')

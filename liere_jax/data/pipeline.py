@@ -183,7 +183,7 @@ def to_iterator(ds: grain.MapDataset, *, start: int = 0, workers: int = 0, threa
 def _outlive_sigterm(worker_index: int, worker_count: int):
   """In each worker process, first thing: SIGTERM sent to the whole process group (`kill --
   -PGID`, a VM shutting down, a job scheduler) leaves the workers running, so that the main
-  process, which notes it (train_lib.Preemption), gets the batches to reach the step its
+  process, which notes it (distributed.Preemption), gets the batches to reach the step its
   processes agree on and save it; it ends them itself (close(): an event, then SIGKILL). The
   worker started with SIGTERM blocked (_Workers): one that came before is dropped here too."""
   del worker_index, worker_count
@@ -197,7 +197,7 @@ class _Workers:
   while it starts waits for `_outlive_sigterm` instead of ending it (the run would then fail
   unsaved, or hang: spawning blocks on a dead worker once the dataset it sends is more than a
   pipe holds). This process still gets it at once, in another thread (JAX's preemption
-  notifier; Python runs train_lib.Preemption's handler in the main thread)."""
+  notifier; Python runs distributed.Preemption's handler in the main thread)."""
 
   def __init__(self, workers: grain.IterDataset):
     # Started here first: starting it in a thread unblocks SIGTERM there (multiprocessing).

@@ -41,7 +41,7 @@ from etils import epath
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import shuffle as tfds_shuffle
 
-from liere_jax import cli, paths
+from liere_jax import command, paths
 from liere_jax.data import originals
 
 DATASETS = originals.DATASETS
@@ -150,7 +150,7 @@ def main(argv):
   if not args.download_dir:
     raise app.UsageError('--download_dir is required: the directory with the original '
                          'downloads.')
-  with cli.refusing():  # Missing downloads, a prepared copy: found before anything is written.
+  with command.refusing():  # Missing downloads, a prepared copy: found before anything is written.
     prepare(argv[1], args.download_dir, args.data_dir, overwrite=args.overwrite)
 
 
@@ -161,4 +161,4 @@ if __name__ == '__main__':  # Flags only here: tests and tools import the module
                       '$TFDS_DATA_DIR or ~/tensorflow_datasets); train with '
                       '--config.data.data_dir=DATA_DIR.')
   flags.DEFINE_bool('overwrite', False, 'Replace an already prepared copy.')
-  cli.run(main, 'data.prepare')
+  command.run(main, 'data.prepare')

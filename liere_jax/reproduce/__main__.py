@@ -1,7 +1,7 @@
 """The reproduction CLI: run a suite, rebuild its report, or rebuild the results index."""
 from absl import app, flags
 
-from liere_jax import cli
+from liere_jax import command
 from liere_jax.reproduce import reports, runner
 from liere_jax.reproduce.suites import SUITES
 
@@ -29,7 +29,7 @@ def main(argv):
       print(f'{name:8s} {len(suite.runs):3d} runs  {suite.doc}')
     return
   if _INDEX.value:
-    with cli.refusing():
+    with command.refusing():
       print('index:', reports.write_index(_OUT.value))
     return
   if not _SUITE.value:
@@ -49,4 +49,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.run(main, 'reproduce')
+  command.run(main, 'reproduce')

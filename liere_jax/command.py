@@ -65,19 +65,3 @@ def run(main: Callable, tool: str, flags_parser: Callable = None):
     except app.UsageError as e:
       refuse(e)
   app.run(checked, flags_parser=parse)
-
-
-def process_flags():
-  """--coordinator_address, --num_processes, --process_id: the flags of every program that runs
-  on several processes (train, eval); train_lib.init_distributed reads them."""
-  return (flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (leave out '
-                              'on TPU VMs, GKE, SLURM: jax finds it).'),
-          flags.DEFINE_integer('num_processes', None, 'Processes in the job.'),
-          flags.DEFINE_integer('process_id', None, 'This process.'))
-
-
-def init_distributed(process_flags_):
-  """train_lib.init_distributed with the values of process_flags(); bad values refused."""
-  from liere_jax import train_lib  # pylint: disable=import-outside-toplevel
-  with refusing():
-    train_lib.init_distributed(*(f.value for f in process_flags_))
