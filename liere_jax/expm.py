@@ -35,6 +35,11 @@
                  every matrix pays for the cap, and past it the result is wrong. Kept for A/B
                  (what accelerators ran before fast_loop), as fast_cond on accelerators.
                Every form can be asked for by name on every platform (benchmarks, A/B).
+  pallas:      opt-in, not a default anywhere yet (untimed on a GPU or TPU): fast_loop's program
+               as ONE Pallas kernel (liere_jax.expm_kernel), each matrix on chip from a to R
+               with its own squarings, and a Frechet-derivative VJP that stores a and R
+               (Mosaic on a TPU, Triton on a GPU, interpret mode on CPU: slow, for tests).
+               Blocks under 16 (and b = 2), or past the kernel's largest: the fast path.
 Products run at `precision` (`per_platform`): 'highest' is float32 everywhere; 'auto' keeps it on
 CPU and uses six bf16 passes on accelerators (tensor cores; a TPU's HIGHEST), which keep
 float32's error (docs/benchmarks.md; `liere_jax.dots` emulates the presets on CPU).
@@ -57,7 +62,7 @@ import jax.numpy as jnp
 
 from liere_jax import dots as dots_lib
 
-METHODS = ('fast', 'fast_loop', 'fast_cond', 'fast_select', 'scipy', 'scipy_remat')
+METHODS = ('fast', 'fast_loop', 'fast_cond', 'fast_select', 'scipy', 'scipy_remat', 'pallas')
 FORMS = ('auto', 'loop', 'cond', 'select')
 PRECISIONS = ('auto', 'highest')
 PLATFORM_FORMS = {'cpu': 'cond', 'tpu': 'loop', 'cuda': 'select'}  # form='auto' (cuda: any GPU).
@@ -97,6 +102,9 @@ def expm(a: jax.Array, method: str = 'fast', precision='auto') -> jax.Array:
   if method not in METHODS:
     raise ValueError(f"expm method={method!r} is unknown; use one of {METHODS} "
                      "(e.g. --config.model.pe.expm=fast).")
+  if method == 'pallas':
+    from liere_jax import expm_kernel  # pylint: disable=g-import-not-at-top (it imports expm)
+    return expm_kernel.expm_pallas(a, precision)
   if method.startswith('fast'):
     return fast_expm(a, form=method.partition('_')[2] or 'auto', precision=precision)
   flat, shape = _stack(a)

@@ -1,0 +1,213 @@
+"""The exponential of a stack of skew-symmetric blocks as one Pallas kernel (`expm(a, 'pallas')`).
+
+fast_loop (liere_jax.expm) runs each of its ~20 products a matrix as its own XLA op: every
+product reads two stacks from memory and writes one. Here one kernel reads each matrix once and
+writes its rotation once: per matrix, in on-chip memory (VMEM on a TPU, registers / shared
+memory on a GPU),
+  1. a, a^2, a^3 and the spectral-radius bound rho(a) <= ||a^3||_1^(1/3) (as expm._squarings,
+     in logarithms: the vector units have no scalar pow);
+  2. the matrix's OWN number of squarings s (no cap: a loop of dynamic trip count, so a small
+     matrix pays for no large one and a large one stays exact);
+  3. the degree-12 Bader-Blanes-Casas polynomial at a 2^-s (expm.TAYLOR12: its coefficients,
+     theta and evaluation are imported, not copied), the s squarings and expm's Newton-Schulz
+     step.
+The VJP stores a and R0 (R before the Newton-Schulz step; the forward under differentiation
+writes both, the forward alone R only). The gradient of exp at a for a cotangent G is the Frechet derivative
+L(a^T, G) (the upper-right block of exp([[a^T, G], [0, a^T]])); a second kernel computes it in
+the structured form: the same polynomial and squarings differentiated forward (`jax.jvp` inside
+the kernel), the pairs (x^2, x e + e x), ..., (y^2, y e + e y) carried on chip, 3 products a
+product, after the Newton-Schulz step's adjoint at R0. That is the XLA path's gradient
+(fast_loop: its VJP runs the program forward on a^T, `expm._squared_taylor`, after autodiff
+through Newton-Schulz), the full matrix, not only its skew part (tests/test_expm_kernel.py).
+
+Per platform (`expm.per_platform`: `jax.lax.platform_dependent`, decided when lowered):
+  cpu   Pallas interpret mode (tests; slow), the TPU's tiling.
+  tpu   Mosaic: a grid over tiles of `tile_matrices(b)` matrices (about 128 KiB a tile), each
+        matrix of the tile in turn with its own s; products at HIGHEST (six bf16 passes).
+  cuda  Triton: one matrix a program (b a power of 2, at most GPU_MAX_BLOCK), GPU_WARPS warps;
+        products at the platform's preset (bf16 x6 for 'auto', float32 for 'highest').
+b < MIN_BLOCK (LieRE8's 8x8, RoPE's 2x2) or past the platform's largest block: the XLA path
+(expm.fast_expm), which handles those sizes well or at all.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+
+from liere_jax import expm as expm_lib
+
+TAYLOR = expm_lib.TAYLOR12  # The polynomial: degree 12 in 4 products (x^2, x^3 and 2).
+MIN_BLOCK = 16  # Smaller blocks stay on the XLA path.
+MAX_BLOCK = 256  # TPU / interpret: a 256 x 256 matrix's ~20 intermediates are ~5 MiB of VMEM.
+GPU_MAX_BLOCK = 128  # Triton: one matrix a program, held in registers.
+GPU_WARPS = 8  # Untuned (no GPU timing yet).
+TILE_BYTES = 2**17  # TPU / interpret: the matrices a grid step, about this many bytes.
+MAX_TILE = 32
+
+
+def supported(block: int, platform: str = 'tpu') -> bool:
+  """Whether the kernel runs blocks of `block` on `platform` (else expm falls back to XLA)."""
+  if platform == 'cuda':
+    return MIN_BLOCK <= block <= GPU_MAX_BLOCK and block & (block - 1) == 0
+  return MIN_BLOCK <= block <= MAX_BLOCK
+
+
+def tile_matrices(block: int) -> int:
+  """Matrices a grid step on TPU (and in interpret mode)."""
+  return int(np.clip(TILE_BYTES // (4 * block * block), 1, MAX_TILE))
+
+
+def expm_pallas(a: jax.Array, precision='auto') -> jax.Array:
+  """exp(a) for a [..., b, b] skew-symmetric, float32, as one Pallas kernel (module doc);
+  precision as expm.per_platform ('auto', 'highest' or a dots.Dots). Blocks the kernel does not
+  take (`supported`) go to expm.fast_expm."""
+  flat, shape = expm_lib._stack(a)  # pylint: disable=protected-access
+  b = shape[-1]
+  if not supported(b, 'tpu') or not flat.shape[0]:
+    return expm_lib.fast_expm(a, precision=precision)
+  if isinstance(precision, str) and precision not in expm_lib.PRECISIONS:
+    expm_lib.per_platform(lambda _: None, precision)  # Raises its error.
+  with jax.named_scope('liere_expm'):
+    return _kernel_expm(precision)(flat).reshape(shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_expm(precision):
+  """[m, b, b] -> exp, with the Frechet VJP; residuals a and R0 (R before Newton-Schulz)."""
+  def fwd(a):
+    r, r0 = expm_lib.per_platform(functools.partial(_stack_fn, 'forward_res'), precision, a)
+    return r, (a, r0)
+
+  def bwd(res, g):
+    return expm_lib.per_platform(functools.partial(_stack_fn, 'backward'), precision, *res, g),
+
+  run = jax.custom_vjp(
+      lambda a: expm_lib.per_platform(functools.partial(_stack_fn, 'forward'), precision, a))
+  run.defvjp(fwd, bwd)
+  return run
+
+
+@functools.lru_cache(maxsize=None)
+def _stack_fn(kind, platform):
+  """The pass `kind` on `platform` over stacks [m, b, b] ('forward': a -> R; 'forward_res':
+  a -> (R, R0); 'backward': a, R0, G -> dA): a Pallas kernel, or on blocks the platform's
+  kernel does not take, XLA."""
+  def run(*args):
+    d = expm_lib._DOTS.get()  # pylint: disable=protected-access
+    b = args[0].shape[-1]
+    if not supported(b, platform):
+      return _xla(kind, d, *args)
+    return _pallas(kind, platform, d, *args)
+  return run
+
+
+def _xla(kind, d, a, r0=None, g=None):
+  """The XLA path (fast_loop's program) for a block this platform's kernel does not take."""
+  fn = lambda x: expm_lib._loop_expm(TAYLOR, x)  # pylint: disable=protected-access
+  if kind == 'forward':
+    return fn(a)
+  if kind == 'forward_res':
+    return fn(a), a  # The backward recomputes what it needs from a.
+  return jax.vjp(fn, a)[1](g)[0]
+
+
+def _pallas(kind, platform, d, *args):
+  m, b, _ = args[0].shape
+  forward, backward = _products(d)
+  body = {'forward': functools.partial(_exp_one, forward, False),
+          'forward_res': functools.partial(_exp_one, forward, True),
+          'backward': functools.partial(_grad_one, backward)}[kind]
+  n_out = 2 if kind == 'forward_res' else 1
+  name = f'liere_expm_{kind}'
+  if platform == 'cuda':
+    from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
+    spec = pl.BlockSpec((None, b, b), lambda i: (i, 0, 0))
+    out = jax.ShapeDtypeStruct((m, b, b), jnp.float32)
+    res = pl.pallas_call(
+        functools.partial(_apply, body, len(args)), out_shape=(out,) * n_out, grid=(m,),
+        in_specs=[spec] * len(args), out_specs=(spec,) * n_out, name=name,
+        compiler_params=plgpu.CompilerParams(num_warps=GPU_WARPS))(*args)
+    return res if n_out > 1 else res[0]
+  tile = tile_matrices(b)
+  n = -(-m // tile)
+  if n * tile != m:  # Zero matrices (exp(0) = I, no squarings), sliced off after.
+    args = [jnp.pad(x, ((0, n * tile - m), (0, 0), (0, 0))) for x in args]
+  spec = pl.BlockSpec((tile, b, b), lambda i: (i, 0, 0))
+  kw = {}
+  if platform == 'cpu':
+    kw['interpret'] = True
+  else:
+    from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+    kw['compiler_params'] = pltpu.CompilerParams(dimension_semantics=('parallel',))
+  out = jax.ShapeDtypeStruct((n * tile, b, b), jnp.float32)
+  res = pl.pallas_call(
+      functools.partial(_tiled, body, len(args), tile), out_shape=(out,) * n_out, grid=(n,),
+      in_specs=[spec] * len(args), out_specs=(spec,) * n_out, name=name, **kw)(*args)
+  res = tuple(x[:m] for x in res) if n * tile != m else tuple(res)
+  return res if n_out > 1 else res[0]
+
+
+def _products(d):
+  """(forward, backward) products for the kernel body: plain (x, y) -> x @ y of 2-D blocks."""
+  if d is None:
+    d = expm_lib._dots('auto', 'cpu')  # pylint: disable=protected-access
+  if isinstance(d, expm_lib.dots_lib.Dots):
+    return d.forward, d.backward
+  return d, d
+
+
+def _apply(body, n_in, *refs):
+  """One matrix: the input refs' blocks [b, b] in, body's results to the output refs."""
+  for ref, x in zip(refs[n_in:], body(*(r[...] for r in refs[:n_in]))):
+    ref[...] = x
+
+
+def _tiled(body, n_in, tile, *refs):
+  """A tile of matrices [tile, b, b], one after another, each with its own squarings."""
+  def one(i, carry):
+    for ref, x in zip(refs[n_in:], body(*(r[i] for r in refs[:n_in]))):
+      ref[i] = x
+    return carry
+  jax.lax.fori_loop(0, tile, one, 0)
+
+
+def squarings(powers, theta):
+  """expm._squarings for one matrix [b, b] inside a kernel, as an int32 scalar: the squarings
+  that take the spectral-radius bound ||a^k||_1^(1/k) (||a||_1 where that is not finite) to at
+  most theta, no cap; 0 for a non-finite matrix. Reductions keep a [1, 1] vector until the end
+  and the power is taken in logarithms (Mosaic has no scalar pow)."""
+  k = max(powers)
+  norm = lambda p: jnp.max(jnp.sum(jnp.abs(p), axis=0, keepdims=True), axis=1, keepdims=True)
+  log_k = jnp.log2(norm(powers[k])) / k  # -inf for a = 0: no squarings.
+  log_bound = jnp.where(jnp.isfinite(log_k) | (log_k < 0), log_k, jnp.log2(norm(powers[1])))
+  s = jnp.ceil(jnp.maximum(log_bound - np.float32(np.log2(theta)), -1.0))
+  return jnp.max(jnp.where(jnp.isfinite(s), jnp.maximum(s, 0.0), 0.0)).astype(jnp.int32)
+
+
+def _exp_one(mm, residual, a):
+  """(exp(a),) of one matrix [b, b], fast_loop's program with the matrix's own squarings; with
+  `residual` also R0, the rotation before the Newton-Schulz step (the backward's residual)."""
+  with expm_lib._products(mm):  # pylint: disable=protected-access
+    powers = TAYLOR.powers(a)
+    s = squarings(powers, TAYLOR.theta)
+    r0 = expm_lib._taylor_squared(TAYLOR, powers, s)  # pylint: disable=protected-access
+    r = expm_lib._newton_schulz(r0)  # pylint: disable=protected-access
+  return (r, r0) if residual else (r,)
+
+
+def _grad_one(mm, a, r0, g):
+  """(the cotangent of a,) for the cotangent g of R = NS(R0(a)) (one matrix [b, b]): through
+  the Newton-Schulz step's adjoint at R0 (at R0, not at an orthogonal R: that keeps the
+  gradient's error at the XLA path's, 2.5e-6 against 6e-6 on LieRE64's largest matrices), then
+  L(a^T, g) as the polynomial and squarings at a^T differentiated forward in direction g."""
+  with expm_lib._products(mm):  # pylint: disable=protected-access
+    # NS(r) = 1.5 r - 0.5 r r^T r; its adjoint: 1.5 g - 0.5 (g r^T r + r g^T r + r r^T g).
+    p = mm(r0.T, g)
+    g = 1.5 * g - 0.5 * (mm(g, mm(r0.T, r0)) + mm(r0, p.T) + mm(r0, p))
+    powers, tangents = jax.jvp(TAYLOR.powers, (a.T,), (g,))
+    s = squarings(powers, TAYLOR.theta)
+    poly = lambda x: expm_lib._taylor_squared(TAYLOR, x, s)  # pylint: disable=protected-access
+    return jax.jvp(poly, (powers,), (tangents,))[1],

@@ -1,0 +1,149 @@
+"""expm(a, 'pallas') (liere_jax/expm_kernel.py): the exponential as one Pallas kernel, run here in
+interpret mode against SciPy in float64, its Frechet VJP against SciPy's and the XLA path's
+gradient, and the same program compiled for a TPU v5e (Mosaic, deviceless) and lowered for a GPU
+(Triton)."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.linalg
+
+from liere_jax import dots, expm, expm_kernel, rotations
+from liere_jax.bench import expm as bench_expm
+
+B = 64
+
+
+@functools.lru_cache(maxsize=None)
+def _training(n=12):
+  """The n largest of LieRE64's exponentials at the training range (generators U[0, 2 pi) as
+  initialised, positions in [0, 1]^2: 2 layers x 2 heads of a 14 x 14 grid), and cotangents;
+  spectral radii ~240-260, 8 squarings."""
+  a, g = bench_expm.case_inputs(bench_expm.parse_case(f'2x2x14x14/{B}'))
+  idx = np.argsort(np.abs(a).sum(-2).max(-1))[-n:]
+  return a[idx], g[idx]
+
+
+def _expm64(a):
+  return np.stack([scipy.linalg.expm(x) for x in np.asarray(a, np.float64)])
+
+
+def _skew(x):
+  return x - np.swapaxes(x, -1, -2)
+
+
+def _pallas_and_grad(a, g):
+  fn = lambda x: expm.expm(x, 'pallas')
+  r, grad = jax.jit(lambda x: (fn(x), jax.grad(lambda y: jnp.sum(fn(y) * g))(x)))(a)
+  return np.asarray(r, np.float64), np.asarray(grad, np.float64)
+
+
+def test_forward_within_1e_5_of_float64_at_training_range_and_orthogonal():
+  """12 matrices (not a multiple of the tile: the last tile is padded) against SciPy in float64:
+  within 1e-5 and orthogonal to 1e-5; the kernel ran (a pallas_call in the program)."""
+  a, _ = _training()
+  assert a.shape[0] % expm_kernel.tile_matrices(B)
+  assert 'pallas_call' in str(jax.make_jaxpr(lambda x: expm.expm(x, 'pallas'))(a))
+  r = np.asarray(jax.jit(lambda x: expm.expm(x, 'pallas'))(a), np.float64)
+  err = np.abs(r - _expm64(a)).max()
+  orth = np.abs(np.einsum('mji,mjk->mik', r, r) - np.eye(B)).max()
+  assert err <= 1e-5 and orth <= 1e-5, (err, orth)
+
+
+def test_gradient_is_the_frechet_derivative_and_the_xla_path_s():
+  """jax.grad of a random linear functional of R: its skew part (what a skew-symmetric
+  parametrisation sees) within 1e-5 relative of SciPy's Frechet derivative L(a^T, G) in float64,
+  and the whole matrix within 1e-5 of the XLA path's gradient (fast_loop, float32 products),
+  whose Newton-Schulz step projects the non-skew part alike."""
+  a, g = _training()
+  _, grad = _pallas_and_grad(a, g)
+  a64, g64 = a.astype(np.float64), g.astype(np.float64)
+  ref = np.stack([scipy.linalg.expm_frechet(x.T, y, compute_expm=False)
+                  for x, y in zip(a64, g64)])
+  gerr = np.abs(_skew(grad) - _skew(ref)).max() / np.abs(_skew(ref)).max()
+  xla = lambda x: expm.fast_expm(x, form='loop', precision=dots.CPU)
+  gx = np.asarray(jax.jit(jax.grad(lambda y: jnp.sum(xla(y) * g)))(a), np.float64)
+  xerr = np.abs(grad - gx).max() / np.abs(gx).max()
+  assert gerr <= 1e-5 and xerr <= 1e-5, (gerr, xerr)
+
+
+def test_each_matrix_gets_its_own_squarings_past_any_cap():
+  """16 x 16 blocks in one tile: a tiny matrix, a training-sized one and one at spectral radius
+  2^(SELECT_CAP + 4) (20 squarings: past the select form's cap, and the kernel's loop has
+  none); each within float32's error of SciPy (~1e-7 of the angle), forward and gradient."""
+  rng = np.random.default_rng(3)
+  u = rng.standard_normal((3, 16, 16))
+  a = (u - np.swapaxes(u, 1, 2)) / 4
+  rho = lambda x: np.abs(np.linalg.eigvals(x)).max()
+  a[0] *= 1e-3 / rho(a[0])
+  a[1] *= 200 / rho(a[1])
+  a[2] *= 2.0**(expm.SELECT_CAP + 4) / rho(a[2])
+  a = a.astype(np.float32)
+  g = rng.standard_normal(a.shape).astype(np.float32)
+  r, grad = _pallas_and_grad(a, g)
+  err = np.abs(r - _expm64(a)).max(axis=(1, 2))
+  assert err[0] <= 1e-6 and err[1] <= 1e-5 and err[2] <= 1e-6 * 2**(expm.SELECT_CAP + 4), err
+  with expm._products(dots.CPU.forward):  # pylint: disable=protected-access
+    powers = expm.TAYLOR12.powers(jnp.asarray(a))
+    counts = [int(expm_kernel.squarings({k: p[i] for k, p in powers.items()},
+                                        expm.TAYLOR12.theta)) for i in range(3)]
+    assert counts == list(expm._squarings(powers, expm.TAYLOR12.theta)), counts
+  assert counts[0] == 0 and counts[2] >= expm.SELECT_CAP + 4, counts
+  ref = np.stack([scipy.linalg.expm_frechet(x.T, y, compute_expm=False)
+                  for x, y in zip(a[:2].astype(np.float64), g[:2].astype(np.float64))])
+  gerr = np.abs(_skew(grad[:2]) - _skew(ref)).max(axis=(1, 2)) / np.abs(_skew(ref)).max()
+  assert (gerr <= 1e-5).all(), gerr
+
+
+@pytest.mark.parametrize('block', [2, 8])
+def test_small_blocks_take_the_xla_path(block):
+  """b < MIN_BLOCK (LieRE8, RoPE's b = 2): no kernel, the fast path's result exactly."""
+  u = np.random.default_rng(0).standard_normal((5, block, block)).astype(np.float32)
+  a = u - np.swapaxes(u, 1, 2)
+  assert 'pallas_call' not in str(jax.make_jaxpr(lambda x: expm.expm(x, 'pallas'))(a))
+  np.testing.assert_array_equal(jax.jit(lambda x: expm.expm(x, 'pallas'))(a),
+                                jax.jit(lambda x: expm.expm(x, 'fast'))(a))
+
+
+def test_liere_rotations_take_the_method_by_name():
+  """`model.pe.expm=pallas` reaches the kernel: LieRE rotations of 16 x 16 blocks on a lattice
+  match the fast path's."""
+  assert 'pallas' in expm.METHODS
+  gens = np.random.default_rng(0).uniform(0, 2 * np.pi, (1, 1, 2, 1, 120)).astype(np.float32)
+  pos = np.stack(np.meshgrid(np.arange(3) / 2, np.arange(3) / 2, indexing='ij'), -1)
+  pos = pos.reshape(-1, 2).astype(np.float32)
+  rot = lambda m: np.asarray(jax.jit(lambda g: rotations.liere_rotations(g, pos, 16, m))(gens))
+  np.testing.assert_allclose(rot('pallas'), rot('fast'), atol=1e-5)
+  with pytest.raises(ValueError, match='expm_precision'):
+    expm.expm(jnp.zeros((2, 16, 16)), 'pallas', precision='float64')
+
+
+def _loss(x):
+  return jnp.sum(expm.expm(x, 'pallas') * jnp.arange(B, dtype=jnp.float32))
+
+
+def test_compiles_for_a_tpu_v5e_deviceless():
+  """The TPU compiler (libtpu, no TPU here) compiles the forward and the gradient: one Mosaic
+  custom call each way, no XLA while loop left (the squarings run inside the kernel)."""
+  pytest.importorskip('libtpu', reason='requirements-tpu.txt')
+  from jax.sharding import SingleDeviceSharding
+  from liere_jax.bench import compile as tpu
+  dev = tpu.parse_slice('v5litepod-1').devices()[0]
+  x = jax.ShapeDtypeStruct((20, B, B), jnp.float32, sharding=SingleDeviceSharding(dev))
+  for fn, kernels in ((lambda y: expm.expm(y, 'pallas'), ['liere_expm_forward']),
+                      (jax.grad(_loss), ['liere_expm_forward_res', 'liere_expm_backward'])):
+    hlo = jax.jit(fn).trace(x).lower().compile().as_text()
+    calls = [line for line in hlo.splitlines() if 'tpu_custom_call' in line]
+    assert [k for k in kernels if any(f'%{k}' in c for c in calls)] == kernels, calls
+    assert len(calls) == len(kernels) and ' while(' not in hlo
+
+
+def test_lowers_for_a_gpu_as_triton_kernels():
+  """Lowered for cuda on this CPU: the forward is one Triton custom call, the gradient two (the
+  forward with its residual, the backward), and no XLA loop around them."""
+  x = jax.ShapeDtypeStruct((20, B, B), jnp.float32)
+  for fn, n in ((lambda y: expm.expm(y, 'pallas'), 1), (jax.grad(_loss), 2)):
+    text = jax.jit(fn).trace(x).lower(lowering_platforms=('cuda',)).as_text()
+    assert text.count('xla.gpu.triton') == n and 'stablehlo.while' not in text, text[-3000:]
