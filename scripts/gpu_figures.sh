@@ -5,7 +5,8 @@
 # 1. the train step of every encoding in PES against abs (ViT-B/16, BATCH); 2. a profile of
 # the LieRE64 step (device-busy fraction, kernels and device-to-host copies per step, top
 # kernels); 3. the A/B of each GPU change against the path before it (all at once, then one
-# by one: issue 38's squarings as a loop and RoPE pairs on x's layout first, then the
+# by one: issue 38's squarings as a loop, its fused exponential (expm 'pallas', bench expm
+# and the step) and RoPE pairs on x's layout first, then the
 # exponential's form, cuDNN attention, its precision, rotate's form); 4. bench expm
 # against torch.matrix_exp; 5. the official step beside ours (with OFFICIAL, a checkout of
 # github.com/StanfordMIMI/LieRE). OUT gets log.txt (everything printed), results.jsonl (each
@@ -21,7 +22,7 @@ PY=${PY:-python3}
 DEADLINE=${DEADLINE:-570}
 BATCH=${BATCH:-128}
 PES=${PES-liere64 liere8 paper_rope_mixed rope_mixed}
-AB=${AB-squarings pairs all expm attention precision apply}
+AB=${AB-squarings pallas pairs all expm attention precision apply}
 RUNS=${RUNS:-}
 EXPM_ARGS=${EXPM_ARGS---repeats 3 --case imagenet_vitb16_liere64 --case imagenet_vitb16_liere8 --case cifar_vitb_liere64 --impl fast --impl fast_select --impl fast_cond --impl torch}
 OFFICIAL_BATCH=${OFFICIAL_BATCH:-64}
@@ -78,11 +79,18 @@ section profile_liere64 120 $PY -m liere_jax.bench profile \
 # on x's layout against [..., 2, 2] blocks (pairs=blocks); the exponential's form
 # (fast_cond: per-chunk branches and remat), its products (highest: float32), XLA's attention
 # instead of cuDNN's (attention=xla); and rotate's elementwise form (apply=direct), which lost.
+# pallas: the exponential as one Triton kernel (expm 'pallas', never run on a GPU before: its
+# own bench expm section first, so a failure there leaves the other sections' figures).
 OLD_EXPM=config.model.pe.expm=fast_cond
 OLD_PREC=config.model.pe.expm_precision=highest
 for ab in $AB; do
   case $ab in
     squarings) step ab_squarings pe=liere64 config.model.pe.expm=fast_loop ;;  # A: select (GPU default)
+    pallas)  # The fused exponential (issue 38 item 2, Triton): the stack alone, then the step.
+      section ab_expm_pallas 150 $PY -m liere_jax.bench expm --repeats 3 \
+          --case imagenet_vitb16_liere64 --case cifar_vitb_liere64 --impl fast --impl fast_loop \
+          --impl pallas --json
+      step ab_pallas pe=liere64 config.model.pe.expm=pallas ;;  # A: select (GPU default)
     pairs) step ab_pairs pe=rope_mixed pairs=blocks ;;
     all) step ab_all pe=liere64 "$OLD_EXPM,$OLD_PREC,attention=xla" ;;
     expm) step ab_expm pe=liere64 "$OLD_EXPM" ;;
