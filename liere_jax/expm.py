@@ -37,8 +37,9 @@
                Every form can be asked for by name on every platform (benchmarks, A/B).
   pallas:      opt-in, not a default anywhere yet (untimed on a GPU or TPU): fast_loop's program
                as ONE Pallas kernel (liere_jax.expm_kernel), each matrix on chip from a to R
-               with its own squarings, and a Frechet-derivative VJP that stores a and R
-               (Mosaic on a TPU, Triton on a GPU, interpret mode on CPU: slow, for tests).
+               with its own squarings, and a Frechet-derivative VJP that stores a and R before
+               Newton-Schulz (Mosaic on a TPU, Triton on a GPU, interpret mode on CPU: for
+               tests).
                Blocks under 16 (and b = 2), or past the kernel's largest: the fast path.
 Products run at `precision` (`per_platform`): 'highest' is float32 everywhere; 'auto' keeps it on
 CPU and uses six bf16 passes on accelerators (tensor cores; a TPU's HIGHEST), which keep
