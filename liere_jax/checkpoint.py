@@ -28,7 +28,7 @@ from liere_jax import paths
 from liere_jax.checkpoint_damage import (DAMAGED, CheckpointError, first_readable,
                                          set_aside_unreadable_metrics, steps_in,
                                          stored_target)
-from liere_jax.config import model as config_model
+from liere_jax.config import model as model_spec
 from liere_jax.config.run import upgrade
 from liere_jax.param_tree import int_keys, shaping_fields, to_loop_params, to_scan_params
 
@@ -61,7 +61,7 @@ def has_checkpoint(workdir: str) -> bool:
   return bool(steps_in(paths.path(workdir) / 'checkpoints'))
 
 
-def check_same_model(workdir: str, model: config_model.ModelSpec):
+def check_same_model(workdir: str, model: model_spec.ModelSpec):
   """Raises if `workdir` holds a checkpoint of a model with another parameter tree than `model`
   (before anything is written). How the tree is computed (remat, scan_layers, dtype, ...) may
   change. A workdir without a checkpoint (a run that failed before its first save) takes any
@@ -72,7 +72,7 @@ def check_same_model(workdir: str, model: config_model.ModelSpec):
     return
   new = shaping_fields(model)
   try:
-    old = shaping_fields(config_model.resolve_stored(stored.model))
+    old = shaping_fields(model_spec.resolve_stored(stored.model))
   except ValueError as e:
     raise CheckpointError(f'--workdir {workdir} holds a run whose model section no longer '
                           f'resolves ({e}); use a new --workdir.') from None
@@ -86,7 +86,7 @@ def check_same_model(workdir: str, model: config_model.ModelSpec):
   for part in key.split('.'):
     raw = raw.get(part) if isinstance(raw, dict) else None
   flag = f'"{tuple(value)}"' if isinstance(value, list) else value
-  resume = (f'--config.model.{key}={flag}' if config_model.json_ready(raw) == value
+  resume = (f'--config.model.{key}={flag}' if model_spec.json_ready(raw) == value
             else f"that run's config ({CONFIG_FILE} there)")
   raise CheckpointError(
       f'--workdir {workdir} holds a run of a different model (model.{key}: {value!r} there, '

@@ -21,7 +21,8 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from liere_jax import command, config_lib, distributed, evaluation, paths
+from liere_jax import command, distributed, evaluation, paths
+from liere_jax.config import parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, "Config file[:args]; default: the run's own config.json.", lock_config=True)
@@ -76,7 +77,7 @@ def main(argv):
 def run():
   """`python -m liere_jax.eval` (and the checkout's eval.py)."""
   flags.mark_flags_as_required(['workdir'])
-  command.run(main, 'eval', flags_parser=config_lib.parse_flags)
+  command.run(main, 'eval', flags_parser=parse_flags)
 
 
 if __name__ == '__main__':

@@ -41,7 +41,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from liere_jax import config_lib, encodings
+from liere_jax import encodings, param_tree
+from liere_jax.config import model_config
 from liere_jax import positions as positions_lib
 from liere_jax import switches
 from liere_jax.config.model import LN_EPS, ModelSpec, resolve
@@ -231,9 +232,9 @@ def create_encoding(name: str, *, grid: Sequence[int], heads: int, head_dim: int
   dims, tokens on `grid` (the training grid; one axis per position coordinate), `num_prefix`
   (0 or 1) prefix tokens first. options: model.pe fields (positions, share, init_scale, expm),
   checked as a model config's: an entry point, it builds its model section and resolves it."""
-  m = config_lib.model_config(pe=name, variant='', patch=(1,) * len(grid), input_size=grid,
-                              channels=1, num_classes=1, pool='cls' if num_prefix else 'mean',
-                              width=heads * head_dim, depth=depth, heads=heads)
+  m = model_config(pe=name, variant='', patch=(1,) * len(grid), input_size=grid,
+                   channels=1, num_classes=1, pool='cls' if num_prefix else 'mean',
+                   width=heads * head_dim, depth=depth, heads=heads)
   m.pe.update(options)
   return encodings.build(resolve(m), rngs=rngs)
 
@@ -357,3 +358,10 @@ class ViT(nnx.Module):
     x = x[:, 0] if self.pool == 'cls' else x.mean(axis=1)
     logits = self.head(x).astype(jnp.float32)
     return (logits, attention) if return_attention else logits
+
+
+def abstract_params(spec) -> dict:
+  """The parameter tree of ModelSpec `spec` as checkpoints and exports hold it (blocks/<i>/...,
+  whatever scan_layers), with ShapeDtypeStruct leaves (nothing allocated)."""
+  abstract = nnx.eval_shape(lambda: ViT(spec, rngs=nnx.Rngs(0)))
+  return param_tree.to_loop_params(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))

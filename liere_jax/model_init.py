@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from liere_jax import param_tree, paths
+from liere_jax.model import abstract_params
 from liere_jax.config.model import ModelSpec, resolve_stored
 
 HEAD = (('head', 'kernel'), ('head', 'bias'))
@@ -148,7 +149,7 @@ def load(run, source: Optional[str] = None) -> Params:
           f'{flag}: the checkpoint was trained with model.{field}={value(there, field)!r}, '
           f'this run has {value(here, field)!r}; set --config.model.{field}='
           f'{value(there, field)} (the parameters of one encoding mean nothing to another).')
-  dst = param_tree.flatten(param_tree.abstract_params(here))
+  dst = param_tree.flatten(abstract_params(here))
   shapes = {k: tuple(v.shape) for k, v in src.items()}
   reinit = run.loop.model_init_head == 'reinit'
   resize = here.pe.name == 'abs' and there.train_grid != here.train_grid

@@ -4,17 +4,13 @@ and the PyTorch port read them; liere_jax/model.py lists them).
   flatten / unflatten_like          nested dict <-> {('blocks', '0', 'attn', ...): leaf}
   int_keys                          Orbax's '0', '1', ... layer keys back to ints
   to_loop_params / to_scan_params   blocks/<i>/... <-> stacked blocks/... [depth, ...]
-  abstract_params(spec)             a ModelSpec's tree as checkpoints hold it, nothing allocated
   SHAPING, shaping_fields, first_difference   the model fields that shape the tree
 """
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 from flax import traverse_util
-
-from liere_jax.model import ViT
 
 Path = Tuple[str, ...]
 
@@ -94,13 +90,6 @@ def to_scan_params(tree):
     return {**d, 'blocks': jax.tree.map(lambda *v: jnp.stack(v),
                                         *[d['blocks'][k] for k in layers])}
   return jax.tree.map(lambda x: stack(x) if _blocks_of(x) else x, tree, is_leaf=_blocks_of)
-
-
-def abstract_params(spec) -> dict:
-  """The parameter tree of ModelSpec `spec` as checkpoints and exports hold it (blocks/<i>/...,
-  whatever scan_layers), with ShapeDtypeStruct leaves (nothing allocated)."""
-  abstract = nnx.eval_shape(lambda: ViT(spec, rngs=nnx.Rngs(0)))
-  return to_loop_params(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))
 
 
 def field_value(spec, field: str):

@@ -15,8 +15,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from liere_jax import param_tree
 from liere_jax.config import run as run_spec
-from liere_jax.config import data as data_spec
 from liere_jax import model as model_lib
+from liere_jax.data.transform import normalisation
 from liere_jax.model import ViT
 
 
@@ -186,7 +186,7 @@ class Trainer(EvalSteps):
     self.tx, self.schedule = make_optimizer(self.run.optimizer)
     # data.normalise='device': train batches are uint8 pixels, normalised in the step (4x less
     # to copy between host processes and to the device, no host time).
-    self.pixels = (data_spec.normalisation(self.run.data) if self.run.data.normalise == 'device'
+    self.pixels = (normalisation(self.run.data) if self.run.data.normalise == 'device'
                    else None)
     params = self.param_shapes
     shapes = {'params': params, 'opt_state': jax.eval_shape(self.tx.init, params),

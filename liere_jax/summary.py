@@ -17,7 +17,8 @@ from absl import flags
 from flax import nnx
 from ml_collections import config_flags
 
-from liere_jax import command, config_lib
+from liere_jax import command
+from liere_jax.config import parse_flags
 from liere_jax.config.model import ModelSpec, resolve
 from liere_jax.model import ViT
 
@@ -84,4 +85,4 @@ if __name__ == '__main__':  # Flags only here: the module is imported by tests a
   config_flags.DEFINE_config_file('config', None, 'Config file[:args].', lock_config=True)
   flags.DEFINE_bool('json', False, 'Print one JSON object as the last line.')
   flags.mark_flag_as_required('config')
-  command.run(main, 'summary', flags_parser=config_lib.parse_flags)
+  command.run(main, 'summary', flags_parser=parse_flags)

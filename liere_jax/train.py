@@ -24,7 +24,8 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from liere_jax import command, config_lib, distributed, training
+from liere_jax import command, distributed, training
+from liere_jax.config import parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file[:args].',
                                           lock_config=True)
@@ -68,7 +69,7 @@ def main(argv):
 def run():
   """`python -m liere_jax.train` (and the checkout's train.py)."""
   flags.mark_flags_as_required(['config', 'workdir'])
-  command.run(main, 'train', flags_parser=config_lib.parse_flags)
+  command.run(main, 'train', flags_parser=parse_flags)
 
 
 if __name__ == '__main__':

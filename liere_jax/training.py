@@ -145,10 +145,9 @@ def check(run, workdir: str):
   before anything is compiled or written: the store, the dataset, a workdir that all processes
   see, the same model as the workdir's checkpoints, and --config.model_init's parameters, which
   it returns (None when fresh or resumed)."""
-  from liere_jax import checkpoint, model_init
-  from liere_jax.config import run as run_spec
+  from liere_jax import checkpoint, data, model_init
   paths.check_store(workdir, '--workdir', tensorboard=True)
-  run_spec.check_data(run)  # Says how to prepare an unprepared dataset.
+  data.check_data(run)  # Says how to prepare an unprepared dataset.
   # Several processes: one workdir, seen alike (before any of them reads it).
   checkpoint.check_shared_workdir(workdir)
   checkpoint.check_same_model(workdir, run.model)

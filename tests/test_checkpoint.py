@@ -14,7 +14,8 @@ import pytest
 from flax import nnx
 
 import liere_jax.configs
-from liere_jax import checkpoint, checkpoint_damage, config_lib
+from liere_jax import checkpoint, checkpoint_damage
+from liere_jax.config import load
 from liere_jax.config.model import resolve
 from liere_jax.model import ViT
 from liere_jax.param_tree import to_loop_params
@@ -27,7 +28,7 @@ LOOP = {'batch_size': 8, 'total_steps': 2, 'checkpoint_every': 2}
 
 
 def _config(**model):
-  config = config_lib.load(ARROWS)
+  config = load(ARROWS)
   config.model.update(MODEL)
   config.model.update(model)
   return config

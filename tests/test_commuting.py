@@ -17,7 +17,7 @@ import scipy.linalg
 from flax import nnx
 
 from liere_jax import convert, encodings
-from liere_jax.config import model as spec_lib
+from liere_jax.config import model as model_spec
 from liere_jax.model import ViT
 from liere_jax.positions import grid_positions, with_prefix
 from tests.helpers import tiny_model_config, tiny_spec
@@ -29,7 +29,7 @@ HI = jax.lax.Precision.HIGHEST
 
 
 def _spec(pe, n_dims=2, size=16, **kw):
-  return spec_lib.resolve(tiny_model_config(pe=pe, n_dims=n_dims, size=size, **kw))
+  return model_spec.resolve(tiny_model_config(pe=pe, n_dims=n_dims, size=size, **kw))
 
 
 def _encoding(pe, n_dims=2, seed=0, pool='mean', **kw):
@@ -302,7 +302,7 @@ def test_names_families_blocks_and_default_positions():
   got = {pe: (s.pe.family, s.pe.block, s.pe.positions, s.pe.share)
          for pe in ('comrope_ap8', 'comrope_ld4', 'string_cayley', 'string_circulant16',
                     'liere8')
-         for s in [spec_lib.resolve(tiny_model_config(
+         for s in [model_spec.resolve(tiny_model_config(
              pe=pe, share='layers' if pe.startswith('liere') else 'none'))]}
   assert got == {'comrope_ap8': ('comrope_ap', 8, 'normalized', 'none'),
                  'comrope_ld4': ('comrope_ld', 4, 'normalized', 'none'),
@@ -321,9 +321,9 @@ def test_names_families_blocks_and_default_positions():
 ])
 def test_bad_names_say_why(pe, match):
   if pe == 'comrope_ap16':  # 16 is fine with 1D positions, not in 2D.
-    spec_lib.resolve(tiny_model_config(pe=pe, n_dims=1))
+    model_spec.resolve(tiny_model_config(pe=pe, n_dims=1))
   with pytest.raises(ValueError, match=match):
-    spec_lib.resolve(tiny_model_config(pe=pe))
+    model_spec.resolve(tiny_model_config(pe=pe))
 
 
 @pytest.mark.parametrize('pe', FOUR)
@@ -445,14 +445,14 @@ def test_jitter_is_checked_and_older_specs_read_as_off():
   for pe, jitter, match in (('abs', 1.0, "reads no positions"), ('liere8', -1.0, '>= 0'),
                             ('liere8', float('nan'), '>= 0')):
     with pytest.raises(ValueError, match=f'model.pe.jitter=.*{match}'):
-      spec_lib.resolve(tiny_model_config(pe, jitter=jitter))
-  spec = spec_lib.resolve(tiny_model_config('liere8', jitter=0.5))
+      model_spec.resolve(tiny_model_config(pe, jitter=jitter))
+  spec = model_spec.resolve(tiny_model_config('liere8', jitter=0.5))
   old = spec.to_json()
   del old['pe']['jitter']  # An export written before the field existed.
-  assert spec_lib.ModelSpec.from_json(old).pe.jitter == 0.0
+  assert model_spec.ModelSpec.from_json(old).pe.jitter == 0.0
   cfg = tiny_model_config('liere8').to_dict()
   del cfg['pe']['jitter']  # A run's config.json from before the field.
-  assert spec_lib.resolve(spec_lib.MODEL.upgrade(cfg)).pe.jitter == 0.0  # As read back.
+  assert model_spec.resolve(model_spec.MODEL.upgrade(cfg)).pe.jitter == 0.0  # As read back.
 
 
 def _with_params(model, params):
@@ -465,14 +465,14 @@ def _with_params(model, params):
 
 def test_string_cayley_folds_into_a_rope_mixed_model_with_the_same_logits():
   cfg = tiny_model_config('string_cayley')
-  params = nnx.to_pure_dict(nnx.state(ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0)), nnx.Param))
+  params = nnx.to_pure_dict(nnx.state(ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0)), nnx.Param))
   key = jax.random.key(3)
   params['pe']['cayley'] = 0.3 * jax.random.normal(key, params['pe']['cayley'].shape)
   params['head']['kernel'] = jax.random.normal(key, params['head']['kernel'].shape)
-  model = _with_params(ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0)), params)
-  folded_params, folded = convert.fold_string_cayley(params, spec_lib.resolve(cfg))
+  model = _with_params(ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0)), params)
+  folded_params, folded = convert.fold_string_cayley(params, model_spec.resolve(cfg))
   cfg.pe.name = 'rope_mixed'  # The model the fold stands for, resolved as a config.
-  assert folded == spec_lib.resolve(cfg) and set(folded_params['pe']) == {'freqs'}
+  assert folded == model_spec.resolve(cfg) and set(folded_params['pe']) == {'freqs'}
   plain = _with_params(ViT(folded, rngs=nnx.Rngs(1)), folded_params)
   x = jax.random.normal(jax.random.key(4), (2, 16, 16, 3))
   np.testing.assert_allclose(plain(x), model(x), atol=1e-4, rtol=1e-4)
@@ -490,7 +490,7 @@ def test_string_cayley_in_bf16_folds_p_into_the_projection_in_the_model_dtype():
   for dtype in ('float32', 'bfloat16'):
     cfg = tiny_model_config('string_cayley')
     cfg.dtype = dtype
-    model = ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0))
+    model = ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0))
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     params['pe']['cayley'] = 0.3 * jax.random.normal(jax.random.key(3),
                                                      params['pe']['cayley'].shape)

@@ -14,7 +14,8 @@ from PIL import Image
 import pytest
 import tensorflow_datasets as tfds
 
-from liere_jax import checkpoint, config_lib, evaluation
+from liere_jax import checkpoint, evaluation
+from liere_jax.config import base_config, load
 from liere_jax.config.data import DATA
 from liere_jax.data import arrows
 from liere_jax.data import augment
@@ -29,7 +30,7 @@ from tests.helpers import tiny_model_config
 
 
 def data_config(**overrides):
-  return config_lib.data_config(**{'name': 'arrows', 'num_eval': 50, **overrides})
+  return data_spec.data_config(**{'name': 'arrows', 'num_eval': 50, **overrides})
 
 
 def resolved(**overrides):
@@ -548,7 +549,7 @@ def test_evaluate_with_views_scores_every_view_and_every_video(ucf_native_dir):
                      eval_views=(5, 3), data_dir=ucf_native_dir)
   model = tiny_model_config(pe='abs', n_dims=3, size=16, depth=1)
   model.patch, model.input_size, model.num_classes = (2, 8, 8), (4, 16, 16), 101
-  config = config_lib.base_config(model=model, data=data, batch_size=8, total_steps=1, lr=1e-3)
+  config = base_config(model=model, data=data, batch_size=8, total_steps=1, lr=1e-3)
   trainer = helpers.trainer(config)
   rng = np.random.default_rng(0)  # Random parameters (no init to compile) ...
   params = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(x.dtype),
@@ -620,7 +621,7 @@ def test_the_pipeline_takes_a_data_spec_and_refuses_the_section_naming_resolve_d
                      ('train_dataset', lambda d: pipeline.train_dataset(d, global_batch_size=4,
                                                                         seed=1)),
                      ('eval_batches', lambda d: pipeline.eval_batches(d, global_batch_size=4)),
-                     ('normalisation', data_spec.normalisation)):
+                     ('normalisation', transform.normalisation)):
     call(spec)
     with pytest.raises(TypeError, match=f'^{name} takes a DataSpec' + fix):
       call(cfg)
@@ -644,7 +645,7 @@ def test_device_normalisation_sends_the_pixels_of_the_host_batch():
   a = pipeline.train_dataset(host, global_batch_size=8, seed=3)[2]
   b = pipeline.train_dataset(device, global_batch_size=8, seed=3)[2]
   assert a['image'].dtype == np.float32 and b['image'].dtype == np.uint8
-  scale, offset = data_spec.normalisation(device)
+  scale, offset = transform.normalisation(device)
   np.testing.assert_array_equal(b['image'].astype(np.float32) * scale + offset, a['image'])
   np.testing.assert_array_equal(a['label'], b['label'])
   with pytest.raises(ValueError, match="normalise='host'"):
@@ -654,7 +655,7 @@ def test_device_normalisation_sends_the_pixels_of_the_host_batch():
 
 def test_old_run_configs_read_back_with_the_data_fields_added_since(tmp_path):
   """eval.py on a workdir written before crop, eval_views, workers, normalise, ... existed."""
-  old = json.loads(checkpoint.config_to_json(config_lib.load('configs/arrows.py')))
+  old = json.loads(checkpoint.config_to_json(load('configs/arrows.py')))
   for key in DATA.added():
     del old['data'][key]
   (tmp_path / checkpoint.CONFIG_FILE).write_text(json.dumps(old))

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from liere_jax import encodings, param_tree
-from liere_jax.config import model as spec_lib
+from liere_jax.config import model as model_spec
 from liere_jax.model import ViT
 from liere_jax.positions import grid_positions, with_prefix
 from liere_jax.summary import param_counts
@@ -76,7 +76,7 @@ def test_liere2_equals_rope_mixed_with_mapped_parameters():
                                          (32, 285696), (64, 580608)])
 def test_table10_pe_parameter_counts_vit_b(block, count):
   cfg = load_config('configs/cifar100.py', f'pe=liere{block},variant=B')
-  counts = param_counts(spec_lib.resolve(cfg.model))
+  counts = param_counts(model_spec.resolve(cfg.model))
   assert counts['params_pe'] == count
   assert 85.1e6 < counts['params_total'] < 85.9e6  # "relative to the model size of 85.2M"
 
@@ -184,7 +184,7 @@ def test_rescaled_positions_are_the_default_at_the_training_size(pe):
 def test_bf16_compute_keeps_float32_parameters_and_rotations():
   cfg = tiny_model_config(pe='liere8')
   cfg.dtype = 'bfloat16'
-  model = ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0))
+  model = ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0))
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
   assert model.pe_context((4, 4)).rot.dtype == jnp.float32
   assert bool(jnp.all(jnp.isfinite(model(jnp.ones((1, 16, 16, 3))))))
@@ -223,7 +223,7 @@ def test_input_dimensionality_mismatch_raises_before_compiling():
   with pytest.raises(ValueError, match=r'patch=\(4, 4\) and model.input_size=\(8, 16, 16\)'):
     cfg = tiny_model_config()
     cfg.input_size = (8, 16, 16)
-    ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0))
+    ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0))
 
 
 def _documented_tree(spec):
@@ -275,7 +275,7 @@ def test_parameter_tree_is_the_documented_one_and_scan_matches_the_loop(pe):
   ref = model(x)
   for key, value in (('scan_layers', True), ('remat', 'block')):
     cfg[key] = value
-    other = ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(1))
+    other = ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(1))
     other.eval()
     state = nnx.to_pure_dict(nnx.state(model))
     nnx.update(other, param_tree.to_scan_params(state) if key == 'scan_layers' else state)
@@ -359,7 +359,7 @@ def test_names_parse_to_registered_families():
 
 
 def test_layer_norm_eps_reaches_every_layer_norm():
-  spec = dataclasses.replace(spec_lib.resolve(tiny_model_config()), layer_norm_eps=1e-3)
+  spec = dataclasses.replace(model_spec.resolve(tiny_model_config()), layer_norm_eps=1e-3)
   model = nnx.eval_shape(lambda: ViT(spec, rngs=nnx.Rngs(0)))
   norms = [m for _, m in nnx.iter_modules(model) if isinstance(m, nnx.LayerNorm)]
   assert len(norms) == 2 * spec.depth + 1

@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from liere_jax import checkpoint, config_lib, convert, model_init
+from liere_jax import checkpoint, convert, model_init
+from liere_jax.config import base_config, data_config
 from liere_jax.config import run as run_spec
 from liere_jax.config.model import resolve
 from liere_jax.convert import __main__ as convert_cli
@@ -21,8 +22,8 @@ from tests.helpers import tiny_model_config
 
 def _config(**kw):
   model = tiny_model_config(**kw)
-  data = config_lib.data_config(name='arrows', grid=model.input_size[0] // model.patch[0])
-  return config_lib.base_config(model=model, data=data, batch_size=8, total_steps=2, lr=1e-3)
+  data = data_config(name='arrows', grid=model.input_size[0] // model.patch[0])
+  return base_config(model=model, data=data, batch_size=8, total_steps=2, lr=1e-3)
 
 
 def _random_params(config, seed=0):

@@ -14,7 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-from liere_jax import checkpoint, config_lib, data, distributed, model_init, param_tree, paths
+from liere_jax import checkpoint, data, distributed, model_init, param_tree, paths
+from liere_jax.config import load
 from liere_jax.convert import __main__ as convert_cli
 from liere_jax.data import prepare
 from liere_jax.config import run as run_spec
@@ -188,7 +189,7 @@ def test_a_dataset_prepared_into_a_bucket_is_read_from_it(store, tmp_path):
   assert path == 'gs://bucket/tfds/cifar100/3.0.2'
   with pytest.raises(FileExistsError, match='already prepared; pass --overwrite'):
     prepare.prepare('cifar100', download_dir, 'gs://bucket/tfds')
-  cfg = config_lib.load(os.path.join(ROOT, 'configs', 'cifar100.py'))
+  cfg = load(os.path.join(ROOT, 'configs', 'cifar100.py'))
   cfg.data.data_dir = 'gs://bucket/tfds'
   batch = data.train_dataset(resolve_data(cfg.data), global_batch_size=4, seed=0)[0]
   assert batch['image'].shape == (4, 32, 32, 3) and np.isfinite(batch['image']).all()
@@ -207,7 +208,7 @@ def test_a_store_that_cannot_be_read_says_why(store, monkeypatch, tmp_path):
       'gcloud storage buckets create gs://nobucket).')
   assert os.listdir(tmp_path) == []
   monkeypatch.setitem(sys.modules, 'gcsfs', None)  # As without gcsfs installed.
-  cfg = config_lib.load(os.path.join(ROOT, 'configs', 'cifar100.py'))
+  cfg = load(os.path.join(ROOT, 'configs', 'cifar100.py'))
   cfg.data.data_dir = 'gs://bucket/tfds'
   with pytest.raises(FileNotFoundError, match='data.data_dir=gs://bucket/tfds cannot be used: '
                      'reading gs:// needs gcsfs'):

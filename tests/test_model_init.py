@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from liere_jax import checkpoint, config_lib, convert, model_init
+from liere_jax import checkpoint, convert, model_init
+from liere_jax.config import base_config, data_config
 from liere_jax.steps import make_optimizer
 from liere_jax import param_tree
 from liere_jax.config import run as run_spec
@@ -26,8 +27,8 @@ from tests.helpers import tiny_model_config
 def _config(num_classes=5, qkv_bias=True, **kw):
   model = tiny_model_config(**kw)
   model.num_classes, model.qkv_bias = num_classes, qkv_bias
-  data = config_lib.data_config(name='arrows', grid=model.input_size[0] // model.patch[0])
-  return config_lib.base_config(model=model, data=data, batch_size=8, total_steps=2, lr=1e-3)
+  data = data_config(name='arrows', grid=model.input_size[0] // model.patch[0])
+  return base_config(model=model, data=data, batch_size=8, total_steps=2, lr=1e-3)
 
 
 def _random_params(config, seed):

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from liere_jax import config_lib
+from liere_jax.config import model_config
 from liere_jax.config.model import MODEL
 from liere_jax import encodings
 from liere_jax import model as model_lib
-from liere_jax.config import model as spec_lib
+from liere_jax.config import model as model_spec
 from liere_jax import torch_vit
 from liere_jax.model import Block, Mlp, ViT
 from tests.helpers import tiny_model_config
@@ -34,7 +34,7 @@ def _block(sites, rate=1.0):
 def test_dropout_at_one_site_zeroes_exactly_that_branch(site):
   x = jax.random.normal(jax.random.key(1), (2, 5, WIDTH))
   pe = encodings.LayerContext()  # No position encoding.
-  ref = _block(spec_lib.DROPOUT_SITES, rate=0.)  # The same parameters, no dropout.
+  ref = _block(model_spec.DROPOUT_SITES, rate=0.)  # The same parameters, no dropout.
   attn = lambda h: ref.attn(ref.norm1(h), pe)[0]
   mlp = lambda h: ref.mlp(ref.norm2(h))
   x1 = x + attn(x)
@@ -67,7 +67,7 @@ def _model(sites, rate=1.0, **fields):
   cfg = tiny_model_config(pe='abs')
   cfg.init = 'official'
   cfg.update(fields)
-  spec = dataclasses.replace(spec_lib.resolve(cfg), dropout=rate, dropout_sites=sites)
+  spec = dataclasses.replace(model_spec.resolve(cfg), dropout=rate, dropout_sites=sites)
   model = ViT(spec, rngs=nnx.Rngs(0))
   model.train()
   return model
@@ -83,7 +83,7 @@ def test_embed_dropout_zeroes_the_tokens():
   for layer, block in enumerate(model.blocks):
     tokens, _ = block(tokens, model.pe.layer(ctx, layer))
   np.testing.assert_allclose(model(x), model.head(model.norm(tokens)[:, 0]), atol=1e-6)
-  logits = _model(spec_lib.DROPOUT_SITES, rate=0.)(x)
+  logits = _model(model_spec.DROPOUT_SITES, rate=0.)(x)
   assert np.abs(logits[0] - logits[1]).max() > 1e-2  # The input matters without dropout.
   np.testing.assert_allclose(_model((), rate=1.)(x), logits, atol=1e-6)
 
@@ -98,7 +98,7 @@ def test_dropout_sites_reach_the_scanned_and_rematerialised_blocks(scan_layers, 
   model.eval()
   assert np.abs(model(x) - loop(x)).max() > 1e-2  # The site was active in training.
   # At p = 0.5 the per-block RNG streams give the scan the loop's masks.
-  loop, model = (_model(spec_lib.DROPOUT_SITES, 0.5, scan_layers=s, remat=remat)
+  loop, model = (_model(model_spec.DROPOUT_SITES, 0.5, scan_layers=s, remat=remat)
                  for s in (False, scan_layers))
   for m in (loop, model):
     model_lib.reseed(m, dropout=3)
@@ -109,11 +109,11 @@ def test_bad_dropout_site_and_init_name_the_valid_ones():
   cfg = tiny_model_config()
   cfg.dropout_sites = ('embed', 'mlp_out')
   with pytest.raises(ValueError, match=r"dropout_sites has 'mlp_out'.*'mlp_hidden'"):
-    spec_lib.resolve(cfg)
+    model_spec.resolve(cfg)
   cfg = tiny_model_config()
   cfg.init = 'torch'
   with pytest.raises(ValueError, match=r"model.init='torch' is unknown.*'official'"):
-    spec_lib.resolve(cfg)
+    model_spec.resolve(cfg)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,10 +121,10 @@ def test_bad_dropout_site_and_init_name_the_valid_ones():
 
 
 def _init_stats_model(init):
-  cfg = config_lib.model_config(pe='abs', variant='', patch=(8, 8), input_size=(32, 32),
-                                channels=3, num_classes=100, width=256, depth=1, heads=4)
+  cfg = model_config(pe='abs', variant='', patch=(8, 8), input_size=(32, 32),
+                     channels=3, num_classes=100, width=256, depth=1, heads=4)
   cfg.init = init
-  return ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0))
+  return ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0))
 
 
 # name -> (fan_in, fan_out) with width 256, MLP 1024, patch 8x8x3, 100 classes.
@@ -180,7 +180,7 @@ def test_init_keeps_the_parameter_tree_and_its_sharding_axes():
   def logical(init):
     cfg = tiny_model_config(pe='abs')
     cfg.init = init
-    model = nnx.eval_shape(lambda: ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0)))
     return nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(model, nnx.Param)))
 
   official = logical('official')
@@ -194,12 +194,12 @@ def test_init_keeps_the_parameter_tree_and_its_sharding_axes():
 
 
 def test_paper_tiny_is_the_official_tiny():
-  cfg = config_lib.model_config(pe='liere8', variant='paper_tiny', patch=(4, 4),
-                                input_size=(32, 32), channels=3, num_classes=100)
+  cfg = model_config(pe='liere8', variant='paper_tiny', patch=(4, 4),
+                     input_size=(32, 32), channels=3, num_classes=100)
   cfg.qkv_bias = False  # The official to_qkv has no bias.
-  s = spec_lib.resolve(cfg)
+  s = model_spec.resolve(cfg)
   assert (s.width, s.depth, s.heads, s.head_dim, s.mlp_dim) == (384, 12, 6, 64, 768)
-  model = nnx.eval_shape(lambda: ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0)))
   blocks = sum(v.size for v in jax.tree.leaves(nnx.state(model.blocks, nnx.Param)))
   d, m = 384, 768
   # to_qkv (no bias), to_out, fc1, fc2, two LayerNorms: official models/vit.py, rope_vit.py.
@@ -207,21 +207,21 @@ def test_paper_tiny_is_the_official_tiny():
   assert blocks == official == 14_192_640
   # The other variants keep MLP = 4 x width, following a width override.
   cfg.variant, cfg.width = 'B', 576
-  assert spec_lib.resolve(cfg).mlp_dim == 4 * 576
+  assert model_spec.resolve(cfg).mlp_dim == 4 * 576
 
 
 def test_old_spec_json_loads_with_the_old_model():
-  s = spec_lib.resolve(tiny_model_config())
-  assert (s.dropout_sites, s.init) == (spec_lib.DROPOUT_SITES, 'jax')
+  s = model_spec.resolve(tiny_model_config())
+  assert (s.dropout_sites, s.init) == (model_spec.DROPOUT_SITES, 'jax')
   obj = json.loads(json.dumps(s.to_json()))
-  assert spec_lib.ModelSpec.from_json(obj) == s
+  assert model_spec.ModelSpec.from_json(obj) == s
   for key in ('dropout_sites', 'init'):
     del obj[key]
-  old = spec_lib.ModelSpec.from_json(obj)
+  old = model_spec.ModelSpec.from_json(obj)
   assert (old.dropout_sites, old.init) == (('embed', 'attn', 'mlp'), 'jax')
   old_config = {k: v for k, v in tiny_model_config().to_dict().items()
                 if k not in ('dropout_sites', 'init')}
-  assert spec_lib.resolve(MODEL.upgrade(old_config)) == old
+  assert model_spec.resolve(MODEL.upgrade(old_config)) == old
   # The PyTorch port: the same three sites for an old JSON, all four for a new one.
   dropouts = lambda m: [name for name, mod in m.named_modules()
                         if isinstance(mod, torch_vit.nn.Dropout) and mod.p > 0]
@@ -236,9 +236,9 @@ def test_old_spec_json_loads_with_the_old_model():
 def test_bfloat16_computes_in_bf16_with_float32_parameters_and_rotations():
   cfg = tiny_model_config(pe='liere8')
   cfg.init = 'official'
-  f32 = ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0))
+  f32 = ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0))
   cfg.dtype = 'bfloat16'
-  bf16 = ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0))
+  bf16 = ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0))
   assert {v.dtype for v in jax.tree.leaves(nnx.state(bf16, nnx.Param))} == {jnp.dtype('float32')}
   x = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
   assert bf16.patch_embed(x).dtype == jnp.bfloat16

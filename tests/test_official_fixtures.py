@@ -22,7 +22,8 @@ torch = pytest.importorskip('torch')
 
 from flax import nnx  # noqa: E402
 
-from liere_jax import checkpoint, config_lib, convert, model_init, param_tree  # noqa: E402
+from liere_jax import checkpoint, convert, model_init, param_tree  # noqa: E402
+from liere_jax.config import base_config, data_config, model_config
 from liere_jax.convert import __main__ as convert_cli  # noqa: E402
 from liere_jax.config import run as run_spec  # noqa: E402
 from liere_jax.config.model import resolve  # noqa: E402
@@ -136,9 +137,9 @@ def test_model_init_from_an_official_lightning_checkpoint_gives_the_official_log
   model, state, x, want = _case('liere8_2d')
   path = str(tmp_path / 'epoch=199-step=600.ckpt')
   foreign_formats.write_lightning_checkpoint(path, state, epoch=199)
-  data = config_lib.data_config(name='arrows', grid=model.train_grid[0])
+  data = data_config(name='arrows', grid=model.train_grid[0])
   section = convert.config_from_json(CASES['liere8_2d']['rope_vit_kwargs'], 'liere8_2d')[0].model
-  config = config_lib.base_config(model=section, data=data, batch_size=8, total_steps=2, lr=1e-3)
+  config = base_config(model=section, data=data, batch_size=8, total_steps=2, lr=1e-3)
   params = model_init.load(run_spec.resolve(config, 1), path)
   assert all(v is not None for v in params.values())
   tree = convert.unflatten_like(convert.abstract_params(model), params)
@@ -213,7 +214,7 @@ def test_convert_cli_imports_each_official_test_model_from_a_model_json_a_user_w
   assert convert_cli.call(['from_official', '--state_dict', pt, '--config', json.dumps(user),
                            '--out_workdir', out]) == 0
   config, params = checkpoint.load_params(out)[:2]
-  spec = resolve(config_lib.model_config(**{**user, 'pe': user['pe']['name']}))
+  spec = resolve(model_config(**{**user, 'pe': user['pe']['name']}))
   assert resolve(config.model) == spec
   want = param_tree.flatten(convert.from_official_layout(state, spec))
   got = param_tree.flatten(params)

@@ -1,7 +1,7 @@
 """Every option a config accepts changes what it says (issue 31).
 
 OPTION_TESTS maps each field of the model, data, optimizer and loop sections (the config
-builders in liere_jax/config_lib.py) to the tests that show its behaviour; a field without an
+builders in liere_jax/config/) to the tests that show its behaviour; a field without an
 entry fails `test_every_config_field_has_a_behaviour_test`. The tests here are the sharp ones
 that no other module had: init_scale sets the generators' range, each expm method is the one
 called and agrees with the others, `fast` takes the fewest squarings that bring the scaled
@@ -17,13 +17,13 @@ import pytest
 from flax import nnx
 
 from liere_jax import convert, encodings, expm as expm_lib, rotations
-from liere_jax.config import model as spec_lib
+from liere_jax.config import model as model_spec
 from liere_jax.data import randaugment
 from tests.helpers import tiny_model_config
 
 
 def _liere(seed=0, **pe):
-  spec = spec_lib.resolve(tiny_model_config('liere8', **pe))
+  spec = model_spec.resolve(tiny_model_config('liere8', **pe))
   return encodings.build(spec, rngs=nnx.Rngs(seed)), spec
 
 
@@ -136,7 +136,7 @@ def test_timm_magnitudes_past_either_end_are_clipped_to_it(magnitude, end):
 
 
 def _tree(cfg):
-  spec = spec_lib.resolve(cfg)
+  spec = model_spec.resolve(cfg)
   return {'/'.join(k): v.shape for k, v in convert.flatten(convert.abstract_params(spec)).items()}
 
 
@@ -202,11 +202,11 @@ def _arrows_images(seed, split, n, grid=4):
 def test_arrows_examples_come_from_the_stream_of_the_data_seed_and_the_split():
   """data.seed and data.train_split / eval_split pick the arrows streams: eval reads the first
   num_eval of (seed, eval_split), training the num_train of (seed, train_split)."""
-  from liere_jax import config_lib
+  from liere_jax.config import data_config
   from liere_jax.data import pipeline
   from liere_jax.config.data import resolve_data
-  cfg = resolve_data(config_lib.data_config(name='arrows', grid=4, seed=3, num_eval=4,
-                                            num_train=8, eval_split='train', train_split='test'))
+  cfg = resolve_data(data_config(name='arrows', grid=4, seed=3, num_eval=4,
+                                 num_train=8, eval_split='train', train_split='test'))
   batch = next(iter(pipeline.eval_batches(cfg, global_batch_size=4)))
   assert sorted(x.tobytes() for x in batch['image']) == _arrows_images(3, 'train', 4)
   batch = pipeline.train_dataset(cfg, global_batch_size=8, seed=0)[0]
@@ -215,14 +215,14 @@ def test_arrows_examples_come_from_the_stream_of_the_data_seed_and_the_split():
 
 @pytest.mark.parametrize('policy,n,m', [('rand-m3-n2-p1', 2, 3), ('rand-m9-n3-p1', 3, 9)])
 def test_videomae_augment_applies_the_configs_timm_policy(monkeypatch, policy, n, m):
-  from liere_jax import config_lib
+  from liere_jax.config import data_config
   from liere_jax.config import data as data_spec
   from liere_jax.data import transform
   drawn = []
   real = randaugment.sample_timm_ops
   monkeypatch.setattr(randaugment, 'sample_timm_ops',
                       lambda rng, pol: drawn.append(real(rng, pol)) or drawn[-1])
-  spec = data_spec.resolve_data(config_lib.data_config(
+  spec = data_spec.resolve_data(data_config(
       name='ucf101', image_size=16, augment='videomae', randaug_policy=policy))
   clip = np.random.default_rng(0).integers(0, 256, (2, 20, 20, 3), dtype=np.uint8)
   for seed in range(3):
@@ -230,7 +230,7 @@ def test_videomae_augment_applies_the_configs_timm_policy(monkeypatch, policy, n
   assert len(drawn) == 3 and all(len(ops) == n and {o[1] for o in ops} == {m} for ops in drawn)
 
 
-# Every field of the config builders (liere_jax/config_lib.py) -> the tests that show what it
+# Every field of the config builders (liere_jax/config/) -> the tests that show what it
 # does: 'tests/FILE.py::TEST' (or a whole module). A field a builder gains fails
 # test_every_config_field_has_a_behaviour_test until it has a row here.
 M, D, O, T = ('tests/test_model_recipe.py::', 'tests/test_data.py::', 'tests/test_options.py::',
@@ -342,11 +342,11 @@ OPTION_TESTS = {
 
 def _config_fields():
   """Every field the config builders write, as 'model.pe.name', 'data.grid', 'lr', ..."""
-  from liere_jax import config_lib
-  model = config_lib.model_config(pe='liere8', variant='', patch=(4, 4), input_size=(16, 16),
-                                  channels=3, num_classes=5)
-  config = config_lib.base_config(model=model, data=config_lib.data_config(name='arrows'),
-                                  batch_size=8, total_steps=1, lr=1e-3)
+  from liere_jax.config import base_config, data_config, model_config
+  model = model_config(pe='liere8', variant='', patch=(4, 4), input_size=(16, 16),
+                       channels=3, num_classes=5)
+  config = base_config(model=model, data=data_config(name='arrows'),
+                       batch_size=8, total_steps=1, lr=1e-3)
 
   def walk(section, prefix):
     for key, value in section.items():

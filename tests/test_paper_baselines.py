@@ -12,14 +12,14 @@ import pytest
 from flax import nnx
 
 from liere_jax import encodings, positions, reproduce
-from liere_jax.config import model as spec_lib
+from liere_jax.config import model as model_spec
 from liere_jax.model import ViT
 from tests.helpers import tiny_model_config, tiny_spec
 
 
 def _encoding(pe, **kw):
   """(the encoding module, its resolved model) without building the ViT."""
-  spec = spec_lib.resolve(tiny_model_config(pe=pe, **kw))
+  spec = model_spec.resolve(tiny_model_config(pe=pe, **kw))
   return encodings.build(spec, rngs=nnx.Rngs(0)), spec
 
 
@@ -84,10 +84,10 @@ def test_paper_visionllama_has_no_parameters():
 
 
 def test_paper_rope_mixed_is_liere2():
-  s = spec_lib.resolve(tiny_model_config(pe='paper_rope_mixed'))
+  s = model_spec.resolve(tiny_model_config(pe='paper_rope_mixed'))
   assert (s.pe.name, s.pe.family, s.pe.block, s.pe.positions) == (
       'paper_rope_mixed', 'liere', 2, 'normalized')
-  assert spec_lib.resolve(tiny_model_config(pe='paper_rope_mixed', share='layers')).pe.layers == 1
+  assert model_spec.resolve(tiny_model_config(pe='paper_rope_mixed', share='layers')).pe.layers == 1
   (paper, _), (liere2, _) = _encoding('paper_rope_mixed'), _encoding('liere2')
   g = np.asarray(paper.generators[...])
   assert type(paper) is type(liere2) is encodings.LieRE
@@ -104,7 +104,7 @@ def test_paper_rope_mixed_is_liere2():
 ])
 def test_impossible_head_dims_are_refused(pe, n_dims, width, match):
   with pytest.raises(ValueError, match=match):
-    spec_lib.resolve(tiny_model_config(pe=pe, n_dims=n_dims, width=width, heads=2))
+    model_spec.resolve(tiny_model_config(pe=pe, n_dims=n_dims, width=width, heads=2))
 
 
 def test_the_registry_names_them_and_the_port_builds_them():

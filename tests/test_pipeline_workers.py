@@ -16,7 +16,8 @@ import grain
 import numpy as np
 import pytest
 
-from liere_jax import checkpoint, config_lib
+from liere_jax import checkpoint
+from liere_jax.config import data_config
 from liere_jax.data import pipeline
 from liere_jax.config.data import resolve_data
 from tests import datasets, reference
@@ -102,8 +103,8 @@ def test_workers_outlive_a_sigterm_to_the_process_group():
 @pytest.mark.usefixtures('absl_flags_parsed')
 def test_workers_and_resume_give_the_batches_of_ds_k(tmp_path):
   datasets.prepare(datasets.Cifar100, str(tmp_path), sizes=dict(train=12, test=4))
-  cfg = resolve_data(config_lib.data_config(name='cifar100', data_dir=str(tmp_path),
-                                            augment='randaug', mixup=0.5))
+  cfg = resolve_data(data_config(name='cifar100', data_dir=str(tmp_path),
+                                 augment='randaug', mixup=0.5))
   ds = pipeline.train_dataset(cfg, global_batch_size=4, seed=3)
   want = [ds[k] for k in range(7)]  # 3 batches an epoch: crosses two epoch boundaries.
   assert not np.array_equal(want[0]['image'], want[3]['image'])  # A new shuffle each epoch.

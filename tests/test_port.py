@@ -29,10 +29,11 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from liere_jax import checkpoint, config_lib, convert, torch_vit  # noqa: E402
+from liere_jax import checkpoint, convert, torch_vit  # noqa: E402
+from liere_jax.config import base_config, data_config
 from liere_jax.config.model import MODEL, PE  # noqa: E402
 from liere_jax.convert import __main__ as convert_cli  # noqa: E402
-from liere_jax.config import model as spec_lib  # noqa: E402
+from liere_jax.config import model as model_spec  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
 from tests.helpers import tiny_model_config  # noqa: E402
 
@@ -73,7 +74,7 @@ def _jax_model(seed=0, qkv_bias=True, mlp_dim=0, **kw):
   cfg = tiny_model_config(**kw)
   cfg.qkv_bias = qkv_bias
   cfg.mlp_dim = mlp_dim
-  abstract = nnx.eval_shape(lambda: ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(seed)))
+  abstract = nnx.eval_shape(lambda: ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(seed)))
   graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
   nnx.replace_by_pure_dict(params, _random_params(nnx.to_pure_dict(params), seed,
                                                   cfg.pe.init_scale))
@@ -228,8 +229,8 @@ def test_channels_first_and_shape_errors():
 
 
 def _full_config(model_cfg):
-  return config_lib.base_config(model=model_cfg, data=config_lib.data_config(name='arrows'),
-                                batch_size=2, total_steps=1, lr=1e-3)
+  return base_config(model=model_cfg, data=data_config(name='arrows'),
+                     batch_size=2, total_steps=1, lr=1e-3)
 
 
 def _save_run(tmp_path, name, model, cfg):
@@ -400,7 +401,7 @@ def test_an_old_export_json_reads_with_the_fields_of_its_time():
   cfg = tiny_model_config('liere8')
   config = _full_config(cfg)
   assert tuple(cfg.dropout_sites) != MODEL.added()['dropout_sites']  # Else no test.
-  new = convert.export_json(spec_lib.resolve(cfg), config)
+  new = convert.export_json(model_spec.resolve(cfg), config)
   old = json.loads(json.dumps(new))
   for section in (old, old['source_config']['model']):
     del section['dropout_sites'], section['pe']['jitter']
@@ -411,7 +412,7 @@ def test_an_old_export_json_reads_with_the_fields_of_its_time():
     assert model.dropout_sites == MODEL.added()['dropout_sites'], obj.keys()
     assert model.pe.jitter == PE.added()['jitter'], obj.keys()
   for obj in (new, {k: v for k, v in new.items() if k != 'source_config'}):  # Today's: as is.
-    assert convert.config_from_json(obj, 'test')[1] == spec_lib.resolve(cfg)
+    assert convert.config_from_json(obj, 'test')[1] == model_spec.resolve(cfg)
 
 
 # ----------------------------------------------------------------------------------------------

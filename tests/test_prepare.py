@@ -15,7 +15,8 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core import shuffle as tfds_shuffle
 from tensorflow_datasets.proto import tf_example_pb2
 
-from liere_jax import config_lib, data
+from liere_jax import data
+from liere_jax.config import load
 from liere_jax.data import originals as builders
 from liere_jax.data import prepare
 from liere_jax.config.data import resolve_data
@@ -25,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(path, data_dir, **overrides):
-  cfg = config_lib.load(os.path.join(ROOT, 'configs', path))
+  cfg = load(os.path.join(ROOT, 'configs', path))
   cfg.data.update(dict(data_dir=data_dir, **overrides))
   return cfg
 

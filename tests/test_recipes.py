@@ -1,11 +1,16 @@
 """The paper configs are the official recipe, field by field (liere_jax/recipes.py), and the
-"Table 1, as a command" section of docs/configs.md is the one that module prints."""
+"Table 1, as a command" section of docs/configs.md is the one that module prints. The installed
+package runs it from any directory."""
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
-from liere_jax import config_lib, configs, recipes
-from liere_jax.config import model as spec
+from liere_jax import configs, recipes
+from liere_jax.config import load
+from liere_jax.config import model as model_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -18,18 +23,18 @@ def _get(config, key):
 
 @pytest.mark.parametrize('dataset', recipes.DATASETS)
 def test_paper_config_is_the_official_recipe(dataset):
-  config = config_lib.load(configs.path(dataset))
+  config = load(configs.path(dataset))
   wrong = {key: (_get(config, key), want) for key, want in recipes.OFFICIAL[dataset].items()
            if _get(config, key) != (tuple(want) if isinstance(want, (list, tuple)) else want)}
   assert not wrong, f'configs/{dataset}.py differs from the official recipe: {wrong}'
-  spec.resolve(config.model)  # And it resolves.
+  model_spec.resolve(config.model)  # And it resolves.
 
 
 @pytest.mark.parametrize('dataset', recipes.DATASETS)
 @pytest.mark.parametrize('pe', sorted(recipes.COLUMNS.values()))
 def test_every_table1_command_resolves(dataset, pe):
-  config = config_lib.load(configs.path(dataset) + f':pe={pe}')
-  assert spec.resolve(config.model).pe.name == pe
+  config = load(configs.path(dataset) + f':pe={pe}')
+  assert model_spec.resolve(config.model).pe.name == pe
 
 
 def test_the_docs_carry_the_table():
@@ -45,9 +50,19 @@ def test_differences_name_a_reason_and_a_flag():
 
 def test_recipe_2_is_a_config_argument():
   """Paper App. B.4: 30 more epochs at 256 px, lr 1e-5, no warmup, from the 224 run."""
-  config = config_lib.load(configs.path('imagenet') + ':finetune=runs/in1k:best')
+  config = load(configs.path('imagenet') + ':finetune=runs/in1k:best')
   base = recipes.OFFICIAL['imagenet']
   assert config.model_init == 'runs/in1k:best' and config.lr == 1e-5
   assert config.warmup_steps == 0 and config.total_steps == base['total_steps'] * 30 // 200
   assert tuple(config.model.input_size) == (256, 256) and config.data.image_size == 256
-  assert spec.resolve(config.model).train_grid == (16, 16)
+  assert model_spec.resolve(config.model).train_grid == (16, 16)
+
+
+def test_the_installed_package_runs_from_any_directory(tmp_path):
+  """scripts/test.sh and scripts/main.sh install the package: `python -m liere_jax.recipes`
+  works outside the checkout, with nothing on PYTHONPATH."""
+  env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+  out = subprocess.run([sys.executable, '-m', 'liere_jax.recipes'], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  assert '| cifar100 | Absolute |' in out.stdout

@@ -6,7 +6,7 @@ import pytest
 from flax import nnx
 
 from liere_jax import param_tree, rotations
-from liere_jax.config import model as spec_lib
+from liere_jax.config import model as model_spec
 from liere_jax.expm import expm
 from liere_jax.model import ViT
 from tests import helpers
@@ -65,7 +65,7 @@ def test_bf16_rotations_apply_in_bf16_with_a_small_error():
 def test_bf16_model_runs_and_keeps_float32_rotations():
   cfg = tiny_model_config(pe='liere8')
   cfg.dtype = 'bfloat16'
-  model = ViT(spec_lib.resolve(cfg), rngs=nnx.Rngs(0))
+  model = ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0))
   rotations_ = jax.tree.leaves(model.pe_context((4, 4)))
   assert rotations_ and all(r.dtype == jnp.float32 for r in rotations_)
   assert bool(jnp.all(jnp.isfinite(model(jnp.ones((1, 16, 16, 3))))))
@@ -87,7 +87,7 @@ def test_remat_per_block_gives_the_same_train_step_with_dropout():
   for a, b in zip(jax.tree.leaves(steps[0]), jax.tree.leaves(steps[1])):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match=r"model.remat='layers' is unknown; use one of"):
-    spec_lib.resolve(dict(cfg.model.to_dict(), remat='layers'))
+    model_spec.resolve(dict(cfg.model.to_dict(), remat='layers'))
 
 
 @pytest.mark.parametrize('pe,remat', [('liere8', 'none'), ('string_cayley', 'block')])

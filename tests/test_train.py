@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from liere_jax import checkpoint, config_lib, data, evaluation, steps
+from liere_jax import checkpoint, data, evaluation, steps
+from liere_jax.config import unknown_override
 from liere_jax.config import run as run_spec
-from liere_jax.config import data as config_data
+from liere_jax.data import transform
 import liere_jax.configs
 from tests import helpers
 from tests.helpers import copy_run, evaluate, load_config
@@ -41,7 +42,7 @@ def test_uint8_batches_normalised_on_the_device_give_the_host_step():
   for normalise in ('host', 'device'):
     cfg.data.normalise = normalise
     trainer = helpers.trainer(cfg, jax.devices()[:1])
-    scale, offset = config_data.normalisation(trainer.run.data)
+    scale, offset = transform.normalisation(trainer.run.data)
     images = pixels if normalise == 'device' else pixels.astype(np.float32) * scale + offset
     state, metrics = trainer.train_step(trainer.init_state(0),
                                         trainer.global_batch(dict(batch, image=images)))
@@ -118,13 +119,13 @@ def test_bad_values_are_named_before_anything_is_compiled(key, value, message):
     section = section[name]
   section[field] = value
   with pytest.raises(ValueError, match=re.escape(message)):
-    run_spec.check_data(run_spec.resolve(cfg, 1))
+    data.check_data(run_spec.resolve(cfg, 1))
 
 
 def test_an_unknown_override_names_its_section_s_fields():
   cfg, _ = tiny_config_and_batch(16)
   assert "config.model has no field 'foo'; its fields are ['channels'" in (
-      config_lib.unknown_override(cfg, 'model.foo'))
+      unknown_override(cfg, 'model.foo'))
 
 
 def test_a_workdir_without_checkpoint_takes_a_corrected_config(tmp_path):

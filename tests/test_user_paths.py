@@ -33,10 +33,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from liere_jax import checkpoint, config_lib, paths, torch_vit  # noqa: E402
+from liere_jax import checkpoint, paths, torch_vit  # noqa: E402
+from liere_jax.config import data_config
 from liere_jax.convert import __main__ as convert_cli  # noqa: E402
 from liere_jax.data import pipeline, prepare  # noqa: E402
-from liere_jax.data.datasets import DATASETS  # noqa: E402
+from liere_jax.config.datasets import DATASETS  # noqa: E402
 from liere_jax.config.data import resolve_data  # noqa: E402
 from liere_jax.config.model import resolve  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
@@ -263,8 +264,8 @@ def test_user_path(name, data_dir, tmp_path):
 
 def test_stand_ins_read_back_through_the_pipeline(stand_in_dir):
   """The stand-in data through the real pipeline (no TensorFlow): shapes, counts, pixels."""
-  cifar = resolve_data(config_lib.data_config(name='cifar100', data_dir=stand_in_dir,
-                                              augment='none'))
+  cifar = resolve_data(data_config(name='cifar100', data_dir=stand_in_dir,
+                                   augment='none'))
   info = pipeline.dataset_info(cifar)
   assert info == dict(input_shape=(32, 32, 3), num_classes=100, num_train=16, num_eval=10)
   builder = datasets.Cifar100(data_dir=stand_in_dir, sizes=SIZES[datasets.Cifar100])
@@ -278,13 +279,13 @@ def test_stand_ins_read_back_through_the_pipeline(stand_in_dir):
     pixels = np.round((batch['image'] * std + mean) * 255).astype(np.uint8)
     read += [(pixels[i].tobytes(), batch['label'][i]) for i in np.flatnonzero(batch['mask'])]
   assert sorted(read) == written  # PNG is lossless: exactly the pixels and labels written.
-  imagenet = resolve_data(config_lib.data_config(name='imagenet2012', data_dir=stand_in_dir,
-                                                 image_size=24, eval_split='validation'))
+  imagenet = resolve_data(data_config(name='imagenet2012', data_dir=stand_in_dir,
+                                      image_size=24, eval_split='validation'))
   assert pipeline.dataset_info(imagenet)['num_eval'] == 6
   train = pipeline.train_dataset(dataclasses.replace(imagenet, augment='randaug'),
                                  global_batch_size=4, seed=0)
   assert train[1]['image'].shape == (4, 24, 24, 3) and train[1]['label'].shape == (4, 1000)
-  ucf = resolve_data(config_lib.data_config(name='ucf101', data_dir=stand_in_dir, image_size=16,
-                                            num_frames=4, frame_stride=2))
+  ucf = resolve_data(data_config(name='ucf101', data_dir=stand_in_dir, image_size=16,
+                                 num_frames=4, frame_stride=2))
   assert pipeline.dataset_info(ucf) == dict(input_shape=(4, 16, 16, 3), num_classes=101,
                                             num_train=6, num_eval=3)

@@ -6,7 +6,8 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from liere_jax import command, config_lib
+from liere_jax import command
+from liere_jax.config import parse_flags
 from liere_jax.expm import PRECISIONS
 from liere_jax.bench.data import bench_data, data_table
 from liere_jax.bench.expm import DEFAULT_CASES, IMPLS, bench_expm, expm_table, parse_case
@@ -206,4 +207,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  command.run(main, 'bench', flags_parser=config_lib.parse_flags)
+  command.run(main, 'bench', flags_parser=parse_flags)

@@ -11,7 +11,8 @@ import numpy as np
 from ml_collections.config_flags import config_path
 
 # model and rotations define the switches that --vs may set.
-from liere_jax import config_lib, model, rotations, switches  # pylint: disable=unused-import
+from liere_jax import model, rotations, switches  # pylint: disable=unused-import
+from liere_jax.config import load
 from liere_jax.switches import SWITCHES
 from liere_jax.bench import peer
 from liere_jax.bench.expm import _fmt, _timed
@@ -21,7 +22,7 @@ from liere_jax.bench.flops import liere_flops, model_flops
 
 def load_config(spec: str, overrides: dict):
   """'path[:args]' -> ConfigDict, with flat {'a.b': value} overrides applied."""
-  cfg = config_lib.load(spec)
+  cfg = load(spec)
   for key, value in overrides.items():
     config_path.set_value(key, cfg, value)
   return cfg

@@ -1,7 +1,7 @@
 """The data section of a config (`config.data`): each field declared once with its default and
 doc, the builder, and `resolve_data`, which checks the section once into a DataSpec.
 O = the official code, github.com/StanfordMIMI/LieRE; S = the training size (image_size, or the
-native one). The datasets themselves are in liere_jax/data/datasets.py.
+native one). The datasets themselves are in liere_jax/config/datasets.py.
 
   spec = resolve_data(config.data)   # Raises one clear error on a bad field.
   train_dataset(spec, ...); eval_batches(spec, ...)   # They take the spec only.
@@ -30,12 +30,10 @@ import dataclasses
 from typing import Optional, Tuple
 
 import ml_collections
-import numpy as np
 
 from liere_jax.config.fields import REQUIRED, Field, Section
-from liere_jax.data import arrows
-from liere_jax.data import timm_policy
-from liere_jax.data.datasets import DATASETS, Dataset
+from liere_jax.config import timm_policy
+from liere_jax.config.datasets import ARROWS_CELL, DATASETS, Dataset
 
 AUGMENTS = ('none', 'light', 'randaug', 'official_randaug', 'videomae')
 CROPS = ('pad', 'rrc')
@@ -44,7 +42,7 @@ NORMALISE = ('host', 'device')
 _RRC = "'rrc'"
 DATA = Section('data', [
     Field('name', REQUIRED, "'cifar100', 'imagenet2012', 'ucf101' or 'arrows' (see "
-          "liere_jax/data/datasets.py), or a TFDS name with a config or version "
+          "liere_jax/config/datasets.py), or a TFDS name with a config or version "
           "('ucf101/ucf101_1', 'cifar100:3.0.2')."),
     Field('data_dir', None, 'TFDS data directory; None: the TFDS default ($TFDS_DATA_DIR or '
           '~/tensorflow_datasets), and arrows rendered on the fly.', kind=str),
@@ -145,7 +143,7 @@ def resolve_data(data_config) -> DataSpec:
   missing = [k for k in DATA.names if k not in cfg]
   if missing:
     raise ValueError(f'data.{missing[0]} is missing; build the data section with '
-                     'liere_jax.config_lib.data_config (it sets every field).')
+                     'liere_jax.config.data_config (it sets every field).')
   full_name = cfg['name'] or ''
   name = full_name.split('/')[0].split(':')[0]
   if name not in DATASETS:
@@ -188,14 +186,14 @@ def resolve_data(data_config) -> DataSpec:
     raise ValueError(f'data.mixup={mixup} is the Beta(alpha, alpha) alpha: >= 0 (0 = off).')
   grid = int(cfg['grid'])
   size = int(cfg['image_size'])
-  native = {'cifar100': 32, 'arrows': arrows.CELL * grid}.get(name)
+  native = {'cifar100': 32, 'arrows': ARROWS_CELL * grid}.get(name)
   if native is None and size <= 0:
     raise ValueError(f'data.image_size={size}: {name} images are resized to image_size x '
                      'image_size; set it (the paper uses 224).')
   if native is not None and size not in (0, native):
     raise ValueError(
         f'data.image_size={size} but {name} images are {native}x{native}'
-        + (f' (grid={grid} cells of {arrows.CELL} px; set data.grid={size // arrows.CELL})'
+        + (f' (grid={grid} cells of {ARROWS_CELL} px; set data.grid={size // ARROWS_CELL})'
            if name == 'arrows' else '')
         + '; set image_size=0 (native), and use eval input_size to test other resolutions.')
   for key, low, what in (('workers', 0, 'worker processes; 0 = none'),
@@ -237,11 +235,3 @@ def spec_of(data, what: str) -> DataSpec:
                     'section first: liere_jax.config.data.resolve_data(config.data) (or use '
                     'the RunSpec\'s .data).')
   return data
-
-
-def normalisation(data: DataSpec) -> Tuple[np.ndarray, np.ndarray]:
-  """(scale, offset) float32 [channels]: normalised = pixels * scale + offset, i.e.
-  (x / 255 - mean) / std with the dataset's constants."""
-  info = spec_of(data, 'normalisation').info
-  mean, std = np.asarray(info.mean, np.float32), np.asarray(info.std, np.float32)
-  return 1 / (255 * std), -mean / std

@@ -1,4 +1,5 @@
-"""The datasets the pipeline reads (the data section of a config: liere_jax/config/data.py).
+"""The datasets a config may name (data.name; the data section: liere_jax/config/data.py), as
+the pipeline (liere_jax/data/) reads them.
 
 Datasets (data.name; TFDS name, input shape, classes, default splits):
   cifar100      'cifar100'                  [32, 32, 3]             100   train / test
@@ -14,7 +15,10 @@ O = the official code, github.com/StanfordMIMI/LieRE.
 import dataclasses
 from typing import Tuple
 
-from liere_jax.data import arrows
+# The arrows task's numbers (liere_jax/data/arrows.py renders it): a grid cell's side in pixels
+# and its classes (the target arrow's four directions).
+ARROWS_CELL = 12
+ARROWS_CLASSES = 4
 
 _IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -46,7 +50,7 @@ DATASETS = {
         _PREPARE.replace('{download}', 'UCF101_videos.zip and '
                          'UCF101TrainTestSplits-RecognitionTask.zip')),
     'arrows': Dataset(
-        'liere_arrows', arrows.NUM_CLASSES, ('train', 'test'), (0.5,) * 3, (0.5,) * 3,
+        'liere_arrows', ARROWS_CLASSES, ('train', 'test'), (0.5,) * 3, (0.5,) * 3,
         'run `python -c "from liere_jax.data import tfds_builders; '
         'tfds_builders.prepare_arrows(\'{root}\', grid={grid})"` (nothing to download), or set '
         'data.data_dir=None to render the examples on the fly'),

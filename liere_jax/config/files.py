@@ -1,16 +1,12 @@
-"""Shared pieces of the configs in liere_jax/configs/: argument parsing, loading, and the model,
-data and run sections (the ConfigDict every program takes; liere_jax.config.run resolves and checks
-it), built from the fields declared in liere_jax/config/.
+"""Config files (liere_jax/configs/*.py, or a user's own): loading one with its argument string
+(`load('configs/x.py:pe=liere8')`), parsing that string (`parse_arg`), and the command line's
+`--config.KEY=VALUE` overrides of it (`parse_flags`, `unknown_override`).
 """
 import importlib.util
 import re
 from typing import Optional
 
 import ml_collections
-
-from liere_jax.config.data import data_config  # noqa: F401  The builders, for configs/*.py.
-from liere_jax.config.model import OFFICIAL_MODEL, model_config  # noqa: F401
-from liere_jax.config.run import base_config  # noqa: F401
 
 
 def parse_arg(arg: str, **defaults):
@@ -53,7 +49,7 @@ def unknown_override(config: ml_collections.ConfigDict, key: str) -> Optional[st
 
 
 def parse_flags(argv):
-  """absl flags parser for the entry points (command.run(main, tool, flags_parser=parse_flags)): an
+  """absl flags parser for the programs (command.run(main, tool, flags_parser=parse_flags)): an
   override of a key the config lacks raises a flags.Error of one line naming it and its
   section's fields, which command.run prints as the tool's refusal."""
   from absl import flags

@@ -208,13 +208,13 @@ def resolve(model) -> ModelSpec:
   missing = [k for k in MODEL.names if k not in m]
   if missing:
     raise ValueError(f'model.{missing[0]} is missing; build the model section with '
-                     'liere_jax.config_lib.model_config.')
+                     'liere_jax.config.model_config.')
   pe = m['pe']
   _check_fields(pe, PE.names, 'model.pe')
   missing = [k for k in PE.names if k not in pe]
   if missing:
     raise ValueError(f'model.pe.{missing[0]} is missing; build the model section with '
-                     'liere_jax.config_lib.model_config.')
+                     'liere_jax.config.model_config.')
 
   variant = m['variant'] or ''
   if variant and variant not in VARIANTS:

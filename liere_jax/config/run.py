@@ -19,8 +19,8 @@ from typing import Optional, Tuple
 
 import ml_collections
 
-from liere_jax.config import data as config_data
-from liere_jax.config import model as config_model
+from liere_jax.config import data as data_spec
+from liere_jax.config import model as model_spec
 from liere_jax.config.data import DATA
 from liere_jax.config.fields import REQUIRED, Field, Section
 from liere_jax.config.model import MODEL
@@ -122,8 +122,8 @@ class EvalSpec:
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
   """A whole run, resolved: every field a consumer needs, no defaults left to apply."""
-  model: config_model.ModelSpec
-  data: config_data.DataSpec
+  model: model_spec.ModelSpec
+  data: data_spec.DataSpec
   optimizer: OptimizerSpec
   loop: LoopSpec
   evaluation: EvalSpec
@@ -173,9 +173,9 @@ def resolve(config, num_devices: int) -> RunSpec:
   missing = [k for k in RUN.names if k not in c]
   if missing:
     raise ValueError(f'config.{missing[0]} is missing; build the config with '
-                     'liere_jax.config_lib.base_config (it sets every field).')
-  model, loop = config_model.resolve(c['model']), _loop(c, num_devices)
-  return RunSpec(model=model, data=config_data.resolve_data(c['data']), optimizer=_optimizer(c),
+                     'liere_jax.config.base_config (it sets every field).')
+  model, loop = model_spec.resolve(c['model']), _loop(c, num_devices)
+  return RunSpec(model=model, data=data_spec.resolve_data(c['data']), optimizer=_optimizer(c),
                  loop=loop, evaluation=_evaluation(c, model, num_devices // loop.model_parallel),
                  source=c, num_devices=num_devices)
 
@@ -222,7 +222,7 @@ def _batch(c: dict, key: str, data_devices: int):
         f"must be a positive multiple of the mesh's {data_devices} data devices")
 
 
-def _evaluation(c: dict, model: config_model.ModelSpec, data_devices: int) -> EvalSpec:
+def _evaluation(c: dict, model: model_spec.ModelSpec, data_devices: int) -> EvalSpec:
   _batch(c, 'eval_batch_size', data_devices)
   for size in c['resolutions']:
     _need(isinstance(size, int) and size > 0 and all(size % p == 0 for p in model.patch[-2:]),
@@ -232,21 +232,3 @@ def _evaluation(c: dict, model: config_model.ModelSpec, data_devices: int) -> Ev
   modes = (own, 'rescaled') if registry.facts(model.pe.name).reads_positions else (own,)
   return EvalSpec(batch_size=c['eval_batch_size'], resolutions=tuple(c['resolutions']),
                   positions_modes=tuple(dict.fromkeys(modes)))
-
-
-def check_data(run: RunSpec) -> dict:
-  """Checks that the data exists (how to prepare it, if not) and fits the model; returns
-  data.dataset_info."""
-  from liere_jax import data  # Late: resolving needs no TFDS.
-  info = data.dataset_info(run.data)
-  want = run.model.input_size + (run.model.channels,)
-  if tuple(info['input_shape']) != want:
-    raise ValueError(
-        f"The data gives inputs of shape {tuple(info['input_shape'])} but the model expects "
-        f'{want} (model.input_size + model.channels); set --config.model.input_size or '
-        '--config.data.image_size to match.')
-  if info['num_classes'] != run.model.num_classes:
-    raise ValueError(f"The data has {info['num_classes']} classes, model.num_classes="
-                     f'{run.model.num_classes}; set --config.model.num_classes='
-                     f"{info['num_classes']}.")
-  return info

@@ -1,6 +1,6 @@
 """timm's RandAugment policy strings ('rand-m7-n4-mstd0.5-inc1'), parsed without PIL: the
 config checks read them (liere_jax/config/data.py), the augmentation applies them
-(randaugment.py)."""
+(liere_jax/data/randaugment.py)."""
 import functools
 import re
 from typing import NamedTuple

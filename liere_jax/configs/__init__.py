@@ -8,7 +8,7 @@ NAMES = ('arrows', 'cifar100', 'imagenet', 'ucf101')
 
 
 def path(name: str) -> str:
-  """The file of config `name` (one of NAMES), for --config or config_lib.load."""
+  """The file of config `name` (one of NAMES), for --config or liere_jax.config.load."""
   if name not in NAMES:
     raise ValueError(f'No config {name!r}; the configs are {NAMES}.')
   return os.path.join(os.path.dirname(os.path.abspath(__file__)), f'{name}.py')

@@ -11,16 +11,16 @@ crop and flip, dropout 0.1 at four sites, PyTorch's inits, no qkv bias, bf16 com
 """
 import math
 
-from liere_jax import config_lib
+from liere_jax.config import OFFICIAL_MODEL, base_config, data_config, model_config, parse_arg
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, pe='liere8', variant='B')
-  model = config_lib.model_config(pe=arg.pe, variant=arg.variant, patch=(4, 4),
-                                  input_size=(32, 32), channels=3, num_classes=100)
-  model.update(config_lib.OFFICIAL_MODEL)
-  data = config_lib.data_config(name='cifar100', train_split='train', eval_split='test',
-                                augment='official_randaug', normalise='device')
+  arg = parse_arg(arg, pe='liere8', variant='B')
+  model = model_config(pe=arg.pe, variant=arg.variant, patch=(4, 4),
+                       input_size=(32, 32), channels=3, num_classes=100)
+  model.update(OFFICIAL_MODEL)
+  data = data_config(name='cifar100', train_split='train', eval_split='test',
+                     augment='official_randaug', normalise='device')
   steps_per_epoch = math.ceil(50_000 / 512)  # The official loader keeps the last partial batch.
-  return config_lib.base_config(model=model, data=data, batch_size=512,
-                                total_steps=200 * steps_per_epoch, lr=1e-4)
+  return base_config(model=model, data=data, batch_size=512,
+                     total_steps=200 * steps_per_epoch, lr=1e-4)

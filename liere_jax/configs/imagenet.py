@@ -21,20 +21,20 @@ docs/configs.md, "Data").
 """
 import math
 
-from liere_jax import config_lib
+from liere_jax.config import OFFICIAL_MODEL, base_config, data_config, model_config, parse_arg
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, pe='liere8', variant='B', finetune='')
+  arg = parse_arg(arg, pe='liere8', variant='B', finetune='')
   size = 256 if arg.finetune else 224
-  model = config_lib.model_config(pe=arg.pe, variant=arg.variant, patch=(16, 16),
-                                  input_size=(size, size), channels=3, num_classes=1000)
-  model.update(config_lib.OFFICIAL_MODEL)
-  data = config_lib.data_config(name='imagenet2012', train_split='train',
-                                eval_split='validation', augment='official_randaug', crop='rrc',
-                                eval_crop='center', image_size=size, normalise='device')
+  model = model_config(pe=arg.pe, variant=arg.variant, patch=(16, 16),
+                       input_size=(size, size), channels=3, num_classes=1000)
+  model.update(OFFICIAL_MODEL)
+  data = data_config(name='imagenet2012', train_split='train',
+                     eval_split='validation', augment='official_randaug', crop='rrc',
+                     eval_crop='center', image_size=size, normalise='device')
   steps_per_epoch = math.ceil(1_281_167 / 512)
   epochs, lr = (30, 1e-5) if arg.finetune else (200, 1e-4)
-  return config_lib.base_config(model=model, data=data, batch_size=512,
-                                total_steps=epochs * steps_per_epoch, lr=lr,
-                                model_init=arg.finetune)
+  return base_config(model=model, data=data, batch_size=512,
+                     total_steps=epochs * steps_per_epoch, lr=lr,
+                     model_init=arg.finetune)

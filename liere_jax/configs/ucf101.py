@@ -12,17 +12,17 @@ beside it). One centred clip instead: --config.data.eval_views="(1, 1)".
 """
 import math
 
-from liere_jax import config_lib
+from liere_jax.config import OFFICIAL_MODEL, base_config, data_config, model_config, parse_arg
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, pe='liere8', variant='B')
-  model = config_lib.model_config(pe=arg.pe, variant=arg.variant, patch=(2, 16, 16),
-                                  input_size=(8, 224, 224), channels=3, num_classes=101)
-  model.update(config_lib.OFFICIAL_MODEL)
-  data = config_lib.data_config(name='ucf101/ucf101_1', train_split='train', eval_split='test',
-                                augment='videomae', crop='rrc', random_erasing=0.25,
-                                eval_views=(5, 3), image_size=224, num_frames=8, frame_stride=4)
+  arg = parse_arg(arg, pe='liere8', variant='B')
+  model = model_config(pe=arg.pe, variant=arg.variant, patch=(2, 16, 16),
+                       input_size=(8, 224, 224), channels=3, num_classes=101)
+  model.update(OFFICIAL_MODEL)
+  data = data_config(name='ucf101/ucf101_1', train_split='train', eval_split='test',
+                     augment='videomae', crop='rrc', random_erasing=0.25,
+                     eval_views=(5, 3), image_size=224, num_frames=8, frame_stride=4)
   steps_per_epoch = math.ceil(9_537 / 64)
-  return config_lib.base_config(model=model, data=data, batch_size=64,
-                                total_steps=200 * steps_per_epoch, lr=1e-4)
+  return base_config(model=model, data=data, batch_size=64,
+                     total_steps=200 * steps_per_epoch, lr=1e-4)

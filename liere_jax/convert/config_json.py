@@ -16,7 +16,7 @@ from typing import Tuple
 import ml_collections
 
 from liere_jax import paths
-from liere_jax.config import model as config_model
+from liere_jax.config import model as model_spec
 from liere_jax.config.model import MODEL
 from liere_jax.config.run import RUN, upgrade
 from liere_jax.convert import official_args
@@ -24,7 +24,7 @@ from liere_jax.convert import official_args
 FORMAT = 'liere_jax.torch_vit'
 
 
-def export_json(spec: config_model.ModelSpec, config: ml_collections.ConfigDict) -> dict:
+def export_json(spec: model_spec.ModelSpec, config: ml_collections.ConfigDict) -> dict:
   """The JSON beside a torch export: the model's fields (what torch_vit.ViT needs, ModelSpec
   `spec`) and the run's whole config (`spec` resolved from its model section)."""
   return {'format': FORMAT, 'version': 1, **spec.to_json(),
@@ -32,13 +32,13 @@ def export_json(spec: config_model.ModelSpec, config: ml_collections.ConfigDict)
 
 
 def _model_section(obj: dict, stored: bool) -> ml_collections.ConfigDict:
-  """A plain model section (JSON) over config_lib's defaults; if a run `stored` it, the fields
+  """A plain model section (JSON) over model_config's defaults; if a run `stored` it, the fields
   added since it was written at their old values."""
-  from liere_jax import config_lib
+  from liere_jax.config import model_config
   try:
-    m = config_lib.model_config(pe=obj['pe']['name'], variant=obj.get('variant') or '',
-                                patch=tuple(obj['patch']), input_size=tuple(obj['input_size']),
-                                channels=obj['channels'], num_classes=obj['num_classes'])
+    m = model_config(pe=obj['pe']['name'], variant=obj.get('variant') or '',
+                     patch=tuple(obj['patch']), input_size=tuple(obj['input_size']),
+                     channels=obj['channels'], num_classes=obj['num_classes'])
   except (KeyError, TypeError) as e:
     raise ValueError(f'The model section lacks the field {e}; write it with '
                      'liere_jax.config.model.resolve(config.model).to_json().') from None
@@ -80,7 +80,7 @@ def _from_ours(obj: dict, what: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(upgrade(source))
 
 
-def _check_source(obj: dict, spec: config_model.ModelSpec, what: str):
+def _check_source(obj: dict, spec: model_spec.ModelSpec, what: str):
   """The model fields of our export JSON `obj` agree with `spec`, its source_config's."""
   found = json.loads(json.dumps(spec.to_json()))
   ours = json.loads(json.dumps(MODEL.upgrade(obj)))
@@ -92,7 +92,7 @@ def _check_source(obj: dict, spec: config_model.ModelSpec, what: str):
 
 
 def config_from_json(obj: dict, what: str
-                     ) -> Tuple[ml_collections.ConfigDict, config_model.ModelSpec]:
+                     ) -> Tuple[ml_collections.ConfigDict, model_spec.ModelSpec]:
   """(a liere_jax config, at least its `model` section, and that section's ModelSpec) from any
   model JSON this module reads; `what` names the source in errors."""
   if not isinstance(obj, dict):
@@ -111,7 +111,7 @@ def config_from_json(obj: dict, what: str
     raise ValueError(f'{what} is neither an exported model JSON, a liere_jax config.json, a '
                      'model section nor an official model description (no "model", "patch", '
                      '"pe" or "positional_encoding_type" field).')
-  spec = config_model.resolve(config.model)
+  spec = model_spec.resolve(config.model)
   if obj.get('format') == FORMAT and obj.get('source_config'):
     _check_source(obj, spec, what)
   return config, spec

@@ -111,7 +111,7 @@ def model_from_official(kw: dict) -> ml_collections.ConfigDict:
   """Our model section for official RoPEViT keyword arguments (what official_spec writes):
   tiled (VisionLlama) -> paper_visionllama, LieRE with 2x2 blocks (the official rope_mixed)
   -> paper_rope_mixed, LieRE with b x b blocks -> liere<b>, absolute -> abs."""
-  from liere_jax import config_lib
+  from liere_jax.config import model_config
   n = int(kw.get('input_dimensionality', 2))
   kind = kw.get('positional_encoding_type')
   if kind == 'tiled' and kw.get('phase_type') == 'inverse_exp':
@@ -141,13 +141,13 @@ def model_from_official(kw: dict) -> ml_collections.ConfigDict:
     v = [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)] * n
     return (v[-1],) * 2 if n == 2 else tuple(v)
 
-  m = config_lib.model_config(pe=pe, variant='', patch=axes(kw['patch_size']),
-                              input_size=axes(kw['image_size']),
-                              channels=int(kw.get('channels', 3)),
-                              num_classes=int(kw['num_classes']), pool=kw.get('pool', 'cls'),
-                              dropout=float(kw.get('dropout', 0.1)), width=int(kw['dim']),
-                              depth=int(kw['depth']), heads=int(kw['heads']),
-                              mlp_dim=int(kw['mlp_dim']))
+  m = model_config(pe=pe, variant='', patch=axes(kw['patch_size']),
+                   input_size=axes(kw['image_size']),
+                   channels=int(kw.get('channels', 3)),
+                   num_classes=int(kw['num_classes']), pool=kw.get('pool', 'cls'),
+                   dropout=float(kw.get('dropout', 0.1)), width=int(kw['dim']),
+                   depth=int(kw['depth']), heads=int(kw['heads']),
+                   mlp_dim=int(kw['mlp_dim']))
   m.qkv_bias = False
   if kind == 'liere':
     m.pe.share = OFFICIAL_SHARE[(bool(kw.get('rotary_embedding_per_layer', False)),

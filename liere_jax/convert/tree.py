@@ -3,7 +3,8 @@ from typing import Dict
 
 import numpy as np
 
-from liere_jax.param_tree import Path, abstract_params, flatten
+from liere_jax.model import abstract_params
+from liere_jax.param_tree import Path, flatten
 
 
 def check_keys(expected: dict, found: dict, what: str):

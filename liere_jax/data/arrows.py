@@ -26,8 +26,10 @@ from typing import Dict
 
 import numpy as np
 
-CELL = 12
-NUM_CLASSES = 4
+from liere_jax.config import datasets
+
+CELL = datasets.ARROWS_CELL  # 12 px.
+NUM_CLASSES = datasets.ARROWS_CLASSES  # 4 directions.
 DIRECTIONS = ('up', 'right', 'down', 'left')
 LETTERS = 'ABCDE'
 NUM_DISTRACTOR_ARROWS = 7

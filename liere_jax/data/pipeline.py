@@ -55,6 +55,23 @@ def dataset_info(data: DataSpec) -> Dict[str, Any]:
               num_eval=len(sources.source(spec, spec.eval_split, train=False)))
 
 
+def check_data(run) -> dict:
+  """Checks that the data of `run` (a RunSpec) exists (how to prepare it, if not) and fits its
+  model; returns dataset_info."""
+  info = dataset_info(run.data)
+  want = run.model.input_size + (run.model.channels,)
+  if tuple(info['input_shape']) != want:
+    raise ValueError(
+        f"The data gives inputs of shape {tuple(info['input_shape'])} but the model expects "
+        f'{want} (model.input_size + model.channels); set --config.model.input_size or '
+        '--config.data.image_size to match.')
+  if info['num_classes'] != run.model.num_classes:
+    raise ValueError(f"The data has {info['num_classes']} classes, model.num_classes="
+                     f'{run.model.num_classes}; set --config.model.num_classes='
+                     f"{info['num_classes']}.")
+  return info
+
+
 def train_dataset(data: DataSpec, *, global_batch_size: int, seed: int, process_index: int = 0,
                   process_count: int = 1) -> grain.MapDataset:
   """Infinite MapDataset of this process's batches; ds[step] is the batch of that step.

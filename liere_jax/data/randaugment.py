@@ -86,8 +86,8 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
 from liere_jax.data import augment
-from liere_jax.data.timm_policy import TIMM_MAX_LEVEL as _TIMM_MAX_LEVEL
-from liere_jax.data.timm_policy import TimmPolicy, parse_timm_policy  # noqa: F401  Re-exported.
+from liere_jax.config.timm_policy import TIMM_MAX_LEVEL as _TIMM_MAX_LEVEL
+from liere_jax.config.timm_policy import TimmPolicy, parse_timm_policy  # noqa: F401  Re-exported.
 
 
 # The official RandAugment (O dataset/randomaug.py; CIFAR-100 and ImageNet).

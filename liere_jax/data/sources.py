@@ -21,7 +21,7 @@ from liere_jax import paths
 from liere_jax.data import arrows
 from liere_jax.data import tfds_builders
 from liere_jax.config.data import DataSpec
-from liere_jax.data.datasets import DATASETS
+from liere_jax.config.datasets import DATASETS
 
 Example = Dict[str, Any]
 ARROWS_TRAIN_SIZE = 2**31 - 1  # "Unlimited": indices are numpy seeds, any int fits.

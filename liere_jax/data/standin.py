@@ -31,7 +31,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 import tensorflow_datasets as tfds
 
-from liere_jax.data import datasets
+from liere_jax.config import datasets
 
 
 def natural_image(rng: np.random.Generator, height: int, width: int,

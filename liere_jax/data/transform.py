@@ -3,7 +3,7 @@
 Everything here is numpy on the host; randomness comes from the generator passed in.
 """
 import io
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 from PIL import Image
@@ -11,9 +11,17 @@ from PIL import Image
 from liere_jax.data import arrows
 from liere_jax.data import augment
 from liere_jax.data import randaugment
-from liere_jax.config.data import DataSpec, normalisation
+from liere_jax.config.data import DataSpec, spec_of
 
 Example = Dict[str, Any]
+
+
+def normalisation(data: DataSpec) -> Tuple[np.ndarray, np.ndarray]:
+  """(scale, offset) float32 [channels]: normalised = pixels * scale + offset, i.e.
+  (x / 255 - mean) / std with the dataset's constants."""
+  info = spec_of(data, 'normalisation').info
+  mean, std = np.asarray(info.mean, np.float32), np.asarray(info.std, np.float32)
+  return 1 / (255 * std), -mean / std
 
 
 def resize_crop(image: np.ndarray, size: int, view: int = 0, views: int = 1) -> np.ndarray:

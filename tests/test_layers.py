@@ -1,0 +1,112 @@
+"""The library's import layers (pyproject.toml, [tool.importlinter]): `lint-imports` keeps the
+contract, and the graph of units (each top-level module and each sub-package of liere_jax as
+one node, imports inside functions counted) has no cycle. Both checks are shown to fail on a
+graph that breaks them."""
+import os
+import subprocess
+import sys
+import tomllib
+
+import grimp
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LINT_IMPORTS = os.path.join(os.path.dirname(sys.executable), 'lint-imports')
+
+
+def _lint_imports(*args, cwd=ROOT):
+  env = {**os.environ, 'PYTHONPATH': ROOT}
+  return subprocess.run([LINT_IMPORTS, '--no-cache', *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+def _contract():
+  with open(os.path.join(ROOT, 'pyproject.toml'), 'rb') as f:
+    return tomllib.load(f)['tool']['importlinter']['contracts'][0]
+
+
+def unit(module: str) -> str:
+  """'liere_jax.data.pipeline' -> 'liere_jax.data'; 'liere_jax.model' stays."""
+  return '.'.join(module.split('.')[:2])
+
+
+def unit_graph(graph, ignore=()) -> dict:
+  """{unit: the units it imports}, from a grimp graph, without the `ignore` imports
+  ('importer -> imported', as the contract writes them)."""
+  ignored = {tuple(s.strip() for s in i.split('->')) for i in ignore}
+  edges = {}
+  for importer in graph.modules:
+    for imported in graph.find_modules_directly_imported_by(importer):
+      if (importer, imported) not in ignored and unit(importer) != unit(imported):
+        edges.setdefault(unit(importer), set()).add(unit(imported))
+  return edges
+
+
+def cycles(edges: dict) -> list:
+  """The strongly connected components of more than one node (Tarjan), each sorted."""
+  index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in edges.get(v, ()):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        found.append(sorted(component))
+
+  for v in sorted(set(edges) | {w for ws in edges.values() for w in ws}):
+    if v not in index:
+      visit(v)
+  return found
+
+
+def test_lint_imports_keeps_the_layers_contract():
+  result = _lint_imports()
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert '0 broken' in result.stdout, result.stdout
+
+
+def test_the_contract_names_every_unit_of_the_library():
+  """exhaustive = true: a new module or package fails lint-imports until it has a layer."""
+  contract = _contract()
+  assert contract['type'] == 'layers' and contract['exhaustive'] is True
+  named = {tail.strip(' ()') for layer in contract['layers'] for tail in layer.split('|')}
+  graph = grimp.build_graph('liere_jax', cache_dir=None)
+  units = {unit(m) for m in graph.modules} - {'liere_jax'}
+  assert {f'liere_jax.{n}' for n in named} == units
+
+
+def test_the_units_import_each_other_without_a_cycle():
+  graph = grimp.build_graph('liere_jax', cache_dir=None)
+  edges = unit_graph(graph, _contract().get('ignore_imports', ()))
+  assert len(edges) > 10  # The graph was read.
+  assert cycles(edges) == []
+
+
+def test_the_checks_fail_on_a_graph_that_breaks_them(tmp_path):
+  """An upward import refused by lint-imports; a cycle found by `cycles`."""
+  assert cycles({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}) == [['a', 'b', 'c']]
+  assert cycles({'a': {'b'}, 'b': {'c'}}) == []
+  # checkpoint imports paths: with paths on top, that import points upward.
+  (tmp_path / '.importlinter').write_text(
+      '[importlinter]\nroot_package = liere_jax\n\n[importlinter:contract:upside_down]\n'
+      'name = upside down\ntype = layers\nlayers =\n    liere_jax.paths\n'
+      '    liere_jax.checkpoint\n')
+  result = _lint_imports(cwd=str(tmp_path))
+  assert result.returncode != 0
+  assert 'liere_jax.checkpoint is not allowed to import liere_jax.paths' in result.stdout, (
+      result.stdout)
+
