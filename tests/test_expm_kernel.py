@@ -121,7 +121,7 @@ def test_liere_rotations_take_the_method_by_name():
 
 
 def _loss(x):
-  return jnp.sum(expm.expm(x, 'pallas') * jnp.arange(B, dtype=jnp.float32))
+  return jnp.sum(expm.expm(x, 'pallas') * jnp.arange(x.shape[-1], dtype=jnp.float32))
 
 
 def test_compiles_for_a_tpu_v5e_deviceless():
@@ -147,3 +147,27 @@ def test_lowers_for_a_gpu_as_triton_kernels():
   for fn, n in ((lambda y: expm.expm(y, 'pallas'), 1), (jax.grad(_loss), 2)):
     text = jax.jit(fn).trace(x).lower(lowering_platforms=('cuda',)).as_text()
     assert text.count('xla.gpu.triton') == n and 'stablehlo.while' not in text, text[-3000:]
+
+
+def test_blocks_a_platform_s_kernel_does_not_take_run_the_xla_program(monkeypatch):
+  """Triton takes power-of-2 blocks up to GPU_MAX_BLOCK: 48 lowers for cuda with no Triton call
+  (it does lower for the TPU). That fallback (here forced on the CPU) is fast_loop's program,
+  forward and gradient."""
+  x = jax.ShapeDtypeStruct((5, 48, 48), jnp.float32)
+  assert not expm_kernel.supported(48, 'cuda') and expm_kernel.supported(48, 'tpu')
+  text = jax.jit(jax.grad(_loss)).trace(x).lower(lowering_platforms=('cuda',)).as_text()
+  assert 'xla.gpu.triton' not in text
+  monkeypatch.setattr(expm_kernel, 'supported', lambda b, platform='tpu': platform != 'cpu')
+  kinds, xla_pass = [], expm_kernel._xla  # pylint: disable=protected-access
+  monkeypatch.setattr(expm_kernel, '_xla', lambda kind, *args: kinds.append(kind) or xla_pass(
+      kind, *args))
+  expm_kernel._stack_fn.cache_clear()  # pylint: disable=protected-access
+  a, g = (a[:5, :48, :48] for a in _training())
+  a = a - np.swapaxes(a, 1, 2)
+  r, grad = _pallas_and_grad(a, g)
+  xla = lambda y: expm.fast_expm(y, form='loop', precision=dots.CPU)
+  rx, gx = jax.jit(lambda y: (xla(y), jax.grad(lambda z: jnp.sum(xla(z) * g))(y)))(a)
+  np.testing.assert_allclose(r, rx, atol=1e-6)
+  np.testing.assert_allclose(grad, gx, atol=1e-5 * np.abs(gx).max())
+  assert set(kinds) == {'forward', 'forward_res', 'backward'}, kinds
+  expm_kernel._stack_fn.cache_clear()  # pylint: disable=protected-access
