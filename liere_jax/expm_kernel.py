@@ -11,23 +11,26 @@ memory on a GPU),
   3. the degree-12 Bader-Blanes-Casas polynomial at a 2^-s (expm.TAYLOR12: its coefficients,
      theta and evaluation are imported, not copied), the s squarings and expm's Newton-Schulz
      step.
-The VJP stores a and R0 (R before the Newton-Schulz step; the forward under differentiation
-writes both, the forward alone R only). The gradient of exp at a for a cotangent G is the Frechet derivative
-L(a^T, G) (the upper-right block of exp([[a^T, G], [0, a^T]])); a second kernel computes it in
-the structured form: the same polynomial and squarings differentiated forward (`jax.jvp` inside
-the kernel), the pairs (x^2, x e + e x), ..., (y^2, y e + e y) carried on chip, 3 products a
-product, after the Newton-Schulz step's adjoint at R0. That is the XLA path's gradient
-(fast_loop: its VJP runs the program forward on a^T, `expm._squared_taylor`, after autodiff
-through Newton-Schulz), the full matrix, not only its skew part (tests/test_expm_kernel.py).
+The VJP stores a and R0 (R before the Newton-Schulz step: the forward under differentiation
+writes both, the forward alone R only). The gradient of exp at a for a cotangent G is the
+Frechet derivative L(a^T, G) (the upper-right block of exp([[a^T, G], [0, a^T]])); a second
+kernel computes it in the structured form: the same polynomial and squarings differentiated
+forward (`jax.jvp` inside the kernel), the pairs (x^2, x e + e x), ..., (y^2, y e + e y) carried
+on chip, 3 products a product, after the Newton-Schulz step's adjoint at R0. That is the XLA
+path's gradient (fast_loop: autodiff through Newton-Schulz, then its VJP runs the program forward
+on a^T, `expm._squared_taylor`), the whole matrix, not only its skew part
+(tests/test_expm_kernel.py).
 
 Per platform (`expm.per_platform`: `jax.lax.platform_dependent`, decided when lowered):
-  cpu   Pallas interpret mode (tests; slow), the TPU's tiling.
+  cpu   Pallas interpret mode (for tests), the TPU's tiling.
   tpu   Mosaic: a grid over tiles of `tile_matrices(b)` matrices (about 128 KiB a tile), each
         matrix of the tile in turn with its own s; products at HIGHEST (six bf16 passes).
   cuda  Triton: one matrix a program (b a power of 2, at most GPU_MAX_BLOCK), GPU_WARPS warps;
         products at the platform's preset (bf16 x6 for 'auto', float32 for 'highest').
-b < MIN_BLOCK (LieRE8's 8x8, RoPE's 2x2) or past the platform's largest block: the XLA path
-(expm.fast_expm), which handles those sizes well or at all.
+b < MIN_BLOCK (LieRE8's 8x8, RoPE's 2x2) or b > MAX_BLOCK: expm.fast_expm, as 'fast'. A block
+one platform's kernel does not take (a GPU's 48 or 256): fast_loop's program on that platform.
+On a TPU a 64-wide matrix fills half of the 128 lanes of its tiles (HBM and VMEM); packing two
+a row would need a reshape [32, 128] -> [64, 64] in the kernel, which Mosaic refuses.
 """
 
 import functools
