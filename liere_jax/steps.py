@@ -96,7 +96,7 @@ class MeshJit:
 class EvalSteps:
   """What evaluating a run (a run_spec.RunSpec) needs: the model in eval mode over pure-dict
   parameters, their shardings, the jitted eval steps and the batch placement. No optimizer:
-  eval.py builds only this; a Trainer is one."""
+  evaluation.evaluate_workdir builds only this; a Trainer is one."""
   run: run_spec.RunSpec
   mesh: jax.sharding.Mesh
 

@@ -1,6 +1,6 @@
 """Running a suite: each unfinished run's training and evaluation as a subprocess of the
 installed programs (python -m liere_jax.train / liere_jax.eval), its wall time and commit, and
-its report row. A process per program, not train.train_and_evaluate here: glibc reads
+its report row. A process per program, not training.train_and_evaluate here: glibc reads
 MALLOC_TUNABLES when a process starts, a run's memory goes back when it ends, and its log is the
 command's output."""
 import contextlib
