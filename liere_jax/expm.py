@@ -35,7 +35,8 @@
                  every matrix pays for the cap, and past it the result is wrong. Kept for A/B
                  (what accelerators ran before fast_loop), as fast_cond on accelerators.
                Every form can be asked for by name on every platform (benchmarks, A/B).
-  pallas:      opt-in, not a default anywhere yet (untimed on a GPU or TPU): fast_loop's program
+  pallas:      (rotations.exponential; the kernel sits above this module) opt-in, not a default
+               anywhere yet (untimed on a GPU or TPU): fast_loop's program
                as ONE Pallas kernel (liere_jax.expm_kernel), each matrix on chip from a to R
                with its own squarings, and a Frechet-derivative VJP that stores a and R before
                Newton-Schulz (Mosaic on a TPU, Triton on a GPU, interpret mode on CPU: for
@@ -63,7 +64,7 @@ import jax.numpy as jnp
 
 from liere_jax import dots as dots_lib
 
-METHODS = ('fast', 'fast_loop', 'fast_cond', 'fast_select', 'scipy', 'scipy_remat', 'pallas')
+METHODS = ('fast', 'fast_loop', 'fast_cond', 'fast_select', 'scipy', 'scipy_remat')
 FORMS = ('auto', 'loop', 'cond', 'select')
 PRECISIONS = ('auto', 'highest')
 PLATFORM_FORMS = {'cpu': 'cond', 'tpu': 'loop', 'cuda': 'select'}  # form='auto' (cuda: any GPU).
@@ -103,9 +104,6 @@ def expm(a: jax.Array, method: str = 'fast', precision='auto') -> jax.Array:
   if method not in METHODS:
     raise ValueError(f"expm method={method!r} is unknown; use one of {METHODS} "
                      "(e.g. --config.model.pe.expm=fast).")
-  if method == 'pallas':
-    from liere_jax import expm_kernel  # pylint: disable=g-import-not-at-top (it imports expm)
-    return expm_kernel.expm_pallas(a, precision)
   if method.startswith('fast'):
     return fast_expm(a, form=method.partition('_')[2] or 'auto', precision=precision)
   flat, shape = _stack(a)

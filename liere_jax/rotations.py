@@ -17,8 +17,20 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from liere_jax import switches
+from liere_jax import expm_kernel, switches
 from liere_jax.expm import expm, matmul, per_platform
+from liere_jax import expm as expm_lib
+
+# The exponentials model.pe.expm names: liere_jax.expm's, and its Pallas kernel (expm_kernel).
+METHODS = expm_lib.METHODS + ('pallas',)
+
+
+def exponential(a: jax.Array, method: str = 'fast', precision='auto') -> jax.Array:
+  """exp(a) for a: [..., b, b] skew-symmetric by `method` (METHODS): 'pallas' is
+  expm_kernel.expm_pallas, every other name liere_jax.expm.expm."""
+  if method == 'pallas':
+    return expm_kernel.expm_pallas(a, precision)
+  return expm(a, method, precision)
 
 
 def num_free(block: int) -> int:
@@ -50,14 +62,14 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
   Args:
     generators: [L, H, n, n_blocks, b(b-1)/2] raw parameters (L, H may be 1 when shared).
     positions: [T, n] token positions.
-    method: the exponential, one of liere_jax.expm.METHODS, or a function [..., b, b] ->
+    method: the exponential, one of METHODS, or a function [..., b, b] ->
       [..., b, b] (e.g. expm.fast_expm with another Taylor scheme).
     lattice: take the lattice path where the positions allow it.
     precision: of the exponential's and the lattice table's products (expm.per_platform).
   Returns:
     [L, H, T, n_blocks, b, b] float32 rotations.
   """
-  exp = method if callable(method) else lambda a: expm(a, method, precision)
+  exp = method if callable(method) else lambda a: exponential(a, method, precision)
   plan = lattice_plan(positions) if lattice and block > 2 else None
   if plan is None:
     return split_over_data(exp, liere_generators(generators, positions, block))

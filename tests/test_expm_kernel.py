@@ -35,7 +35,7 @@ def _skew(x):
 
 
 def _pallas_and_grad(a, g):
-  fn = lambda x: expm.expm(x, 'pallas')
+  fn = lambda x: rotations.exponential(x, 'pallas')
   r, grad = jax.jit(lambda x: (fn(x), jax.grad(lambda y: jnp.sum(fn(y) * g))(x)))(a)
   return np.asarray(r, np.float64), np.asarray(grad, np.float64)
 
@@ -45,8 +45,8 @@ def test_forward_within_1e_5_of_float64_at_training_range_and_orthogonal():
   within 1e-5 and orthogonal to 1e-5; the kernel ran (a pallas_call in the program)."""
   a, _ = _training()
   assert a.shape[0] % expm_kernel.tile_matrices(B)
-  assert 'pallas_call' in str(jax.make_jaxpr(lambda x: expm.expm(x, 'pallas'))(a))
-  r = np.asarray(jax.jit(lambda x: expm.expm(x, 'pallas'))(a), np.float64)
+  assert 'pallas_call' in str(jax.make_jaxpr(lambda x: rotations.exponential(x, 'pallas'))(a))
+  r = np.asarray(jax.jit(lambda x: rotations.exponential(x, 'pallas'))(a), np.float64)
   err = np.abs(r - _expm64(a)).max()
   orth = np.abs(np.einsum('mji,mjk->mik', r, r) - np.eye(B)).max()
   assert err <= 1e-5 and orth <= 1e-5, (err, orth)
@@ -102,26 +102,26 @@ def test_small_blocks_take_the_xla_path(block):
   """b < MIN_BLOCK (LieRE8, RoPE's b = 2): no kernel, the fast path's result exactly."""
   u = np.random.default_rng(0).standard_normal((5, block, block)).astype(np.float32)
   a = u - np.swapaxes(u, 1, 2)
-  assert 'pallas_call' not in str(jax.make_jaxpr(lambda x: expm.expm(x, 'pallas'))(a))
-  np.testing.assert_array_equal(jax.jit(lambda x: expm.expm(x, 'pallas'))(a),
-                                jax.jit(lambda x: expm.expm(x, 'fast'))(a))
+  assert 'pallas_call' not in str(jax.make_jaxpr(lambda x: rotations.exponential(x, 'pallas'))(a))
+  np.testing.assert_array_equal(jax.jit(lambda x: rotations.exponential(x, 'pallas'))(a),
+                                jax.jit(lambda x: rotations.exponential(x, 'fast'))(a))
 
 
 def test_liere_rotations_take_the_method_by_name():
   """`model.pe.expm=pallas` reaches the kernel: LieRE rotations of 16 x 16 blocks on a lattice
   match the fast path's."""
-  assert 'pallas' in expm.METHODS
+  assert 'pallas' in rotations.METHODS and 'pallas' not in expm.METHODS
   gens = np.random.default_rng(0).uniform(0, 2 * np.pi, (1, 1, 2, 1, 120)).astype(np.float32)
   pos = np.stack(np.meshgrid(np.arange(3) / 2, np.arange(3) / 2, indexing='ij'), -1)
   pos = pos.reshape(-1, 2).astype(np.float32)
   rot = lambda m: np.asarray(jax.jit(lambda g: rotations.liere_rotations(g, pos, 16, m))(gens))
   np.testing.assert_allclose(rot('pallas'), rot('fast'), atol=1e-5)
   with pytest.raises(ValueError, match='expm_precision'):
-    expm.expm(jnp.zeros((2, 16, 16)), 'pallas', precision='float64')
+    rotations.exponential(jnp.zeros((2, 16, 16)), 'pallas', precision='float64')
 
 
 def _loss(x):
-  return jnp.sum(expm.expm(x, 'pallas') * jnp.arange(x.shape[-1], dtype=jnp.float32))
+  return jnp.sum(rotations.exponential(x, 'pallas') * jnp.arange(x.shape[-1], dtype=jnp.float32))
 
 
 def test_compiles_for_a_tpu_v5e_deviceless():
@@ -132,7 +132,7 @@ def test_compiles_for_a_tpu_v5e_deviceless():
   from liere_jax.bench import compile as tpu
   dev = tpu.parse_slice('v5litepod-1').devices()[0]
   x = jax.ShapeDtypeStruct((20, B, B), jnp.float32, sharding=SingleDeviceSharding(dev))
-  for fn, kernels in ((lambda y: expm.expm(y, 'pallas'), ['liere_expm_forward']),
+  for fn, kernels in ((lambda y: rotations.exponential(y, 'pallas'), ['liere_expm_forward']),
                       (jax.grad(_loss), ['liere_expm_forward_res', 'liere_expm_backward'])):
     hlo = jax.jit(fn).trace(x).lower().compile().as_text()
     calls = [line for line in hlo.splitlines() if 'tpu_custom_call' in line]
@@ -144,7 +144,7 @@ def test_lowers_for_a_gpu_as_triton_kernels():
   """Lowered for cuda on this CPU: the forward is one Triton custom call, the gradient two (the
   forward with its residual, the backward), and no XLA loop around them."""
   x = jax.ShapeDtypeStruct((20, B, B), jnp.float32)
-  for fn, n in ((lambda y: expm.expm(y, 'pallas'), 1), (jax.grad(_loss), 2)):
+  for fn, n in ((lambda y: rotations.exponential(y, 'pallas'), 1), (jax.grad(_loss), 2)):
     text = jax.jit(fn).trace(x).lower(lowering_platforms=('cuda',)).as_text()
     assert text.count('xla.gpu.triton') == n and 'stablehlo.while' not in text, text[-3000:]
 

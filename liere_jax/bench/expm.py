@@ -46,7 +46,7 @@ CASES = {
 DEFAULT_CASES = ('cifar_vitb_liere64', 'imagenet_vitb16_liere64', 'imagenet_vitb16_liere8',
                  'imagenet_vitb16_liere2')
 IMPLS = ('scipy', 'scipy_remat', 'fast', 'torch')  # The default set; also fast_loop, fast_cond,
-# fast_select and pallas (expm.METHODS; pallas: one Pallas kernel, interpret mode on CPU: slow).
+# fast_select and pallas (rotations.METHODS; pallas: one Pallas kernel, interpret mode on CPU: slow).
 ALL_IMPLS = IMPLS + ('fast_loop', 'fast_cond', 'fast_select', 'pallas')
 ROW_KEYS = ('case', 'impl', 'n_matrices', 'size', 'compile_s', 'fwd_s', 'fwd_bwd_s',
             'temp_bytes', 'max_abs_err', 'orth_err', 'grad_rel_err', 'status')
@@ -151,10 +151,10 @@ def _reference_errors(a64, r, grad, g):
 
 
 class _JaxImpl:
-  """One liere_jax.expm method, jitted: forward and gradient of sum(R * G)."""
+  """One exponential (liere_jax.rotations.METHODS), jitted: forward and gradient of sum(R * G)."""
 
   def __init__(self, method, precision='auto'):
-    from liere_jax.expm import expm
+    from liere_jax.rotations import exponential as expm
     self.name = method
     self.fwd = jax.jit(lambda a: expm(a, method, precision))
     self.fwd_bwd = jax.jit(jax.grad(lambda a, g: jnp.sum(expm(a, method, precision) * g)))

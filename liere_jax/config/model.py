@@ -38,7 +38,7 @@ PE = Section('model.pe', [
           'default.', kind=str),
     Field('share', 'none', "LieRE: generators shared over 'none', 'layers', 'heads' or 'all'."),
     Field('init_scale', 2 * math.pi, 'LieRE: generators ~ U[0, 1) * init_scale.'),
-    Field('expm', 'fast', 'LieRE: the exponential (liere_jax.expm.METHODS).'),
+    Field('expm', 'fast', 'LieRE: the exponential (liere_jax.rotations.METHODS).'),
     Field('expm_precision', 'auto', "LieRE: the exponential's products, 'auto' (float32 on CPU, "
           "tensor-core presets on GPU / TPU) or 'highest' (float32 everywhere).",
           added='highest'),
@@ -124,7 +124,7 @@ class PESpec:
   layers: int  # LieRE generator stacks over layers: depth, or 1 when shared over layers.
   heads: int  # ... and over heads: heads, or 1 when shared over heads.
   init_scale: float  # LieRE generators ~ U[0, 1) * init_scale.
-  expm: str  # The exponential (liere_jax.expm.METHODS).
+  expm: str  # The exponential (liere_jax.rotations.METHODS).
   expm_precision: str  # Its products (liere_jax.expm.PRECISIONS).
   jitter: float  # Training: patch positions += clip(N(0, 1) * jitter / 2, -1/2, 1/2) patches.
 

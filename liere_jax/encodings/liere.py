@@ -8,7 +8,8 @@ from flax import nnx
 
 from liere_jax import rotations
 from liere_jax.encodings.base import Encoding, Rotate, register
-from liere_jax.expm import METHODS, PRECISIONS
+from liere_jax.expm import PRECISIONS
+from liere_jax.rotations import METHODS
 
 SHARE = ('none', 'layers', 'heads', 'all')  # model.pe.share: generators shared over these.
 
