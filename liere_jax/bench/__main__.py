@@ -1,4 +1,4 @@
-"""python -m liere_jax.bench {expm,rotations,step,data} [flags]: see liere_jax.bench."""
+"""python -m liere_jax.bench ACTION [flags], ACTION one of:"""
 import json
 import sys
 
@@ -62,8 +62,6 @@ _TOPOLOGY = flags.DEFINE_string('topology', 'v5litepod-8', 'compile: the Cloud T
 _NO_EVAL = flags.DEFINE_bool('train_only', False, 'compile: the train step only.')
 _JSON = flags.DEFINE_bool('json', False, 'Print the result as JSON on the last line.')
 
-
-ACTIONS = ('expm', 'rotations', 'step', 'data', 'lower', 'profile', 'presets', 'compile')
 
 
 def _platform():
@@ -194,12 +192,25 @@ def _compile(log):
       tpu.compile_table(results, names), results
 
 
+# The actions, each once: its function above and one line of help; its module
+# (liere_jax/bench/ACTION.py) says in full what it measures.
+ACTIONS = {
+    'expm': (_expm, 'the matrix exponential\'s methods on LieRE cases: time, memory, errors'),
+    'rotations': (_rotations, "a model's LieRE rotations, general against lattice path"),
+    'step': (_step, 'train and eval steps of --config against --vs (and the official code)'),
+    'data': (_data, "the config's train batches per second against Grain worker count"),
+    'lower': (_lower, 'the train step lowered for --platform: conditionals, loops, precisions'),
+    'profile': (_profile, "a profiler trace of the train step: where the device's time goes"),
+    'presets': (_presets, "the exponential's error at each dot-algorithm preset (emulated)"),
+    'compile': (_compile, 'the train and eval steps compiled for a Cloud TPU slice (--topology)'),
+}
+__doc__ += '\n\n' + '\n'.join(f'  {name:10s} {help_}' for name, (_, help_) in ACTIONS.items())
+
+
 def main(argv):
   action = command.subcommand(argv, ACTIONS, 'bench')
   log = lambda s: print(s, file=sys.stderr, flush=True)
-  run = {'expm': _expm, 'rotations': _rotations, 'step': _step, 'data': _data,
-         'lower': _lower, 'profile': _profile, 'presets': _presets, 'compile': _compile}[action]
-  head, table, result = run(log)
+  head, table, result = ACTIONS[action][0](log)
   print(head)
   print(table)
   if _JSON.value:

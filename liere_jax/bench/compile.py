@@ -9,7 +9,7 @@ time and MFU are a roofline estimate from the compiler's counts and the chip's p
 and bandwidth (CHIPS), not a measurement.
 
   python -m liere_jax.bench compile --config configs/imagenet.py:pe=liere64 \
-      --topology v5litepod-256 [--vs pe=abs] [--json]
+      --topology v5litepod-256 [--vs pe=abs] [--train_only] [--json]
 """
 import dataclasses
 import math

@@ -1,4 +1,7 @@
-"""The input benchmark: a config's real train batches per second against Grain worker count.
+"""bench data: a config's real train batches per second against Grain worker count.
+
+  python -m liere_jax.bench data --config configs/imagenet.py --config.batch_size=32 \
+      [--workers 0,1,2] [--batches N] [--repeats N] [--json]
 
 Times `train_dataset` of the config's data (its own decode, augmentation, normalisation and
 mixup) through `to_iterator` with 0, 1, 2, ... worker processes, `data.threads` threads and
@@ -8,6 +11,8 @@ the real size written to a temporary directory (liere_jax/data/standin.py), unle
 as in training. Each count runs `warmup` batches plus one per thread of every process (filling
 the pipeline), then `batches` timed ones; `repeats` rounds visit the counts in turn (0 1 2 0 1
 2 ...) so that load from elsewhere on the machine falls on all of them; the rate is the median.
+Images/s (video: clips/s and frames/s), and CPU ms per image of the main process and its
+workers (read from /proc: the per-core cost, whatever else loads the machine).
 """
 import dataclasses
 import math

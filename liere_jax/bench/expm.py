@@ -1,6 +1,16 @@
-"""The expm benchmark: liere_jax.expm methods (and torch.matrix_exp) on realistic LieRE
-cases: compile time, forward and forward+backward time, XLA temp memory, errors against float64
-SciPy. See liere_jax.bench."""
+r"""bench expm: liere_jax.expm methods (and torch.matrix_exp) on realistic LieRE cases.
+
+  python -m liere_jax.bench expm [--case NAME ...] [--impl NAME ...] [--repeats N] [--json]
+
+For each case (a stack of skew-symmetric generator combinations as LieRE builds them:
+U[0, 2 pi) strict upper triangles, 2D, times normalized grid positions in [0, 1]) and each
+implementation (liere_jax.expm methods fast / scipy / scipy_remat, and torch.matrix_exp when
+torch imports): compile time (lower + compile of forward+backward), forward and
+forward+backward time (the gradient of sum(R * G) in A, G a fixed random cotangent), XLA temp
+memory of the compiled forward+backward, and errors against float64 SciPy on a subsample (max
+|R - R64|, max |R^T R - I|, gradient relative error against scipy.linalg.expm_frechet). A
+function whose temp memory would not fit is not run: its row says status 'oom'.
+"""
 import dataclasses
 import math
 import os
@@ -14,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from liere_jax.bench.flops import fast_flops
+from liere_jax.bench.timing import fmt, table, timed
 
 MEMORY_FRACTION = 0.8  # Do not run a function whose buffers need more of the free memory.
 SUBSAMPLE = 64  # Matrices checked against float64: half evenly spaced, half the largest norms.
@@ -117,12 +128,6 @@ def is_oom(e: BaseException) -> bool:
   msg = str(e)
   return any(s in msg for s in ('RESOURCE_EXHAUSTED', 'Out of memory', 'out of memory',
                                 "can't allocate memory", 'Failed to allocate'))
-
-
-def _timed(fn, *args):
-  t0 = time.perf_counter()
-  out = jax.block_until_ready(fn(*args))
-  return time.perf_counter() - t0, out
 
 
 def _reference_errors(a64, r, grad, g):
@@ -321,7 +326,7 @@ def bench_expm(cases: Sequence[str], impls: Sequence[str], repeats: int = 3, war
           if not run:
             continue
           try:
-            dt, out = _timed(getattr(impl, 'call_' + kind))
+            dt, out = timed(getattr(impl, 'call_' + kind))
             del out
           except Exception as e:  # pylint: disable=broad-except
             if not is_oom(e):
@@ -341,15 +346,11 @@ def bench_expm(cases: Sequence[str], impls: Sequence[str], repeats: int = 3, war
   return rows
 
 
-def _fmt(x, spec):
-  return '-' if x is None else format(x, spec)
-
-
 def expm_table(rows) -> str:
   head = (f"{'case':26s} {'impl':12s} {'n':>8s} {'b':>3s} {'status':7s} {'compile':>8s} "
           f"{'fwd':>8s} {'fwd+bwd':>8s} {'x remat':>7s} {'temp MiB':>9s} {'max err':>8s} "
           f"{'orth':>8s} {'grad rel':>8s}")
-  lines = [head, '-' * len(head)]
+  lines = []
   ref = {r['case']: r['fwd_bwd_s'] for r in rows if r['impl'] == 'scipy_remat'}
   for r in rows:
     base = ref.get(r['case'])
@@ -357,13 +358,13 @@ def expm_table(rows) -> str:
     temp = None if r['temp_bytes'] is None else r['temp_bytes'] / 2**20
     lines.append(
         f"{r['case']:26s} {r['impl']:12s} {r['n_matrices']:8d} {r['size']:3d} {r['status']:7s} "
-        f"{_fmt(r['compile_s'], '8.2f')} {_fmt(r['fwd_s'], '8.3f')} "
-        f"{_fmt(r['fwd_bwd_s'], '8.3f')} {_fmt(speed, '7.2f')} {_fmt(temp, '9.1f')} "
-        f"{_fmt(r['max_abs_err'], '8.1e')} {_fmt(r['orth_err'], '8.1e')} "
-        f"{_fmt(r['grad_rel_err'], '8.1e')}")
+        f"{fmt(r['compile_s'], '8.2f')} {fmt(r['fwd_s'], '8.3f')} "
+        f"{fmt(r['fwd_bwd_s'], '8.3f')} {fmt(speed, '7.2f')} {fmt(temp, '9.1f')} "
+        f"{fmt(r['max_abs_err'], '8.1e')} {fmt(r['orth_err'], '8.1e')} "
+        f"{fmt(r['grad_rel_err'], '8.1e')}")
   notes = [f"  {r['case']} / {r['impl']}: {r['note']}" for r in rows if r.get('note')]
   notes += [f"  {r['case']} / {r['impl']}: {r['fwd_gflop']:.1f} GFLOP forward "
             f"({r['fwd_gflop'] * 1e9 / (2 * r['size']**3 * r['n_matrices']):.1f} products per "
             f"matrix), {r['fwd_gflop'] / r['fwd_s']:.0f} GFLOP/s"
             for r in rows if r.get('fwd_gflop') and r.get('fwd_s')]
-  return '\n'.join(lines + (['notes:'] + notes if notes else []))
+  return '\n'.join([table(head, lines)] + (['notes:'] + notes if notes else []))

@@ -1,6 +1,8 @@
 """bench lower: the train step of a config lowered for a platform (cuda, tpu, cpu) on this
 machine, exactly as that platform would run it, and what it holds.
 
+  python -m liere_jax.bench lower --config configs/imagenet.py:pe=liere64 --platform cuda [--json]
+
 `jax.lax.platform_dependent` picks each platform's exponential and product precisions when the
 step is lowered, so no accelerator is needed. Its choice shows in StableHLO as `case` ops whose
 selector is a constant of the lowering platform; XLA folds those before anything runs

@@ -1,7 +1,10 @@
 """bench presets: the error of the exponential with its products at each dot-algorithm preset,
 emulated on this CPU (liere_jax.dots), against float64 SciPy: forward max |R - exp(A)| and the
 gradient's relative error (forward at one preset, backward at another), on the matrices of a
-bench expm case with the largest norms, at 1x and 4x its position range.
+bench expm case with the largest norms, at 1x and 4x its position range. The CPU computes the
+BF16 presets in float32 and refuses the TF32 ones.
+
+  python -m liere_jax.bench presets [--case NAME] [--json]
 """
 import functools
 
@@ -10,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from liere_jax import dots, expm
-from liere_jax.bench.expm import _fmt, case_inputs, parse_case
+from liere_jax.bench.expm import case_inputs, parse_case
+from liere_jax.bench.timing import fmt, table
 
 # (forward, backward): float32, what 'auto' runs on GPU / TPU, and the alternatives.
 PAIRS = (('F32', 'F32'), ('BF16_BF16_F32_X6', 'BF16_BF16_F32_X6'),
@@ -68,7 +72,6 @@ def bench_presets(case: str = 'imagenet_vitb16_liere64', pairs=PAIRS, range_scal
 
 def presets_table(rows) -> str:
   head = f"{'range':>5s} {'forward':18s} {'backward':18s} {'max err':>8s} {'grad rel':>8s}"
-  lines = [head, '-' * len(head)]
-  lines += [f"{r['range_scale']:>4}x {r['forward']:18s} {r['backward']:18s} "
-            f"{_fmt(r['max_abs_err'], '8.1e')} {_fmt(r['grad_rel_err'], '8.1e')}" for r in rows]
-  return '\n'.join(lines)
+  return table(head, [f"{r['range_scale']:>4}x {r['forward']:18s} {r['backward']:18s} "
+                      f"{fmt(r['max_abs_err'], '8.1e')} {fmt(r['grad_rel_err'], '8.1e')}"
+                      for r in rows])

@@ -1,5 +1,7 @@
 """bench profile: where a train step's device time goes, from a `jax.profiler` trace.
 
+  python -m liere_jax.bench profile --config configs/imagenet.py:pe=liere64 [--steps N] [--json]
+
 Per step: the fraction of the wall time the device is busy (the union of its kernels and
 copies), kernels launched, device-to-host copies (a conditional's predicate is one), and the
 kernels that take the most time. Read from the trace's XSpace with `jax.profiler.ProfileData`
@@ -53,9 +55,9 @@ def summarize_xspace(profile, steps: int, wall_s: float, top: int = 8) -> dict:
 
 def profile_step(config, steps: int = 5, warmup: int = 2, log=print) -> dict:
   """Traces `steps` train steps of the config (random inputs of its shape) after warm-up."""
-  from liere_jax.bench.step import _StepBench
+  from liere_jax.bench.step import StepBench
   from liere_jax.steps import make_mesh
-  bench = _StepBench(config, make_mesh(model_parallel=config.model_parallel))
+  bench = StepBench(config, make_mesh(model_parallel=config.model_parallel))
   for _ in range(warmup):
     jax.block_until_ready(bench.train())
   with tempfile.TemporaryDirectory() as tmp:

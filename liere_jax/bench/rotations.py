@@ -1,7 +1,14 @@
-"""The rotations benchmark: a whole model's LieRE rotations (rotations.liere_rotations), the
-general path (one exponential per token) against the lattice path (exponentials at the
-primitive grid points, powers for the rest), each with the library's degree-12 Taylor scheme
-and the degree-18 one (expm.TAYLOR18), side by side in one process. See liere_jax.bench."""
+r"""bench rotations: a whole model's LieRE rotations, general path against lattice path.
+
+  python -m liere_jax.bench rotations [--case NAME ...] [--repeats N] [--json]
+
+A whole model's LieRE rotations (rotations.liere_rotations, every layer and head, 2D normalized
+grid with a CLS token): one exponential per token (general) against the lattice path
+(exponentials at the primitive grid points, products for the rest), each with the degree-12
+Taylor polynomial of `fast` and a degree-18 one (TAYLOR18 here, through expm.fast_expm);
+forward and forward+backward seconds (variants interleaved, medians), counted forward GFLOP,
+and max |R - R(general, 12)|.
+"""
 import functools
 import statistics
 
@@ -10,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from liere_jax import expm, rotations
-from liere_jax.bench.expm import _timed
 from liere_jax.bench.flops import liere_flops
+from liere_jax.bench.timing import interleaved, table
 from liere_jax.positions import grid_positions, with_prefix
 
 TAYLOR18 = expm.TAYLOR18
@@ -64,16 +71,15 @@ def bench_rotations(cases=tuple(c for c in ROTATION_CASES if c != 'tiny'),
       row = dict(case=name, path=path, degree=degree, gflop=gflop,
                  n_exp=layers * heads * (64 // block) * (
                      len(plan.primitives) if plan else len(pos)),
-                 diff=float(np.abs(r - base).max()), fwd=[], fwd_bwd=[])
+                 diff=float(np.abs(r - base).max()), fwd=None, fwd_bwd=None)
       fns.append((fwd_c, bwd_c, row))
       rows.append(row)
-    for _ in range(repeats):
-      for fwd_c, bwd_c, row in fns:
-        row['fwd'].append(_timed(fwd_c, gens_d)[0])
-        row['fwd_bwd'].append(_timed(bwd_c, gens_d, g_d)[0])
-    for _, _, row in fns:
-      row['fwd'], row['fwd_bwd'] = (statistics.median(row['fwd']),
-                                    statistics.median(row['fwd_bwd']))
+    calls = [f for fwd_c, bwd_c, _ in fns for f in (functools.partial(fwd_c, gens_d),
+                                                     functools.partial(bwd_c, gens_d, g_d))]
+    times = interleaved(calls, repeats)
+    for i, (_, _, row) in enumerate(fns):
+      row['fwd'], row['fwd_bwd'] = (statistics.median(times[2 * i]),
+                                    statistics.median(times[2 * i + 1]))
       log(f"[{name}] {row['path']} deg {row['degree']}: fwd {row['fwd']:.3f} s, "
           f"fwd+bwd {row['fwd_bwd']:.3f} s")
   return rows
@@ -82,12 +88,12 @@ def bench_rotations(cases=tuple(c for c in ROTATION_CASES if c != 'tiny'),
 def rotations_table(rows) -> str:
   head = (f"{'case':24s} {'path':8s} {'deg':>3s} {'exps':>7s} {'GFLOP':>7s} {'fwd s':>7s} "
           f"{'fwd+bwd s':>9s} {'x fwd':>6s} {'x f+b':>6s} {'max |R-R0|':>10s}")
-  lines, base = [head, '-' * len(head)], {}
+  lines, base = [], {}
   for r in rows:
     b = base.setdefault(r['case'], r)
     lines.append(f"{r['case']:24s} {r['path']:8s} {r['degree']:3d} {r['n_exp']:7d} "
                  f"{r['gflop']:7.2f} {r['fwd']:7.3f} {r['fwd_bwd']:9.3f} "
                  f"{b['fwd'] / r['fwd']:6.2f} {b['fwd_bwd'] / r['fwd_bwd']:6.2f} "
                  f"{r['diff']:10.1e}")
-  return '\n'.join(lines)
+  return table(head, lines)
 

@@ -1,5 +1,21 @@
-"""The step benchmark: train and eval steps of a config (A) against a baseline (B), and
-optionally the official PyTorch LieRE train step of A's shape (peer.py). See liere_jax.bench."""
+r"""bench step: train and eval steps of a config (A) against a baseline (B).
+
+  python -m liere_jax.bench step --config configs/cifar100.py:variant=Ti,pe=liere64 --vs pe=abs \
+      --config.batch_size=128 [--steps N] [--breakdown] [--json]
+      [--official DIR [--official_python PY] [--official_threads N]]
+
+B is the config with --vs applied to its argument string; overrides --config.key=value apply to
+both, --vs items config.key=value to B only (e.g. `--config.model.scan_layers=True --vs
+config.model.scan_layers=False`: scan against loop), --vs items NAME=FORM set a switch
+(liere_jax.switches) while B is traced. Train steps, then eval steps (rotations cached:
+computed once outside the timed loop) of the two alternate in one process (A B, B A, A B, ...);
+medians after warm-up, ratios A / B, random inputs of the config's shape. --breakdown adds the
+train step with the rotations fed in (their gradient dropped), the encoding's own
+forward+backward, and XLA FLOP counts (XLA counts a while loop's body once: the chunked
+exponential is undercounted; the steps without it are counted exactly). --official times the
+official PyTorch LieRE train step of A's shape in a subprocess (peer.py; its interpreter needs
+torch, einops and the official code's imports), one of its steps after each pair of ours.
+"""
 import ast
 import re
 import statistics
@@ -15,9 +31,9 @@ from liere_jax import model, rotations, switches  # pylint: disable=unused-impor
 from liere_jax.config import load
 from liere_jax.switches import SWITCHES
 from liere_jax.bench import peer
-from liere_jax.bench.expm import _fmt, _timed
 from liere_jax.bench.compile import CHIPS
 from liere_jax.bench.flops import liere_flops, model_flops
+from liere_jax.bench.timing import fmt, interleaved
 
 
 def load_config(spec: str, overrides: dict):
@@ -79,7 +95,7 @@ def random_batches(config, seed=0):
   return train, evalb
 
 
-class _StepBench:
+class StepBench:
   """One config: its trainer, compiled train/eval steps, state and batches."""
 
   def __init__(self, config, mesh, breakdown=False):
@@ -207,10 +223,10 @@ def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakd
   try:
     mesh = make_mesh(model_parallel=config.model_parallel)
     log('compiling A')
-    a = _StepBench(config, mesh, breakdown)
+    a = StepBench(config, mesh, breakdown)
     log('compiling B')
     with switches.using(baseline_switches or {}):  # Traced and compiled here.
-      b = _StepBench(baseline, mesh, breakdown)
+      b = StepBench(baseline, mesh, breakdown)
     res = _run_steps(a, b, off, names, steps, warmup, breakdown)
     kind = jax.devices()[0].device_kind
     res['device_kind'] = kind
@@ -227,17 +243,14 @@ def _run_steps(a, b, off, names, steps, warmup, breakdown):
   # One loop per kind of step; within it A and B alternate, in the order A B, B A, A B, ...
   # (a step right after another kind of step, or after the other config's, can run slower:
   # each config goes first as often as second).
+  def official_step(kept):  # One of the official code's after each pair of ours.
+    dt = off.step()
+    if kept:
+      off_times.append(dt)
   for kind in kinds:
-    for i in range(warmup + steps):
-      for bench in ((a, b) if i % 2 == 0 else (b, a)):
-        dt, out = _timed(getattr(bench, kind))
-        del out
-        if i >= warmup:
-          bench.times[kind].append(dt)
-      if kind == 'train' and off is not None:
-        dt = off.step()
-        if i >= warmup:
-          off_times.append(dt)
+    a.times[kind], b.times[kind] = interleaved(
+        [getattr(a, kind), getattr(b, kind)], steps, warmup, alternate=True,
+        after_round=official_step if kind == 'train' and off is not None else None)
   med = lambda bench, k: statistics.median(bench.times[k])
   res = {
       'config': names[0], 'baseline': names[1],
@@ -288,8 +301,8 @@ def step_table(res) -> str:
   lines = [f"A = {res['config']}", f"B = {res['baseline']}",
            f"{'':22s} {'A':>10s} {'B':>10s} {'A / B':>8s}"]
   row = lambda name, x, y: lines.append(
-      f'{name:22s} {_fmt(x, "10.4f"):>10s} {_fmt(y, "10.4f"):>10s} '
-      f'{_fmt(x / y if x and y else None, "8.3f"):>8s}')
+      f'{name:22s} {fmt(x, "10.4f"):>10s} {fmt(y, "10.4f"):>10s} '
+      f'{fmt(x / y if x and y else None, "8.3f"):>8s}')
   row('train step (s)', res['train_s'], res['baseline_train_s'])
   row('eval step, cached (s)', res['eval_s'], res['baseline_eval_s'])
   row('compile train (s)', res['compile_s'], res['baseline_compile_s'])
@@ -315,9 +328,9 @@ def step_table(res) -> str:
     row('train, ctx cached (s)', res['train_cached_rot_s'], res['baseline_train_cached_rot_s'])
     row('train, ctx cached GFLOP', _g(res['flops_train_cached_rot']),
         _g(res['baseline_flops_train_cached_rot']))
-    lines.append(f"{'encoding fwd+bwd (s)':22s} {_fmt(res['pe_fwd_bwd_s'], '10.4f')} "
-                 f"{_fmt(res['baseline_pe_fwd_bwd_s'], '10.4f')}   (XLA GFLOP "
-                 f"{_fmt(_g(res['xla_flops_pe_fwd_bwd']), '.2f')}: counts a loop body once)")
+    lines.append(f"{'encoding fwd+bwd (s)':22s} {fmt(res['pe_fwd_bwd_s'], '10.4f')} "
+                 f"{fmt(res['baseline_pe_fwd_bwd_s'], '10.4f')}   (XLA GFLOP "
+                 f"{fmt(_g(res['xla_flops_pe_fwd_bwd']), '.2f')}: counts a loop body once)")
   if 'official_train_s' in res:
     lines.append(f"official PyTorch LieRE train step, A's shape (s): "
                  f"{res['official_train_s']:.4f}  (torch {res['official']['torch']}, "
