@@ -5,7 +5,7 @@ copies of cifar100, imagenet2012 and ucf101/ucf101_1_256 to a temporary data_dir
 `tfds build NAME --file_format=array_record` lays them out: DATA_DIR/NAME[/CONFIG]/VERSION/
 with dataset_info.json, features.json and array_record shards, with the real builders' names,
 versions and feature specs (tensorflow_datasets 4.9: cifar.py, imagenet2012, video/ucf101.py).
-The builders are liere_jax.data.standin's (the benchmarks' stand-ins) with tiny examples: PNG
+The builders are liere_jax.data.write_standin's (the benchmarks' stand-ins) with tiny examples: PNG
 for CIFAR, JPEG for ImageNet and the video frames, encoded with PIL, so writing needs no
 TensorFlow, and neither does reading them back.
 
@@ -28,7 +28,7 @@ import numpy as np
 from PIL import Image
 import tensorflow_datasets as tfds
 
-from liere_jax.data import standin
+from liere_jax.data import write_standin
 
 
 def _noise(rng: np.random.Generator, shape: Tuple[int, ...]) -> np.ndarray:
@@ -39,20 +39,20 @@ def _noise(rng: np.random.Generator, shape: Tuple[int, ...]) -> np.ndarray:
 
 
 def _jpeg(image: np.ndarray) -> bytes:
-  return standin.encode(image, 'JPEG', quality=95)
+  return write_standin.encode(image, 'JPEG', quality=95)
 
 
-class Cifar100(standin.Cifar100, skip_registration=True):
+class Cifar100(write_standin.Cifar100, skip_registration=True):
   """cifar100 3.0.2 with smooth random images."""
   SIZES = {'train': 16, 'test': 8}
 
   def _example(self, split, index, rng):
     label = int(rng.integers(100))
-    return {'id': f'{split}_{index:05d}', 'image': standin.encode(_noise(rng, (32, 32)), 'PNG'),
+    return {'id': f'{split}_{index:05d}', 'image': write_standin.encode(_noise(rng, (32, 32)), 'PNG'),
             'label': label, 'coarse_label': label // 5}
 
 
-class Imagenet2012(standin.Imagenet2012, skip_registration=True):
+class Imagenet2012(write_standin.Imagenet2012, skip_registration=True):
   """imagenet2012 5.1.0 with JPEGs of 36-59 px sides, portrait and landscape."""
   SIZES = {'train': 16, 'validation': 8}
 
@@ -63,14 +63,14 @@ class Imagenet2012(standin.Imagenet2012, skip_registration=True):
             'file_name': f'n{label:08d}_{index}.JPEG'}
 
 
-class Ucf101(standin.Ucf101, skip_registration=True):
+class Ucf101(write_standin.Ucf101, skip_registration=True):
   """ucf101/ucf101_1_256 2.0.0 with 20 x 24 frames.
 
   Video v has 32 frames of value 8 * f (f = frame index), except video 2 with 10 (shorter
   than an 8-frame clip at stride 4); labels are 50 + v. Frames are flat unless texture > 0:
   then a smooth random pattern in [0, texture) is added (the same on every frame of a video).
   """
-  BUILDER_CONFIGS = [standin.VideoConfig(name='ucf101_1_256', height=20, width=24)]
+  BUILDER_CONFIGS = [write_standin.VideoConfig(name='ucf101_1_256', height=20, width=24)]
   SIZES = {'train': 6, 'test': 3}
 
   def __init__(self, *, texture: int = 0, **kwargs):
@@ -92,7 +92,7 @@ class Ucf101Native(Ucf101, skip_registration=True):
   """ucf101/ucf101_1 2.0.0 (frames at the videos' own size; the real ones are 320 x 240): as
   Ucf101 but for the config name and a landscape 24 x 32 frame."""
   name = 'ucf101'  # TFDS names a builder after its class otherwise.
-  BUILDER_CONFIGS = [standin.VideoConfig(name='ucf101_1', height=24, width=32)]
+  BUILDER_CONFIGS = [write_standin.VideoConfig(name='ucf101_1', height=24, width=32)]
 
 
 def prepare(builder_cls, data_dir: str, sizes: Optional[Dict[str, int]] = None,
@@ -102,7 +102,7 @@ def prepare(builder_cls, data_dir: str, sizes: Optional[Dict[str, int]] = None,
   sizes: examples per split, e.g. dict(train=16, test=8) (default: the class's SIZES);
   kwargs: the builder's own options (Ucf101: texture).
   """
-  return standin.write(builder_cls, data_dir, sizes, **kwargs)
+  return write_standin.write(builder_cls, data_dir, sizes, **kwargs)
 
 
 # Originals: tiny copies of the downloads that liere_jax.data.prepare reads, in their real

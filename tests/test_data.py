@@ -23,7 +23,7 @@ from liere_jax.data import pipeline
 from liere_jax.data import randaugment
 from liere_jax.data import sources
 from liere_jax.config import data as data_spec
-from liere_jax.data import tfds_builders
+from liere_jax.data import write_arrows
 from liere_jax.data import transform
 from tests import datasets, helpers
 from tests.helpers import tiny_model_config
@@ -124,7 +124,7 @@ def test_arrows_source_and_png(tmp_path):
 @pytest.fixture(scope='module')
 def arrows_dir(tmp_path_factory):
   data_dir = str(tmp_path_factory.mktemp('tfds'))
-  tfds_builders.prepare_arrows(data_dir, grid=9, num_train=40, num_test=12)
+  write_arrows.prepare_arrows(data_dir, grid=9, num_train=40, num_test=12)
   return data_dir
 
 

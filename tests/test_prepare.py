@@ -17,7 +17,7 @@ from tensorflow_datasets.proto import tf_example_pb2
 
 from liere_jax import data
 from liere_jax.config import load
-from liere_jax.data import originals as builders
+from liere_jax.data import write_originals as builders
 from liere_jax.data import prepare
 from liere_jax.config.data import resolve_data
 from tests import datasets

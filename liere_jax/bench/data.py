@@ -6,7 +6,7 @@
 Times `train_dataset` of the config's data (its own decode, augmentation, normalisation and
 mixup) through `to_iterator` with 0, 1, 2, ... worker processes, `data.threads` threads and
 `data.prefetch` batches ahead in each process, as train.py runs it. The data is a stand-in of
-the real size written to a temporary directory (liere_jax/data/standin.py), unless
+the real size written to a temporary directory (liere_jax/data/write_standin.py), unless
 --config.data.data_dir names prepared data; arrows without a data_dir are rendered on the fly,
 as in training. Each count runs `warmup` batches plus one per thread of every process (filling
 the pipeline), then `batches` timed ones; `repeats` rounds visit the counts in turn (0 1 2 0 1
@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Callable, Dict, List, Sequence, Tuple
 
-# Enough that Grain's shuffle, ~20 ms an epoch, costs < 2% (liere_jax/data/standin.py).
+# Enough that Grain's shuffle, ~20 ms an epoch, costs < 2% (liere_jax/data/write_standin.py).
 STANDIN_EXAMPLES = {'cifar100': 2048, 'imagenet2012': 256, 'ucf101': 24}
 
 
@@ -68,7 +68,7 @@ def bench_data(config, *, workers: Sequence[int] = (0, 1, 2), batches: int = 10,
   clips_per_s, frames_per_s, cpu_ms_per_clip) for `config` (its data section and batch_size),
   with what was measured."""
   from liere_jax.config.data import resolve_data
-  from liere_jax.data import pipeline, standin  # TFDS and Grain: only for this benchmark.
+  from liere_jax.data import pipeline, write_standin  # TFDS and Grain: only for this benchmark.
   data = resolve_data(config.data)
   name = data.name
   with tempfile.TemporaryDirectory(prefix='liere_bench_data_') as tmp:
@@ -76,7 +76,7 @@ def bench_data(config, *, workers: Sequence[int] = (0, 1, 2), batches: int = 10,
     if stand_in:
       t0 = time.perf_counter()
       data = dataclasses.replace(
-          data, data_dir=standin.prepare(data.tfds_name, tmp, STANDIN_EXAMPLES[name]))
+          data, data_dir=write_standin.prepare(data.tfds_name, tmp, STANDIN_EXAMPLES[name]))
       log(f'stand-in {name}: {STANDIN_EXAMPLES[name]} examples in '
           f'{time.perf_counter() - t0:.1f} s')
     shape = pipeline.dataset_info(data)['input_shape']
@@ -102,7 +102,7 @@ def bench_data(config, *, workers: Sequence[int] = (0, 1, 2), batches: int = 10,
       rows=rows, dataset=name, augment=data.augment, mixup=data.mixup,
       input_shape=list(shape), batch_size=config.batch_size, batches=batches, warmup=warmup,
       repeats=repeats, threads=data.threads, prefetch=data.prefetch, cores=cores(),
-      data='stand-in (liere_jax/data/standin.py)' if stand_in else (data.data_dir or 'rendered'),
+      data='stand-in (liere_jax/data/write_standin.py)' if stand_in else (data.data_dir or 'rendered'),
       measured='train_dataset batches (read, decode, augment, normalise, batch, mixup) received '
                'by the main process via to_iterator, after warm-up; medians over repeats; CPU '
                'time of the main process and its workers')

@@ -20,7 +20,7 @@ More on some fields:
   data_dir      arrows with None: train is an unlimited stream (2**31 - 1 examples, or
                 num_train) of seed stream `arrows.split_seed(seed, 'train')`, eval the first
                 num_eval examples of the 'test' stream; with a data_dir the prepared
-                liere_arrows/grid{G} is read instead (see tfds_builders.py).
+                liere_arrows/grid{G} is read instead (see data/write_arrows.py).
   workers, threads, prefetch   the batches are the same whatever they are; `python -m
                 liere_jax.bench data --config C` times them on stand-in data.
 Eval has no augmentation (eval_crop, eval_views). Normalisation: (x / 255 - mean) / std per

@@ -51,8 +51,8 @@ DATASETS = {
                          'UCF101TrainTestSplits-RecognitionTask.zip')),
     'arrows': Dataset(
         'liere_arrows', ARROWS_CLASSES, ('train', 'test'), (0.5,) * 3, (0.5,) * 3,
-        'run `python -c "from liere_jax.data import tfds_builders; '
-        'tfds_builders.prepare_arrows(\'{root}\', grid={grid})"` (nothing to download), or set '
+        'run `python -c "from liere_jax.data import write_arrows; '
+        'write_arrows.prepare_arrows(\'{root}\', grid={grid})"` (nothing to download), or set '
         'data.data_dir=None to render the examples on the fly'),
 }
 

@@ -15,12 +15,10 @@ start=step)`, nothing else to checkpoint, and at every step the P per-process ba
 disjoint and together are exactly the 1-process batch (without mixup, which pairs examples
 inside a per-process batch). b = global_batch_size / process_count.
 
-Layout: datasets.py (what the pipeline knows of each dataset; the data section, resolved once
-into a DataSpec, is liere_jax/config/data.py, where every data.* field is documented),
-sources.py (raw examples; "not prepared" errors),
-transform.py (decoding, crops, clips, augmentation, normalisation), augment.py and
-randaugment.py (the augmentations), and this file (datasets of batches, iteration); prepare.py
-and originals.py write the datasets, standin.py writes stand-ins for benchmarks and tests.
+Layout: the stages of liere_jax/data/__init__.py (reading, transforms, this pipeline,
+preparation); what it knows of each dataset is liere_jax/config/datasets.py, and the data
+section, resolved once into a DataSpec, is liere_jax/config/data.py, where every data.* field is
+documented.
 Every function here takes a DataSpec (a RunSpec's .data, or config.data.resolve_data of a data
 section), not the config.
 

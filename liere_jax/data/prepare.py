@@ -8,7 +8,7 @@ r"""Prepares cifar100, imagenet2012 and ucf101 from their original downloads, wi
 writes what `tfds build NAME --file_format=array_record` would: DATA/NAME[/CONFIG]/VERSION/ with
 dataset_info.json, features.json and array_record shards. `tfds build` itself needs TensorFlow
 here (TFDS 4.9 reads its inputs with tf.io.gfile, encodes images with tf.image, and its Video
-feature cannot even be constructed without TF), so the builders (originals.py) subclass TFDS's
+feature cannot even be constructed without TF), so the builders (write_originals.py) subclass TFDS's
 own: same name, version, configs, features, description and example keys (and so the same
 record order), and they replace only what needs TensorFlow. Nothing is extracted to disk;
 memory stays bounded (TFDS's writer spills to disk beyond 1 GB). Output goes to a temporary
@@ -18,14 +18,14 @@ Inputs in DL, as TFDS downloads them:
   cifar100       cifar-100-binary.tar.gz (https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz)
   imagenet2012   ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from image-net.org (after
                  registering), in DL or DL/manual; read as streams.
-  ucf101[/CONFIG]  videos: UCF101_videos.zip (TFDS's mirror, originals.UCF_101_URL), or the
+  ucf101[/CONFIG]  videos: UCF101_videos.zip (TFDS's mirror, write_originals.UCF_101_URL), or the
                  .avi files anywhere under DL (e.g. extracted from the official UCF101.rar);
-                 split lists: UCF101TrainTestSplits-RecognitionTask.zip (originals.SPLITS_URL)
+                 split lists: UCF101TrainTestSplits-RecognitionTask.zip (write_originals.SPLITS_URL)
                  or its ucfTrainTestlist/.
                  Configs: ucf101_1_256 (default: frames squashed to 256x256), ucf101_1, ucf101_2,
                  ucf101_3 (native 320x240; split lists 1, 2, 3).
 
-How the result differs from `tfds build`: see originals.py.
+How the result differs from `tfds build`: see write_originals.py.
 """
 import contextlib
 import os
@@ -42,9 +42,9 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core import shuffle as tfds_shuffle
 
 from liere_jax import command, paths
-from liere_jax.data import originals
+from liere_jax.data import write_originals
 
-DATASETS = originals.DATASETS
+DATASETS = write_originals.DATASETS
 
 
 @contextlib.contextmanager
@@ -88,7 +88,7 @@ def prepare(dataset: str, download_dir: str, data_dir: Optional[str] = None,
   data_dir = os.path.expanduser(data_dir) if data_dir else None
 
   def builder():  # Checks the inputs.
-    return originals.BUILDERS[name](download_dir=download_dir, data_dir=data_dir,
+    return write_originals.BUILDERS[name](download_dir=download_dir, data_dir=data_dir,
                                     config=config or None)
 
   b = builder()
@@ -123,7 +123,7 @@ def _prepare_to_store(dataset: str, download_dir: str, data_dir: str, overwrite:
   info = 'dataset_info.json'
   with tempfile.TemporaryDirectory(prefix='liere_prepare_') as local:
     # Where it goes (DATA/NAME/CONFIG/VERSION), checked before anything is built.
-    rel = pathlib.Path(originals.BUILDERS[name](
+    rel = pathlib.Path(write_originals.BUILDERS[name](
         download_dir=download_dir, data_dir=local, config=config or None).data_path
     ).relative_to(local)
     target = paths.path(data_dir) / str(rel)

@@ -19,7 +19,7 @@ from tensorflow_datasets.proto import tf_example_pb2
 
 from liere_jax import paths
 from liere_jax.data import arrows
-from liere_jax.data import tfds_builders
+from liere_jax.data import write_arrows
 from liere_jax.config.data import DataSpec
 from liere_jax.config.datasets import DATASETS
 
@@ -149,11 +149,11 @@ def source(spec: DataSpec, split: str, *, train: bool,
       size = (spec.num_train or ARROWS_TRAIN_SIZE) if train else spec.num_eval
       return grain.MapDataset.source(
           arrows.ArrowsSource(arrows.split_seed(spec.seed, split), size, grid))
-    records = _tfds_source(spec, f'{tfds_builders.NAME}/grid{grid}', split, grid)
+    records = _tfds_source(spec, f'{write_arrows.NAME}/grid{grid}', split, grid)
     size = spec.num_train if train else spec.num_eval
     if size > len(records):
       raise ValueError(f'data.num_{"train" if train else "eval"}={size} but the prepared '
-                       f'{tfds_builders.NAME}/grid{grid} {split} split has {len(records)}.')
+                       f'{write_arrows.NAME}/grid{grid} {split} split has {len(records)}.')
     return grain.MapDataset.source(records)[:size or len(records)]
   if spec.name == 'ucf101':
     return grain.MapDataset.source(video_source(spec, split))

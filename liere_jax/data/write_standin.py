@@ -17,7 +17,7 @@ Few examples are needed (an epoch repeats them; reading from the OS page cache i
 disk gives after the first), but enough that Grain's per-epoch shuffle is a small part of an
 example's time.
 
-  data_dir = standin.prepare('imagenet2012', '/tmp/standin', num_train=64)
+  data_dir = write_standin.prepare('imagenet2012', '/tmp/standin', num_train=64)
   train_dataset(resolve_data(data_config(name='imagenet2012', data_dir=data_dir, ...)), ...)
 
 The builders (StandIn, Cifar100, Imagenet2012, Ucf101) and `write` are also what the tests'

@@ -6,11 +6,11 @@ stream, in order (shuffling disabled): record i is `arrows.make_example(stream, 
 same examples as the on-the-fly pipeline with data.seed = 0. Images are stored zlib compressed
 (mostly black: ~0.6 kB each at grid 9; writing runs at ~3k examples/s).
 
-  from liere_jax.data import tfds_builders
-  tfds_builders.prepare_arrows('/data/tfds', grid=9)            # 800k train, 2k test.
+  from liere_jax.data import write_arrows
+  write_arrows.prepare_arrows('/data/tfds', grid=9)            # 800k train, 2k test.
   src = tfds.data_source('liere_arrows/grid9', split='test', data_dir='/data/tfds')
 
-Other sizes: `tfds_builders.Arrows(config='grid9', num_train=1000, data_dir=...)`; the stored
+Other sizes: `write_arrows.Arrows(config='grid9', num_train=1000, data_dir=...)`; the stored
 dataset_info records them. The config name decides the directory: one size per data_dir.
 """
 import dataclasses
