@@ -34,18 +34,10 @@ CENTRAL = (
 NUMERICS_MODULES = ('liere_jax/expm.py', 'liere_jax/positions.py', 'liere_jax/rotations.py',
                     'liere_jax/encodings/rope.py')
 NUMERICS_TESTS = (
-    'tests/test_expm_taylor.py', 'tests/test_grid_positions.py', 'tests/test_lattice_rotations.py',
-    'tests/test_rope_mixed_rotations.py', 'tests/test_expm_remat_rule.py',
-    'tests/test_concrete_positions.py',
-    # The fast existing tests of the sampled functions that the files above do not reach.
-    'tests/test_rotations.py::test_lattice_plan_of_a_grid_counts_primitive_points',
-    'tests/test_options.py::test_rotate_applies_r_to_each_block_of_each_token',
-    'tests/test_commuting.py::test_jitter_offsets_are_bounded_and_spare_the_time_axis',
-    'tests/test_encodings.py::test_relative_position_invariance[rope_axial-2-True]',
-    'tests/test_encodings.py::test_relative_position_invariance[rope_mixed-2-True]',
-    'tests/test_encodings.py::test_relative_position_invariance[alibi-2-True]',
-    'tests/test_expm_precision.py::'
-    'test_expm_precision_highest_keeps_float32_products_on_accelerators',
+    # The tests marked `numerics` (pytest.ini) in the test files of these modules, and the fast
+    # tests of the sampled functions there that the modules' own files do not reach.
+    '-m', 'numerics', 'tests/test_expm.py', 'tests/test_positions.py', 'tests/test_rotations.py',
+    'tests/test_encodings.py', 'tests/test_commuting.py',
 )
 
 

@@ -402,6 +402,7 @@ def test_port_parity(pe, n_dims):
 # model.pe.jitter: ComRoPE's training position perturbation, for every encoding with positions.
 
 
+@pytest.mark.numerics
 def test_jitter_offsets_are_bounded_and_spare_the_time_axis():
   from liere_jax.positions import jitter
   off = np.asarray(jitter(jax.random.key(0), (4, 5, 6), 1.0))

@@ -1,5 +1,9 @@
-"""Position encodings and the ViT: invariances, equivalences, counts, shapes and errors."""
+"""encodings/: the position encodings in the ViT (invariances, equivalences, counts, shapes and
+errors), the registry, and RoPE-Mixed's rotations against their definition. The tests marked
+`numerics` are the numerics scope's selection for encodings/rope.py in the mutation runs
+(docs/mutation.md). ComRoPE (encodings/commuting.py): test_commuting.py."""
 import dataclasses
+import types
 import json
 import math
 import os
@@ -16,6 +20,7 @@ from liere_jax import encodings, param_tree
 from liere_jax.config import model as model_spec
 from liere_jax.model import ViT
 from liere_jax.positions import grid_positions, with_prefix
+from liere_jax.encodings.rope import RopeMixed
 from liere_jax.summary import param_counts
 from tests.helpers import load_config, tiny_model, tiny_model_config, tiny_spec
 
@@ -23,6 +28,7 @@ ALL = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere2', '
        'liere16', 'liere6')
 RELATIVE = ('rope_axial', 'rope_mixed', 'alibi', 'liere2', 'liere8', 'liere6')
 EVERY = tuple(name.replace('<b>', '4') for name in encodings.NAMES)  # Every registered name.
+NUMERICS = pytest.mark.numerics
 
 
 def _logits(model, pos, q, k, layer=0):
@@ -34,9 +40,9 @@ def _logits(model, pos, q, k, layer=0):
 
 
 @pytest.mark.parametrize('pe,n_dims,exact', [
-    ('liere8', 1, True), ('liere32', 1, True), ('rope_mixed', 2, True),
-    ('rope_axial', 2, True), ('rope_mixed', 3, True), ('alibi', 2, True),
-    ('liere8', 2, False)])
+    ('liere8', 1, True), ('liere32', 1, True), pytest.param('rope_mixed', 2, True, marks=NUMERICS),
+    pytest.param('rope_axial', 2, True, marks=NUMERICS), ('rope_mixed', 3, True),
+    pytest.param('alibi', 2, True, marks=NUMERICS), ('liere8', 2, False)])
 def test_relative_position_invariance(pe, n_dims, exact):
   """Shifting every position leaves the logits unchanged exactly where the math says so
   (commuting generators); in 2D LieRE's generators do not commute, and it shows."""
@@ -364,3 +370,46 @@ def test_layer_norm_eps_reaches_every_layer_norm():
   norms = [m for _, m in nnx.iter_modules(model) if isinstance(m, nnx.LayerNorm)]
   assert len(norms) == 2 * spec.depth + 1
   assert all(norm.epsilon == 1e-3 for norm in norms)
+
+
+def test_an_unknown_encoding_name_lists_the_known_ones_with_two_examples():
+  with pytest.raises(ValueError) as e:
+    encodings.facts('liere_typo8')
+  message = str(e.value)
+  assert message.startswith("model.pe.name='liere_typo8' is unknown; use one of ")
+  assert message.endswith(' (e.g. pe=liere8 or pe=rope_mixed).'), message
+  assert all(name in message for name in encodings.NAMES)
+
+
+# ----------------------------------------------------------------------------------------------
+# RoPE-Mixed's rotations against their definition: angle_{l,h,j}(p) = sum_a freqs[a, l, h*d/2 + j]
+# p_a, each pair turned by [[cos, -sin], [sin, cos]].
+
+
+@pytest.mark.numerics
+def test_each_layer_head_and_pair_turns_by_its_frequencies_dotted_with_the_position():
+  n, depth, heads, pairs, tokens = 2, 2, 3, 4, 5  # every axis its own size
+  rng = np.random.default_rng(0)
+  freqs = rng.normal(size=(n, depth, heads * pairs)).astype(np.float32)
+  pos = rng.uniform(0, 8, (tokens, n)).astype(np.float32)
+  # The rotations read the learned frequencies and the head count only (whatever builds them).
+  got = np.asarray(RopeMixed.rotations(
+      types.SimpleNamespace(freqs=jnp.asarray(freqs), heads=heads), jnp.asarray(pos)))
+  assert got.shape == (depth, heads, tokens, pairs, 2, 2)
+  for l in range(depth):
+    for h in range(heads):
+      for t in range(tokens):
+        angle = pos[t].astype(np.float64) @ freqs[:, l, h * pairs:(h + 1) * pairs]
+        c, s = np.cos(angle), np.sin(angle)
+        np.testing.assert_allclose(got[l, h, t], np.stack([np.stack([c, -s], -1),
+                                                           np.stack([s, c], -1)], -2),
+                                   atol=3e-6)
+
+
+@pytest.mark.numerics
+def test_the_angles_are_computed_at_highest_precision_on_every_platform():
+  # A GPU's default float32 dot rounds through TF32 (10-bit mantissa): ~1e-3 relative on the
+  # angles, 0.01 rad at position 14 and frequency 1. CPU computes float32 either way.
+  stand_in = types.SimpleNamespace(freqs=jnp.ones((2, 1, 4)), heads=2)
+  hlo = jax.jit(lambda p: RopeMixed.rotations(stand_in, p)).lower(jnp.ones((3, 2))).as_text()
+  assert 'dot_general' in hlo and 'precision = [HIGHEST, HIGHEST]' in hlo, hlo

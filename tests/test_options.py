@@ -4,9 +4,8 @@ OPTION_TESTS maps each field of the model, data, optimizer and loop sections (th
 builders in liere_jax/config/) to the tests that show its behaviour; a field without an
 entry fails `test_every_config_field_has_a_behaviour_test`. The tests here are the sharp ones
 that no other module had: init_scale sets the generators' range, each expm method is the one
-called and agrees with the others, `fast` takes the fewest squarings that bring the scaled
-spectral radius under its Taylor polynomial's theta, `rotate` applies R (not R^T), and timm
-RandAugment clips its drawn magnitude at both ends.
+called and agrees with the others, and timm RandAugment clips its drawn magnitude at both ends
+(`fast`'s squarings: test_expm.py; `rotate` applies R, not R^T: test_rotations.py).
 """
 import math
 
@@ -69,54 +68,6 @@ def test_each_expm_method_is_the_one_called_and_agrees_with_the_others(monkeypat
   for method, (rot, grad) in results.items():
     np.testing.assert_allclose(rot, ref_rot, atol=2e-5, err_msg=method)
     np.testing.assert_allclose(grad, ref_grad, atol=2e-4, rtol=1e-4, err_msg=method)
-
-
-@pytest.mark.parametrize('angle', [0.6, 1.99, 5.0, 100.0])
-def test_fast_takes_the_fewest_squarings_that_bring_the_radius_under_theta(angle):
-  """`fast` evaluates its Taylor polynomial at A / 2^s with s the fewest squarings that bring
-  the scaled spectral radius under theta (one squaring fewer is numerically harmless in
-  float32, ~3x the error at the boundary, issue 31: so count what the polynomial sees). A
-  rotation generator (angle t in each 2 x 2 plane) has rho = t exactly."""
-  b = 4
-  a = np.zeros((3, b, b), np.float32)
-  for i in range(0, b, 2):
-    a[:, i, i + 1], a[:, i + 1, i] = angle, -angle
-  a[1] *= 0.5
-  seen = []
-
-  def polynomial(x):
-    jax.debug.callback(lambda v: seen.append(float(v)), jnp.max(jnp.abs(x[1])))
-    return expm_lib.TAYLOR12.polynomial(x)
-  taylor = expm_lib.TAYLOR12._replace(polynomial=polynomial)
-  r = np.asarray(jax.block_until_ready(expm_lib.fast_expm(jnp.asarray(a), taylor)))
-  s = max(0, math.ceil(math.log2(angle / expm_lib.TAYLOR12.theta)))
-  assert seen and max(seen) == pytest.approx(angle / 2**s, rel=1e-6), (seen, s)
-  assert int(expm_lib.squarings(jnp.asarray(a), form='loop')) == s
-  c, sn = np.cos(np.float64(a[0, 0, 1])), np.sin(np.float64(a[0, 0, 1]))
-  np.testing.assert_allclose(r[0, :2, :2], [[c, sn], [-sn, c]], atol=1e-6 * max(1, angle))
-
-
-@pytest.mark.parametrize('block', [2, 4, 16])
-def test_rotate_applies_r_to_each_block_of_each_token(block):
-  """x' = R x per block (not R^T x): a quarter turn takes e_1 to e_2 and e_2 to -e_1 in the
-  plane (0, 1), and a random orthogonal R gives numpy's R @ x, head by head and token by token
-  (b = 2, 4 and 16: rotate's forms differ by block size and platform)."""
-  angles = jnp.asarray([[[np.pi / 2], [np.pi]]])  # [H, T, k]: a quarter and a half turn
-  x = jnp.asarray([[[[1.0, 0.0]], [[0.0, 1.0]]]])  # [B, T, H, d]: e_1, then e_2
-  np.testing.assert_allclose(rotations.rotate(x, rotations.angle_rotations(angles)),
-                             [[[[0.0, 1.0]], [[0.0, -1.0]]]], atol=1e-6)
-  x = jnp.asarray([[[[0.0, 1.0]]]])
-  quarter = rotations.angle_rotations(jnp.full((1, 1, 1), np.pi / 2))
-  np.testing.assert_allclose(rotations.rotate(x, quarter), [[[[-1.0, 0.0]]]], atol=1e-7)
-  rng = np.random.default_rng(0)
-  heads, tokens, k = 2, 3, 2
-  q = np.linalg.qr(rng.normal(size=(heads, tokens, k, block, block)))[0].astype(np.float32)
-  x = rng.normal(size=(2, tokens, heads, k * block + 1)).astype(np.float32)  # 1 dim unrotated
-  out = np.asarray(rotations.rotate(jnp.asarray(x), jnp.asarray(q)))
-  xr = x[..., :k * block].reshape(2, tokens, heads, k, block)
-  want = np.einsum('htkij,bthkj->bthki', q, xr).reshape(2, tokens, heads, k * block)
-  np.testing.assert_allclose(out[..., :-1], want, atol=1e-5)
-  np.testing.assert_array_equal(out[..., -1], x[..., -1])
 
 
 @pytest.mark.parametrize('magnitude,end', [(10, 10.0), (0, 0.0)])

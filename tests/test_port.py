@@ -33,9 +33,10 @@ from liere_jax import checkpoint, convert, torch_vit  # noqa: E402
 from liere_jax.config import base_config, data_config
 from liere_jax.config.model import MODEL, PE  # noqa: E402
 from liere_jax.convert import __main__ as convert_cli  # noqa: E402
+from liere_jax.convert import files, official_args, tree  # noqa: E402
 from liere_jax.config import model as model_spec  # noqa: E402
 from liere_jax.model import ViT  # noqa: E402
-from tests.helpers import tiny_model_config  # noqa: E402
+from tests.helpers import tiny_model_config, tiny_spec  # noqa: E402
 
 LOGIT_TOL, ROT_TOL = 1e-4, 1e-5
 # Official parity: same math, but torch.matrix_exp vs our expm on b=64 blocks with generator
@@ -645,3 +646,42 @@ def test_official_init_args_map_to_the_paper_encodings(arch, pe, share):
               'generator_dim', 'rotary_embedding_per_layer', 'rotary_embedding_per_head'):
     assert spec.get(key) == kw.get(key), key
 
+
+# The official init_args that a run's YAML leaves out take the official code's defaults
+# (models/model_args.py), as the official LiereImageClassification does.
+def test_init_args_without_size_classes_or_dims_take_the_official_defaults():
+  kw = official_args.rope_vit_kwargs({'model_architecture': 'liere', 'imsize': 32,
+                                      'patch_size': 4})
+  assert (kw['dim'], kw['depth'], kw['heads'], kw['mlp_dim']) == official_args.OFFICIAL_SIZES[
+      'tiny']
+  assert (kw['num_classes'], kw['input_dimensionality'], kw['generator_dim']) == (100, 1, 64)
+  assert not kw['rotary_embedding_per_layer'] and not kw['rotary_embedding_per_head']
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs the converters cannot use stop in one line naming what is wrong.
+
+
+def test_a_model_json_that_is_no_object_is_named_by_its_flag_and_path(tmp_path):
+  path = tmp_path / 'model.json'
+  path.write_text('[1, 2]')
+  with pytest.raises(ValueError, match=re.escape(f'--config {path} is not a JSON object.')):
+    files.read_config_arg(str(path))
+
+
+def test_a_checkpoint_missing_a_parameter_is_named_as_the_checkpoint():
+  model = tiny_spec('liere8')
+  params = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), convert.abstract_params(model))
+  del params['head']['bias']
+  with pytest.raises(ValueError, match=re.escape(
+      "The checkpoint does not match the model config: missing key 'head/bias'.")):
+    tree.check_params(params, model)
+
+
+def test_a_checkpoint_with_one_unexpected_parameter_is_refused_naming_it_alone():
+  model = tiny_spec('liere8')
+  params = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), convert.abstract_params(model))
+  params['head']['extra'] = np.zeros(3, np.float32)
+  with pytest.raises(ValueError, match=re.escape(
+      "The checkpoint does not match the model config: unexpected key 'head/extra'.")):
+    tree.check_params(params, model)

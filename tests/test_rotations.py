@@ -1,4 +1,8 @@
-"""The exponential and the rotations: orthogonality, float64 agreement, gradients."""
+"""rotations.py: LieRE's rotations (skew, the exponential of each block: orthogonality, float64
+agreement, gradients), the lattice path (one exponential per primitive lattice point, powers for
+the rest; which path runs, how a mesh's data devices share the exponentials), the positions it
+reads at trace time, and `rotate`. The tests marked `numerics` (small grids, seconds) are the
+numerics scope's selection for rotations.py in the mutation runs (docs/mutation.md)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,22 +71,11 @@ def test_fast_gradient_matches_float64(block):
   assert rel <= 1e-4, f'b={block}: gradient relative error {rel:.2e}'
 
 
-def test_identity_at_zero_and_many_chunks():
-  a = jnp.zeros((70_000, 8, 8))  # several chunks of the fast path, padded at the end
-  r = expm(a)
-  assert r.shape == a.shape
-  np.testing.assert_array_equal(np.asarray(r[-1]), np.eye(8))
-
-
-def test_bad_method_names_the_fix():
-  with pytest.raises(ValueError, match=r"method='pade'.*fast"):
-    expm(jnp.zeros((1, 4, 4)), 'pade')
-
-
 # ----------------------------------------------------------------------------------------------
 # The lattice path: exponentials at primitive grid points, powers for the rest.
 
 
+@pytest.mark.numerics
 def test_lattice_plan_of_a_grid_counts_primitive_points():
   from liere_jax.positions import with_prefix
   pos = np.asarray(with_prefix(grid_positions((14, 14), (14, 14), 'normalized'), 1))
@@ -94,6 +87,53 @@ def test_lattice_plan_of_a_grid_counts_primitive_points():
   for mode in ('integer', 'rescaled'):
     assert rotations.lattice_plan(grid_positions((5, 7), (3, 3), mode)) is not None
   assert rotations.lattice_plan(np.array([[0.1, 0.], [0.33, 0.]])) is None  # off a lattice
+
+
+@pytest.mark.numerics
+def test_by_default_a_small_grid_takes_the_lattice_path_and_each_token_gets_its_exponential():
+  layers, heads, block, n_blocks = 2, 1, 4, 2
+  gens = np.random.default_rng(0).uniform(
+      -1, 1, (layers, heads, 2, n_blocks, rotations.num_free(block))).astype(np.float32)
+  pos = grid_positions((3, 4), (3, 4), 'integer')  # (2, 0) = 2 (1, 0): powers to share
+  plan = rotations.lattice_plan(pos)
+  assert plan is not None and len(plan.primitives) < len(pos) - 1
+  matrices = []  # exponentiated, by the function given as the method (the lattice path: the
+  #               primitive points' only)
+  exp = lambda a: matrices.append(np.prod(a.shape[:-2])) or expm(a)
+  got = np.asarray(rotations.liere_rotations(jnp.asarray(gens), pos, block, method=exp))
+  assert matrices == [layers * heads * len(plan.primitives) * n_blocks], matrices
+  assert got.shape == (layers, heads, len(pos), n_blocks, block, block)
+  a = np.asarray(rotations.skew(jnp.asarray(np.einsum('tn,lhnkf->lhtkf', pos, gens)), block))
+  want = np.vectorize(scipy.linalg.expm, signature='(b,b)->(b,b)')(a.astype(np.float64))
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+
+
+@pytest.mark.numerics
+def test_lattice_false_and_2x2_blocks_exponentiate_every_token_and_3x3_the_primitives_only():
+  # 2 x 2 blocks have a closed form: cheap enough that the lattice's products would cost more.
+  pos = grid_positions((3, 4), (3, 4), 'integer')
+  n_primitive = len(rotations.lattice_plan(pos).primitives)
+  for block, lattice, want in ((4, False, len(pos)), (2, True, len(pos)), (3, True, n_primitive)):
+    matrices = []
+    exp = lambda a: matrices.append(np.prod(a.shape[:-2])) or jnp.broadcast_to(
+        jnp.eye(block), a.shape)
+    gens = jnp.zeros((1, 1, 2, 1, rotations.num_free(block)))
+    rotations.liere_rotations(gens, pos, block, method=exp, lattice=lattice)
+    assert matrices == [want], (block, lattice, matrices)
+
+
+# concrete_positions: positions known at trace time are read (the lattice path needs them),
+# positions that grad or vmap traces are not, and that is not an error.
+@pytest.mark.numerics
+def test_positions_traced_by_grad_or_vmap_are_unknown_and_constants_under_jit_are_read():
+  seen = []
+  record = lambda p: seen.append(rotations.concrete_positions(p)) or jnp.sum(p)
+  jax.grad(record)(jnp.ones((4, 2)))
+  jax.vmap(record)(jnp.ones((3, 4, 2)))
+  assert seen == [None, None]
+  grid = np.arange(8.).reshape(4, 2)
+  jax.jit(lambda: record(jnp.asarray(grid)))()  # A constant under jit: its value is known.
+  np.testing.assert_array_equal(seen[-1], grid)
 
 
 def _lattice_case(block, layers=1, heads=1, grid=(33, 33), seed=0):
@@ -144,7 +184,10 @@ def test_lattice_path_matches_float64_and_the_general_path(block, grid):
   assert rel <= 1e-4
 
 
+@pytest.mark.numerics
 def test_lattice_path_under_jit_and_its_fallbacks():
+  """Constant positions under jit take the lattice path; traced ones, and 1D ones, the general
+  path; negative multiples and the origin."""
   from liere_jax.positions import with_prefix
   gens, pos = _lattice_case(8, 2, 3, grid=(5, 5))
   general = rotations.liere_rotations(gens, pos, 8, lattice=False)
@@ -165,6 +208,7 @@ def test_lattice_path_under_jit_and_its_fallbacks():
     assert calls == [1]  # traced positions: the general path
   finally:
     rotations._lattice_rotations = orig
+  assert rotations.lattice_plan(pos[:, 0]) is None  # 1D positions: no lattice
   np.testing.assert_allclose(inside, general, atol=1e-5)
   np.testing.assert_allclose(traced, general, atol=1e-6)
   # Negative multiples: R(-q) = R(q)^T; p = 0: exactly I.
@@ -176,10 +220,16 @@ def test_lattice_path_under_jit_and_its_fallbacks():
                                 np.broadcast_to(np.eye(8), r[:, :, 0].shape))
 
 
-@pytest.mark.parametrize('n,layers,heads', [(3, 2, 3), (8, 1, 1)])
+@pytest.mark.parametrize('n,layers,heads', [pytest.param(3, 2, 3, marks=pytest.mark.numerics),
+                                             (8, 1, 1)])
 def test_lattice_path_split_over_data(n, layers, heads, monkeypatch):
   """On a mesh: every device computes 1/n of the exponentials, then the powers for 1/n of the
-  (layer, head) stacks (n need not divide either)."""
+  (layer, head) stacks (n need not divide either); without one, a device computes them all."""
+  seen = []
+  out = rotations.split_over_data(lambda x: seen.append(x.shape[0]) or 2 * x,
+                                  jnp.arange(20.).reshape(5, 2, 2))
+  assert seen == [5], seen
+  np.testing.assert_array_equal(out, 2 * np.arange(20.).reshape(5, 2, 2))
   gens, pos = _lattice_case(8, layers, heads, grid=(6, 6))
   shapes, expm_ = [], rotations.expm
   monkeypatch.setattr(rotations, 'expm', lambda a, *m: shapes.append(a.shape) or expm_(a, *m))
@@ -236,3 +286,27 @@ def test_pairs_on_x_layout_equal_the_blocks_form_forward_and_backward(heads, d, 
   for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(old)):
     np.testing.assert_array_equal(a, b)
   np.testing.assert_array_equal(rotations.rotate(x, rot)[..., 64:], x[..., 64:])
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize('block', [2, 4, 16])
+def test_rotate_applies_r_to_each_block_of_each_token(block):
+  """x' = R x per block (not R^T x): a quarter turn takes e_1 to e_2 and e_2 to -e_1 in the
+  plane (0, 1), and a random orthogonal R gives numpy's R @ x, head by head and token by token
+  (b = 2, 4 and 16: rotate's forms differ by block size and platform)."""
+  angles = jnp.asarray([[[np.pi / 2], [np.pi]]])  # [H, T, k]: a quarter and a half turn
+  x = jnp.asarray([[[[1.0, 0.0]], [[0.0, 1.0]]]])  # [B, T, H, d]: e_1, then e_2
+  np.testing.assert_allclose(rotations.rotate(x, rotations.angle_rotations(angles)),
+                             [[[[0.0, 1.0]], [[0.0, -1.0]]]], atol=1e-6)
+  x = jnp.asarray([[[[0.0, 1.0]]]])
+  quarter = rotations.angle_rotations(jnp.full((1, 1, 1), np.pi / 2))
+  np.testing.assert_allclose(rotations.rotate(x, quarter), [[[[-1.0, 0.0]]]], atol=1e-7)
+  rng = np.random.default_rng(0)
+  heads, tokens, k = 2, 3, 2
+  q = np.linalg.qr(rng.normal(size=(heads, tokens, k, block, block)))[0].astype(np.float32)
+  x = rng.normal(size=(2, tokens, heads, k * block + 1)).astype(np.float32)  # 1 dim unrotated
+  out = np.asarray(rotations.rotate(jnp.asarray(x), jnp.asarray(q)))
+  xr = x[..., :k * block].reshape(2, tokens, heads, k, block)
+  want = np.einsum('htkij,bthkj->bthki', q, xr).reshape(2, tokens, heads, k * block)
+  np.testing.assert_allclose(out[..., :-1], want, atol=1e-5)
+  np.testing.assert_array_equal(out[..., -1], x[..., -1])

@@ -1,7 +1,11 @@
-"""The exponential on accelerators, checked on this CPU: the platform's form and product
-precision as `bench lower` sees them in the lowered train step, and the error of each product
-preset, emulated (liere_jax.dots) since the CPU computes the BF16 presets in float32 and
-refuses TF32."""
+"""expm.py: the exponential's pieces (each Taylor scheme, the squarings, the memory rule), its
+forms against SciPy in float64, and on accelerators, checked on this CPU: the platform's form
+and product precision as `bench lower` sees them in the lowered train step, and the error of
+each product preset, emulated (liere_jax.dots) since the CPU computes the BF16 presets in float32
+and refuses TF32. The tests marked `numerics` (tiny stacks, seconds) are the numerics scope's
+selection for expm.py in the mutation runs (docs/mutation.md)."""
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +17,131 @@ from liere_jax.bench import lower, presets
 from tests import helpers
 
 AUTO_ALGORITHMS = {'cuda': ['BF16_BF16_F32_X6'], 'tpu': ['HIGHEST']}  # TPU HIGHEST: bf16 x6.
+
+
+def _skew(seed, block, radius):
+  """A stack of random skew-symmetric matrices [3, b, b], each scaled to spectral radius
+  `radius` (float64)."""
+  g = np.random.default_rng(seed).normal(size=(3, block, block))
+  a = g - np.swapaxes(g, -1, -2)
+  return a * (radius / np.abs(np.linalg.eigvals(a)).max(axis=-1))[:, None, None]
+
+
+def _planes(angles, block=4):
+  """Rotation generators [len(angles), b, b]: angle t in every 2 x 2 plane, so a^4 = t^4 I
+  and the bound ||a^4||_1^(1/4) is t exactly."""
+  a = np.zeros((len(angles), block, block), np.float32)
+  for i in range(0, block, 2):
+    a[:, i, i + 1], a[:, i + 1, i] = angles, -np.asarray(angles)
+  return a
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize('name,degree', [('TAYLOR12_PS', 12), ('TAYLOR12', 12), ('TAYLOR18', 18)])
+def test_each_scheme_is_exp_s_taylor_polynomial_coefficient_by_coefficient(name, degree):
+  # On the shift matrix J (ones above the diagonal), p(J) = sum_k c_k J^k: row 0 holds c_0..c_18,
+  # each checked against 1/k! to float32's resolution (a published coefficient off in its 6th
+  # digit, or a lost term, shows); nothing past the degree.
+  taylor = getattr(expm, name)
+  shift = jnp.asarray(np.eye(19, k=1, dtype=np.float32))
+  got = np.asarray(taylor.polynomial(taylor.powers(shift)), np.float64)[0]
+  want = [1 / math.factorial(k) if k <= degree else 0. for k in range(19)]
+  np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30)
+
+
+@pytest.mark.numerics
+def test_the_squarings_thresholds_are_the_published_float32_ones():
+  assert (expm.TAYLOR12_PS.theta, expm.TAYLOR12.theta, expm.TAYLOR18.theta) == (
+      1.0, 1.461661507209034, 3.010066362817634)
+  assert (expm.TAYLOR12.products, expm.TAYLOR18.products) == (4, 5)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize('theta,cap', [(1.0, 24), (0.5, 24), (1.0, 3), (1.46, None)])
+@pytest.mark.parametrize('name', ['TAYLOR12_PS', 'TAYLOR12'])
+def test_each_matrix_gets_the_fewest_squarings_that_bring_its_bound_under_theta(name, theta, cap):
+  # 5e7 > 2**24: past the cond form's cap; 1e12: a^4 overflows float32 (the bound falls back
+  # to ||a||_1, here the same); no cap (fast_loop): every matrix its own count.
+  angles = [0., 0.3, 0.9, 1.5, 3.0, 100., 5e7, 1e12]
+  a = jnp.asarray(_planes(angles))
+  s = expm._squarings(getattr(expm, name).powers(a), theta, cap)
+  want = []
+  for t in angles:
+    n = 0
+    while t / 2**n > theta and (cap is None or n < cap):
+      n += 1
+    want.append(n)
+  assert s.dtype == jnp.int32 and s.tolist() == want, (s, want)
+
+
+@pytest.mark.numerics
+def test_a_non_finite_matrix_gets_no_squarings():
+  # fast_loop's trip count: a NaN or infinite bound must not become a huge or endless loop.
+  a = jnp.asarray(_planes([1.0, np.nan, np.inf, 4.0]))
+  s = expm._squarings(expm.TAYLOR12.powers(a), expm.TAYLOR12.theta)
+  assert s.tolist() == [0, 0, 0, 2], s
+
+
+@pytest.mark.parametrize('angle', [0.6, 1.99, 5.0, 100.0])
+def test_fast_takes_the_fewest_squarings_that_bring_the_radius_under_theta(angle):
+  """`fast` evaluates its Taylor polynomial at A / 2^s with s the fewest squarings that bring
+  the scaled spectral radius under theta (one squaring fewer is numerically harmless in
+  float32, ~3x the error at the boundary, issue 31: so count what the polynomial sees). A
+  rotation generator (angle t in each 2 x 2 plane) has rho = t exactly."""
+  b = 4
+  a = np.zeros((3, b, b), np.float32)
+  for i in range(0, b, 2):
+    a[:, i, i + 1], a[:, i + 1, i] = angle, -angle
+  a[1] *= 0.5
+  seen = []
+
+  def polynomial(x):
+    jax.debug.callback(lambda v: seen.append(float(v)), jnp.max(jnp.abs(x[1])))
+    return expm.TAYLOR12.polynomial(x)
+  taylor = expm.TAYLOR12._replace(polynomial=polynomial)
+  r = np.asarray(jax.block_until_ready(expm.fast_expm(jnp.asarray(a), taylor)))
+  s = max(0, math.ceil(math.log2(angle / expm.TAYLOR12.theta)))
+  assert seen and max(seen) == pytest.approx(angle / 2**s, rel=1e-6), (seen, s)
+  assert int(expm.squarings(jnp.asarray(a), form='loop')) == s
+  c, sn = np.cos(np.float64(a[0, 0, 1])), np.sin(np.float64(a[0, 0, 1]))
+  np.testing.assert_allclose(r[0, :2, :2], [[c, sn], [-sn, c]], atol=1e-6 * max(1, angle))
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize('form', ['loop', 'cond', 'select'])
+def test_each_form_matches_scipy_on_small_and_large_matrices(form, block=5):
+  # Small radii alone (no squaring at all), then a stack from 0.05 to 40: `loop` and `cond`
+  # scale the whole piece by its largest, `select` each matrix by its own. One shape: one
+  # compile.
+  for radii in ([0.05, 0.1, 0.2, 0.3], [0.05, 0.7, 3.0, 40.0]):
+    a = np.concatenate([_skew(i, block, r)[:1] for i, r in enumerate(radii)])
+    got = np.asarray(expm.fast_expm(jnp.asarray(a, jnp.float32), form=form))
+    want = np.stack([scipy.linalg.expm(m) for m in a])
+    np.testing.assert_allclose(got, want, atol=2e-6 * max(1, math.sqrt(max(radii))), rtol=0)
+
+
+# fast_select's memory rule (expm.select_remat) weighs its residuals in bytes: n matrices of
+# b x b count as 4n of (b/2) x (b/2), whatever the threshold.
+@pytest.mark.numerics
+def test_the_remat_rule_counts_matrix_entries_so_halving_the_block_is_four_times_the_stack(
+    monkeypatch):
+  monkeypatch.setattr(expm, 'REMAT_ABOVE_BYTES', 4 * 64 * 100 * 40)  # A flip inside n < 400.
+  big = [expm.select_remat(expm.TAYLOR12, n, 8) for n in range(1, 400)]
+  small = [expm.select_remat(expm.TAYLOR12, 4 * n, 4) for n in range(1, 400)]
+  assert not big[0] and big[-1], 'the threshold must fall inside the range'
+  assert big == small
+
+
+def test_identity_at_zero_and_many_chunks():
+  a = jnp.zeros((70_000, 8, 8))  # several chunks of the fast path, padded at the end
+  r = expm.expm(a)
+  assert r.shape == a.shape
+  np.testing.assert_array_equal(np.asarray(r[-1]), np.eye(8))
+
+
+def test_bad_method_names_the_fix():
+  with pytest.raises(ValueError, match=r"method='pade'.*fast"):
+    expm.expm(jnp.zeros((1, 4, 4)), 'pade')
 
 
 @pytest.mark.parametrize('range_scale', [1, 4])
@@ -46,14 +175,6 @@ def test_emulated_presets_split_operands_into_narrower_numbers():
       m, _ = np.frexp(np.asarray(p, np.float64))
       np.testing.assert_array_equal(m * 2**bits, np.round(m * 2**bits))
     np.testing.assert_allclose(sum(pieces), x, rtol=2.0**(-bits * parts + 1))
-
-
-@pytest.mark.parametrize('form', ['loop', 'cond', 'select'])
-def test_each_form_agrees_with_scipy(form):
-  a, _ = presets.largest('imagenet_vitb16_liere64', 16, 4)
-  ref = np.stack([scipy.linalg.expm(x) for x in a.astype(np.float64)])
-  r = jax.jit(lambda x: expm.fast_expm(x, form=form, precision=dots.CPU))(a)
-  assert np.abs(np.asarray(r, np.float64) - ref).max() <= 1e-5
 
 
 @pytest.mark.parametrize('taylor', ['TAYLOR12', 'TAYLOR18'])
@@ -142,6 +263,7 @@ def test_lowered_train_step_has_no_conditionals_on_accelerators(pe):
     assert rows[platform]['expm_dot_algorithms'] == AUTO_ALGORITHMS[platform]
 
 
+@pytest.mark.numerics
 def test_expm_precision_highest_keeps_float32_products_on_accelerators():
   """model.pe.expm_precision reaches the products: the encoding's rotations and their gradient
   lowered for cuda take the bf16 x6 preset under 'auto' and HIGHEST under 'highest'."""

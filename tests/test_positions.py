@@ -1,12 +1,14 @@
-"""positions.grid_positions' values, entry by entry, in each mode on grids whose axes differ
-(a mix-up of axes, order or scale shows), and its refusals (the mutation run's selection for
-positions.py, docs/mutation.md)."""
+"""positions.py: grid_positions' values, entry by entry, in each mode on grids whose axes differ
+(a mix-up of axes, order or scale shows), and its refusals. Every test here is marked `numerics`:
+the numerics scope's selection for positions.py in the mutation runs (docs/mutation.md)."""
 import itertools
 
 import numpy as np
 import pytest
 
 from liere_jax.positions import grid_positions
+
+pytestmark = pytest.mark.numerics
 
 
 def _row_major(grid, step):
