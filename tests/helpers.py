@@ -1,6 +1,19 @@
 """Small configs and utilities shared by the tests: tiny models, the tiny arrows run (trained
 and evaluated in this process by the library, or by its command line), and running the programs
-as a user does (`python -m liere_jax.<program>`)."""
+as a user does (`python -m liere_jax.<program>`).
+
+Layout: one test file per library module, named after it (rotations.py -> test_rotations.py,
+expm.py -> test_expm.py, positions.py -> test_positions.py, checkpoint.py and
+checkpoint_damage.py -> test_checkpoint.py, convert/ -> test_port.py, encodings/ ->
+test_encodings.py with ComRoPE in test_commuting.py), plus the end-to-end files (test_train.py,
+test_user_paths.py, test_reproduce.py, ...). A test written for a mutation run goes into its
+module's file; the numerics scope's tests carry the `numerics` marker (pytest.ini), the core
+scope's are named in pyproject.toml's [tool.mutmut].
+
+The tiny vocabulary, one builder per type: tiny_model_config (a model section) and tiny_spec
+(its ModelSpec), tiny_model (its ViT); tiny_run_config (a run's config around that model);
+tiny_config / TINY / TINY_RUN (the tiny arrows run, as a config, overrides or flags),
+tiny_config_and_batch (it with a random batch) and tiny_run_spec (its RunSpec)."""
 import ast
 import functools
 import os
@@ -15,7 +28,7 @@ import numpy as np
 import pytest
 
 import liere_jax.configs
-from liere_jax.config import load, model_config
+from liere_jax.config import base_config, data_config, load, model_config
 from liere_jax.config.model import resolve
 from liere_jax.model import ViT
 
@@ -45,6 +58,15 @@ def tiny_model_config(pe='liere8', n_dims=2, patch=4, size=16, width=32, depth=2
 def tiny_spec(*args, **kw):
   """tiny_model_config's ModelSpec (what ViT and the converters take)."""
   return resolve(tiny_model_config(*args, **kw))
+
+
+def tiny_run_config(num_classes=5, qkv_bias=True, **kw):
+  """A run's config (arrows data on tiny_model_config's grid, 2 steps of 8) around
+  tiny_model_config(**kw): what a workdir's config.json and the converters' --config hold."""
+  model = tiny_model_config(**kw)
+  model.num_classes, model.qkv_bias = num_classes, qkv_bias
+  data = data_config(name='arrows', grid=model.input_size[0] // model.patch[0])
+  return base_config(model=model, data=data, batch_size=8, total_steps=2, lr=1e-3)
 
 
 def tiny_model(seed=0, **kw):
@@ -80,6 +102,16 @@ def tiny_config_and_batch(batch_size):
   batch = {'image': rng.normal(size=(batch_size, 48, 48, 3)).astype(np.float32),
            'label': np.eye(4, dtype=np.float32)[rng.integers(0, 4, batch_size)]}
   return cfg, batch
+
+
+def tiny_run_spec(pe, num_eval=24):
+  """tiny_config_and_batch's run with encoding `pe`, evaluated also at 60 px, as its RunSpec
+  (what steps.Trainer takes)."""
+  from liere_jax.config import run as run_spec
+  cfg, _ = tiny_config_and_batch(8)
+  cfg.model.pe.name = pe
+  cfg.data.num_eval, cfg.eval_batch_size, cfg.resolutions = num_eval, 8, (60,)
+  return run_spec.resolve(cfg, 1)
 
 
 def free_port() -> int:

@@ -28,14 +28,10 @@ EXTRA = ('comrope_ap2', 'comrope_ld2', 'comrope_ld16', 'string_circulant5')  # b
 HI = jax.lax.Precision.HIGHEST
 
 
-def _spec(pe, n_dims=2, size=16, **kw):
-  return model_spec.resolve(tiny_model_config(pe=pe, n_dims=n_dims, size=size, **kw))
-
-
 def _encoding(pe, n_dims=2, seed=0, pool='mean', **kw):
   """The encoding alone (no ViT), with a non-zero Cayley S so that P is not the identity; no
   prefix token unless pool='cls'."""
-  spec = _spec(pe, n_dims, pool=pool, **kw)
+  spec = tiny_spec(pe, n_dims, pool=pool, **kw)
   enc = encodings.build(spec, rngs=nnx.Rngs(seed))
   if hasattr(enc, 'cayley'):
     rng = np.random.default_rng(seed + 1)
@@ -302,8 +298,8 @@ def test_names_families_blocks_and_default_positions():
   got = {pe: (s.pe.family, s.pe.block, s.pe.positions, s.pe.share)
          for pe in ('comrope_ap8', 'comrope_ld4', 'string_cayley', 'string_circulant16',
                     'liere8')
-         for s in [model_spec.resolve(tiny_model_config(
-             pe=pe, share='layers' if pe.startswith('liere') else 'none'))]}
+         for s in [tiny_spec(
+             pe=pe, share='layers' if pe.startswith('liere') else 'none')]}
   assert got == {'comrope_ap8': ('comrope_ap', 8, 'normalized', 'none'),
                  'comrope_ld4': ('comrope_ld', 4, 'normalized', 'none'),
                  'string_cayley': ('string_cayley', None, 'integer', 'none'),
@@ -321,9 +317,9 @@ def test_names_families_blocks_and_default_positions():
 ])
 def test_bad_names_say_why(pe, match):
   if pe == 'comrope_ap16':  # 16 is fine with 1D positions, not in 2D.
-    model_spec.resolve(tiny_model_config(pe=pe, n_dims=1))
+    tiny_spec(pe=pe, n_dims=1)
   with pytest.raises(ValueError, match=match):
-    model_spec.resolve(tiny_model_config(pe=pe))
+    tiny_spec(pe=pe)
 
 
 @pytest.mark.parametrize('pe', FOUR)
@@ -446,8 +442,8 @@ def test_jitter_is_checked_and_older_specs_read_as_off():
   for pe, jitter, match in (('abs', 1.0, "reads no positions"), ('liere8', -1.0, '>= 0'),
                             ('liere8', float('nan'), '>= 0')):
     with pytest.raises(ValueError, match=f'model.pe.jitter=.*{match}'):
-      model_spec.resolve(tiny_model_config(pe, jitter=jitter))
-  spec = model_spec.resolve(tiny_model_config('liere8', jitter=0.5))
+      tiny_spec(pe, jitter=jitter)
+  spec = tiny_spec('liere8', jitter=0.5)
   old = spec.to_json()
   del old['pe']['jitter']  # An export written before the field existed.
   assert model_spec.ModelSpec.from_json(old).pe.jitter == 0.0

@@ -365,7 +365,7 @@ def test_names_parse_to_registered_families():
 
 
 def test_layer_norm_eps_reaches_every_layer_norm():
-  spec = dataclasses.replace(model_spec.resolve(tiny_model_config()), layer_norm_eps=1e-3)
+  spec = dataclasses.replace(tiny_spec(), layer_norm_eps=1e-3)
   model = nnx.eval_shape(lambda: ViT(spec, rngs=nnx.Rngs(0)))
   norms = [m for _, m in nnx.iter_modules(model) if isinstance(m, nnx.LayerNorm)]
   assert len(norms) == 2 * spec.depth + 1

@@ -12,18 +12,11 @@ import numpy as np
 import pytest
 
 from liere_jax import checkpoint, convert, model_init
-from liere_jax.config import base_config, data_config
 from liere_jax.config import run as run_spec
 from liere_jax.config.model import resolve
 from liere_jax.convert import __main__ as convert_cli
 from tests import foreign_formats
-from tests.helpers import tiny_model_config
-
-
-def _config(**kw):
-  model = tiny_model_config(**kw)
-  data = data_config(name='arrows', grid=model.input_size[0] // model.patch[0])
-  return base_config(model=model, data=data, batch_size=8, total_steps=2, lr=1e-3)
+from tests.helpers import tiny_run_config
 
 
 def _random_params(config, seed=0):
@@ -34,7 +27,7 @@ def _random_params(config, seed=0):
 
 def test_a_safetensors_file_written_from_the_specification_loads_in_jax_and_in_torch(tmp_path):
   torch_vit = pytest.importorskip('liere_jax.torch_vit')
-  config = _config(pe='liere8', width=32, heads=2)
+  config = tiny_run_config(pe='liere8', width=32, heads=2)
   params = _random_params(config)
   spec = resolve(config.model)
   state = convert.torch_layout(params, spec)
@@ -58,7 +51,7 @@ def test_a_safetensors_file_written_from_the_specification_loads_in_jax_and_in_t
 
 
 def test_our_safetensors_export_decodes_under_the_specification_with_the_run_s_json(tmp_path):
-  config = _config(pe='rope_mixed', width=32, heads=2)
+  config = tiny_run_config(pe='rope_mixed', width=32, heads=2)
   params = _random_params(config, 1)
   run = str(tmp_path / 'run')
   checkpoint.save_params(run, config, params)

@@ -14,21 +14,13 @@ import pytest
 from flax import nnx
 
 from liere_jax import checkpoint, convert, model_init
-from liere_jax.config import base_config, data_config
 from liere_jax.steps import make_optimizer
 from liere_jax import param_tree
 from liere_jax.config import run as run_spec
 from liere_jax.config.model import resolve
 from liere_jax.model import ViT
 from tests import foreign_formats, helpers, official_fixtures
-from tests.helpers import tiny_model_config
-
-
-def _config(num_classes=5, qkv_bias=True, **kw):
-  model = tiny_model_config(**kw)
-  model.num_classes, model.qkv_bias = num_classes, qkv_bias
-  data = data_config(name='arrows', grid=model.input_size[0] // model.patch[0])
-  return base_config(model=model, data=data, batch_size=8, total_steps=2, lr=1e-3)
+from tests.helpers import tiny_model_config, tiny_run_config
 
 
 def _random_params(config, seed):
@@ -74,12 +66,12 @@ def _fresh_start(config, loaded):
 
 
 def test_workdir_latest_best_and_step_fresh_optimizer(tmp_path):
-  config = _config(pe='liere8', share='layers')
+  config = tiny_run_config(pe='liere8', share='layers')
   steps = {1: _random_params(config, 1), 2: _random_params(config, 2)}
   run = _save_run(str(tmp_path / 'run'), config, steps, best_step=1)
   for suffix, step in (('', 2), (':1', 1), (':best', 1), (':2', 2)):
     _assert_equal(model_init.load(_run(config), run + suffix), steps[step])
-  new = _config(pe='liere8', share='layers', size=24)  # Another grid: LieRE carries over as is.
+  new = tiny_run_config(pe='liere8', share='layers', size=24)  # Another grid: LieRE carries over.
   loaded = model_init.load(_run(new), run)
   _assert_equal(loaded, steps[2])
   state = _fresh_start(new, loaded)
@@ -87,7 +79,7 @@ def test_workdir_latest_best_and_step_fresh_optimizer(tmp_path):
   assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(state['opt_state']))
   _assert_equal({k: np.asarray(v) for k, v in convert.flatten(state['params']).items()},
                 steps[2])
-  scanned = _config(pe='liere8', share='layers', size=24)
+  scanned = tiny_run_config(pe='liere8', share='layers', size=24)
   scanned.model.scan_layers = True  # Stacked blocks in the state; blocks/<i> in the checkpoint.
   state = _fresh_start(scanned, model_init.load(_run(scanned), run))
   _assert_equal({k: np.asarray(v) for k, v in convert.flatten(
@@ -98,12 +90,12 @@ def test_workdir_latest_best_and_step_fresh_optimizer(tmp_path):
 
 
 def test_safetensors_export(tmp_path):
-  config = _config(pe='rope_mixed', pool='mean')
+  config = tiny_run_config(pe='rope_mixed', pool='mean')
   params = _random_params(config, 3)
   run = _save_run(str(tmp_path / 'run'), config, {4: params})
   out = str(tmp_path / 'model.safetensors')
   convert.export_torch(run, out)
-  new = _config(pe='rope_mixed', pool='mean', size=32)
+  new = tiny_run_config(pe='rope_mixed', pool='mean', size=32)
   _assert_equal(model_init.load(_run(new), out), params)
 
 
@@ -119,8 +111,8 @@ def test_official_lightning_checkpoint(tmp_path):
   path = str(tmp_path / 'epoch=199.ckpt')
   foreign_formats.write_lightning_checkpoint(path, state, epoch=199)
   # Fine-tune at 24 px (6x6) with 7 classes: the grid comes from the pos_embedding.
-  new = _config(num_classes=7, size=24, pe='liere8', share='layers', width=128, heads=2,
-                qkv_bias=False)
+  new = tiny_run_config(num_classes=7, size=24, pe='liere8', share='layers', width=128, heads=2,
+                        qkv_bias=False)
   new.model.mlp_dim = official.mlp_dim
   with pytest.raises(ValueError, match='head/bias has shape \\(5,\\) in the checkpoint and '
                      '\\(7,\\) in this model; set --config.model_init_head=reinit'):
@@ -146,10 +138,10 @@ def test_an_official_checkpoint_s_model_is_this_run_s_at_its_grid_and_classes_wi
 
 @pytest.mark.parametrize('pool', ['cls', 'mean'])
 def test_abs_embedding_resized_as_evaluation_does(tmp_path, pool):
-  config = _config(pe='abs', size=32, pool=pool)  # 8x8 patches.
+  config = tiny_run_config(pe='abs', size=32, pool=pool)  # 8x8 patches.
   params = _random_params(config, 5)
   run = _save_run(str(tmp_path / 'run'), config, {1: params})
-  new = _config(pe='abs', size=44, pool=pool)  # 11x11.
+  new = tiny_run_config(pe='abs', size=44, pool=pool)  # 11x11.
   loaded = model_init.load(_run(new), run)
   prefix = int(pool == 'cls')
   assert loaded[model_init.EMBEDDING].shape == (1, prefix + 121, 32)
@@ -185,9 +177,9 @@ def _logits(config, params, x):
     (dict(), 'keep', r"model_init_head='keep' is unknown"),
 ])
 def test_mismatch_is_one_line_naming_the_fix(tmp_path, kw, head, message):
-  config = _config(pe='liere8')
+  config = tiny_run_config(pe='liere8')
   run = _save_run(str(tmp_path / 'run'), config, {1: _random_params(config, 6)})
-  new = _config(**{'pe': 'liere8', **kw})
+  new = tiny_run_config(**{'pe': 'liere8', **kw})
   new.model_init_head = head
   with pytest.raises(ValueError, match=message) as e:
     model_init.load(_run(new), run)

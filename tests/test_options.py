@@ -18,11 +18,11 @@ from flax import nnx
 from liere_jax import convert, encodings, expm as expm_lib, rotations
 from liere_jax.config import model as model_spec
 from liere_jax.data import randaugment
-from tests.helpers import tiny_model_config
+from tests.helpers import tiny_model_config, tiny_spec
 
 
 def _liere(seed=0, **pe):
-  spec = model_spec.resolve(tiny_model_config('liere8', **pe))
+  spec = tiny_spec('liere8', **pe)
   return encodings.build(spec, rngs=nnx.Rngs(seed)), spec
 
 

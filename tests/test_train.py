@@ -23,7 +23,7 @@ from tests import helpers
 from tests.helpers import copy_run, evaluate, load_config
 from tests.helpers import tiny_config, train_tiny
 from tests.helpers import assert_training_randomness_is_a_function_of_seed_and_step
-from tests.helpers import tiny_config_and_batch
+from tests.helpers import tiny_config_and_batch, tiny_run_spec
 
 
 def assert_trees(a, b, exact=True, atol=0.0):
@@ -195,16 +195,8 @@ def test_dropout_changes_the_step_and_its_masks_are_a_function_of_seed_and_step(
       lambda cfg, on: cfg.model.update(dropout=0.5 if on else 0.0), resumed=True)
 
 
-def _tiny_spec(pe, num_eval=24):
-  """The resolved tiny arrows run with encoding `pe`, evaluated also at 60 px."""
-  cfg, _ = tiny_config_and_batch(8)
-  cfg.model.pe.name = pe
-  cfg.data.num_eval, cfg.eval_batch_size, cfg.resolutions = num_eval, 8, (60,)
-  return run_spec.resolve(cfg, 1)
-
-
 def test_the_eval_step_compiles_once_per_grid_whatever_the_position_mode():
-  trainer = steps.Trainer(_tiny_spec('liere8'), steps.make_mesh(jax.devices()[:1]))
+  trainer = steps.Trainer(tiny_run_spec('liere8'), steps.make_mesh(jax.devices()[:1]))
   params = trainer.init_state(0)['params']
   accuracies = [evaluation.evaluate(trainer, params, positions=mode).top1
                 for mode in (None, 'normalized', 'rescaled')]
@@ -218,7 +210,7 @@ def test_the_eval_step_compiles_once_per_grid_whatever_the_position_mode():
                                       ('rope_mixed', ('integer', 'rescaled')),
                                       ('liere8', ('normalized', 'rescaled'))])
 def test_other_sizes_are_evaluated_in_the_modes_the_encoding_reads(pe, modes):
-  spec = _tiny_spec(pe)
+  spec = tiny_run_spec(pe)
   assert spec.evaluation.positions_modes == modes
   if pe != 'abs':
     return
@@ -299,6 +291,6 @@ def test_evaluation_reads_batches_of_eval_batch_size(monkeypatch):
     sizes.append(global_batch_size)
     return real(*args, global_batch_size=global_batch_size, **kwargs)
   monkeypatch.setattr(evaluation.data, 'eval_batches', spy)
-  trainer = steps.Trainer(_tiny_spec('liere8'), steps.make_mesh(jax.devices()[:1]))
+  trainer = steps.Trainer(tiny_run_spec('liere8'), steps.make_mesh(jax.devices()[:1]))
   result = evaluation.evaluate(trainer, trainer.init_state(0)['params'])
   assert sizes == [8] and len(result.correct) == 24
