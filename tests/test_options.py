@@ -230,9 +230,9 @@ OPTION_TESTS = {
     'model.pe.init_scale': (O + 'test_init_scale_sets_the_range_of_the_liere_generators',),
     'model.pe.expm': (O + 'test_each_expm_method_is_the_one_called_and_agrees_with_the_others',),
     'model.pe.expm_precision': (
-        'tests/test_expm_precision.py::'
+        'tests/test_expm.py::'
         'test_expm_precision_highest_keeps_float32_products_on_accelerators',
-        'tests/test_expm_precision.py::'
+        'tests/test_expm.py::'
         'test_lowered_train_step_has_no_conditionals_on_accelerators'),
     'model.pe.jitter': (C + 'test_jitter_perturbs_training_only',
                         C + 'test_jitter_in_a_train_step_is_a_function_of_seed_and_step'),
