@@ -10,7 +10,7 @@
                squaring from a spectral-radius bound, a Taylor polynomial and a final
                Newton-Schulz step, in a form chosen per platform when the program is lowered
                (`jax.lax.platform_dependent`, so a program lowered here for 'cuda' or 'tpu'
-               takes that platform's form). What runs where (PLATFORM_FORMS, `per_platform`):
+               takes that platform's form). What runs where (liere_jax.platforms, `per_platform`):
 
     platform  form         one scale per      squarings                      Taylor       'auto'
     cpu       fast_cond    64 KiB chunk       lax.cond branches, cap 2^24    PS 12, th 1  float32
@@ -63,25 +63,21 @@ import jax
 import jax.numpy as jnp
 
 from liere_jax import dots as dots_lib
+from liere_jax.platforms import PLATFORMS, current
 
 METHODS = ('fast', 'fast_loop', 'fast_cond', 'fast_select', 'scipy', 'scipy_remat')
 FORMS = ('auto', 'loop', 'cond', 'select')
 PRECISIONS = ('auto', 'highest')
-PLATFORM_FORMS = {'cpu': 'cond', 'tpu': 'loop', 'cuda': 'select'}  # form='auto' (cuda: any GPU).
-# cuda keeps select, the form measured on the H100 / H200, until the loop's ~20 host round trips a
-# step are timed on a GPU (scripts/gpu_figures.sh ab_squarings); a TPU runs the loop on device.
 _MAX_SQUARINGS = 24  # fast_cond: scaled norms up to 2**24, far beyond any position range in use.
 # fast_select: every matrix pays for SELECT_CAP squarings. 16 covers spectral radii up to 2**16:
 # the init's largest is 2**11 for LieRE64 at 4x the position range of our configs, and 2**9 at
-# it. Beyond the cap the squarings stop there and the error grows (test_expm_precision).
+# it. Beyond the cap the squarings stop there and the error grows (tests/test_expm.py).
 SELECT_CAP = 16
 # fast_select without remat while its residuals (about SELECT_CAP + 15 stacks of the input's
 # size) fit this: ImageNet LieRE64's lattice exponentials (16,848 of 64x64: 276 MB a stack) keep
 # 8.6 GB, which an 80 GB accelerator holds beside ViT-B/16's batch of 128 (37 GB). Lower it to
 # trade recomputation for memory.
 REMAT_ABOVE_BYTES = 16 * 2**30
-_CHUNK_BYTES = 16 * 2**20  # Matrices per chunk on accelerators, in bytes (fast_cond, remat).
-_CHUNK_BYTES_CPU = 2**16  # On CPU: small enough that a chunk's intermediates stay in cache.
 
 
 class Taylor(NamedTuple):
@@ -109,7 +105,8 @@ def expm(a: jax.Array, method: str = 'fast', precision='auto') -> jax.Array:
   flat, shape = _stack(a)
   fn = jax.vmap(jax.scipy.linalg.expm)
   with jax.default_matmul_precision('highest'):
-    out = (_map_chunks(jax.checkpoint(fn), flat, _CHUNK_BYTES) if method == 'scipy_remat'
+    out = (_map_chunks(jax.checkpoint(fn), flat, PLATFORMS[current()].chunk_bytes)
+           if method == 'scipy_remat'
            else fn(flat))
   return out.reshape(shape)
 
@@ -117,7 +114,7 @@ def expm(a: jax.Array, method: str = 'fast', precision='auto') -> jax.Array:
 def fast_expm(a: jax.Array, taylor: Optional[Taylor] = None, form: str = 'auto',
               precision='auto') -> jax.Array:
   """expm(a, 'fast') with the Taylor scheme `taylor` (default: the form's, TAYLORS), in `form`
-  (FORMS: 'auto' by platform, PLATFORM_FORMS), at `precision` (`per_platform`)."""
+  (FORMS: 'auto' by platform, liere_jax.platforms), at `precision` (`per_platform`)."""
   if form not in FORMS:
     raise ValueError(f'fast_expm form={form!r} is unknown; use one of {FORMS}.')
   flat, shape = _stack(a)
@@ -125,22 +122,24 @@ def fast_expm(a: jax.Array, taylor: Optional[Taylor] = None, form: str = 'auto',
     return _rotation_2x2(flat).reshape(shape)
   if not flat.shape[0]:  # Nothing to exponentiate (e.g. every position at the origin).
     return flat.reshape(shape)
-  form_of = lambda platform: PLATFORM_FORMS[platform] if form == 'auto' else form
+  def form_of(platform):
+    row = PLATFORMS[platform]
+    return _form(taylor, row.expm_form if form == 'auto' else form, row.chunk_bytes,
+                 platform == 'cpu')
   with jax.named_scope('liere_expm'):
-    return per_platform(lambda platform: _form(taylor, form_of(platform), platform == 'cpu'),
-                        precision, flat).reshape(shape)
+    return per_platform(form_of, precision, flat).reshape(shape)
 
 
 @functools.lru_cache(maxsize=None)
-def _form(taylor, form, cpu):
-  """One form of fast on [m, b, b] (a cached function: equal branches are traced once)."""
+def _form(taylor, form, budget, cpu):
+  """One form of fast on [m, b, b], in pieces of `budget` bytes (a cached function: equal
+  branches are traced once)."""
   taylor = taylor or TAYLORS[form]
   if form == 'select':
-    return functools.partial(_select_stack, taylor)
+    return functools.partial(_select_stack, taylor, budget)
   if form == 'loop':
     fn = functools.partial(_loop_expm, taylor)
-    return (lambda x: _map_chunks(fn, x, _CHUNK_BYTES_CPU)) if cpu else fn
-  budget = _CHUNK_BYTES_CPU if cpu else _CHUNK_BYTES
+    return (lambda x: _map_chunks(fn, x, budget)) if cpu else fn
   return lambda x: _map_chunks(jax.checkpoint(functools.partial(_cond_expm, taylor)), x, budget)
 
 
@@ -163,10 +162,10 @@ def _rotation_2x2(a):
 def chunks(a: jax.Array, form: str = 'cond') -> jax.Array:
   """a [m, b, b] as `form` ('cond' or 'loop') splits it on this backend into pieces of one scale
   each: [n_chunks, chunk, b, b], the last chunk zero-padded."""
-  cpu = jax.default_backend() == 'cpu'
-  if form == 'loop' and not cpu:
+  platform = current()
+  if form == 'loop' and platform != 'cpu':
     return a[None]
-  return _chunked(a, _CHUNK_BYTES_CPU if cpu else _CHUNK_BYTES)
+  return _chunked(a, PLATFORMS[platform].chunk_bytes)
 
 
 def _chunked(a, budget):
@@ -288,10 +287,10 @@ def select_remat(taylor: Taylor, n_matrices: int, block: int) -> bool:
   return (taylor.products + SELECT_CAP + 10) * n_matrices * block**2 * 4 > REMAT_ABOVE_BYTES
 
 
-def _select_stack(taylor, a):
+def _select_stack(taylor, budget, a):
   fn = functools.partial(_select_expm, taylor)
   if select_remat(taylor, *a.shape[:2]):
-    return _map_chunks(jax.checkpoint(fn), a, _CHUNK_BYTES)
+    return _map_chunks(jax.checkpoint(fn), a, budget)
   return fn(a)
 
 
@@ -319,9 +318,7 @@ def _dots(precision, platform: str) -> dots_lib.Dots:
     return precision
   if platform == 'cpu':
     return dots_lib.CPU if precision == 'highest' else _cpu_auto()
-  if precision == 'highest':
-    return dots_lib.HIGHEST
-  return dots_lib.TPU if platform == 'tpu' else dots_lib.GPU
+  return dots_lib.HIGHEST if precision == 'highest' else PLATFORMS[platform].products
 
 
 @functools.lru_cache(maxsize=256)  # Equal (fn, d) give one function: platform_dependent's dedup.
@@ -413,7 +410,7 @@ def _combine(c, x):
 # Bader, Blanes and Casas (2019), "Computing the matrix exponential with an optimized Taylor
 # polynomial approximation": Taylor's degree 12 in 4 products (x^2, x^3 and 2) and 18 in 5 (x^6
 # and 2 more), coefficients as published there (rows: B_i's of I, x, x^2, x^3[, x^6]); both are
-# exp's Taylor sum to 2e-16 relative (test_expm_taylor). theta: the float32 thresholds the paper
+# exp's Taylor sum to 2e-16 relative (tests/test_expm.py). theta: the float32 thresholds the paper
 # gives for unit roundoff 2^-24 (also torch.linalg.matrix_exp's), here on the spectral-radius
 # bound.
 _B12 = ((9.0198e-16, 0.46932117595418237389, -0.20099424927047284052, -0.04623946134063071740),

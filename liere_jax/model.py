@@ -45,6 +45,7 @@ from liere_jax import encodings, param_tree
 from liere_jax.config import model_config
 from liere_jax import positions as positions_lib
 from liere_jax import switches
+from liere_jax.platforms import PLATFORMS, current
 from liere_jax.config.model import LN_EPS, ModelSpec, resolve
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -124,7 +125,7 @@ def _fused_attention(q, k, v, bias):
   """jax.nn.dot_product_attention with cuDNN's kernel on a GPU for bf16 / fp16 heads of at most
   128 dims (a multiple of 8), any token count (197 included). cuDNN is chosen while tracing
   (it cannot be lowered without one); where it refuses the shapes, XLA's form runs."""
-  if (ATTENTION.get() == 'auto' and jax.default_backend() == 'gpu'
+  if (ATTENTION.get() == 'auto' and PLATFORMS[current()].attention == 'cudnn'
       and q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] <= 128 and q.shape[-1] % 8 == 0):
     try:
       return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation='cudnn')

@@ -125,7 +125,7 @@ def test_the_cpu_compiles_the_earlier_train_step_op_for_op():
 def test_select_form_chunks_and_recomputes_only_past_its_memory_rule(monkeypatch):
   """fast_select runs in one piece (no loop) while its residuals fit REMAT_ABOVE_BYTES, and in
   chunks under remat (a lax.map: a while loop) past it; lowered for cuda."""
-  from liere_jax import expm
+  from liere_jax import expm, platforms
   from liere_jax.bench import lower
   # Branches are traced once per shape: each half takes its own stack size.
   loops = lambda m: lower.summarize(jax.jit(jax.grad(lambda x: jnp.sum(expm.fast_expm(
@@ -134,7 +134,8 @@ def test_select_form_chunks_and_recomputes_only_past_its_memory_rule(monkeypatch
                                     'cuda')['while_loops']
   assert not expm.select_remat(expm.TAYLOR12_PS, 63, 8) and loops(63) == 0
   monkeypatch.setattr(expm, 'REMAT_ABOVE_BYTES', 1000)
-  monkeypatch.setattr(expm, '_CHUNK_BYTES', 4 * 64 * 8)  # 4 matrices a chunk
+  monkeypatch.setitem(platforms.PLATFORMS, 'cuda', platforms.PLATFORMS['cuda']._replace(
+      chunk_bytes=4 * 64 * 8))  # 4 matrices a chunk
   assert expm.select_remat(expm.TAYLOR12_PS, 64, 8) and loops(64) > 0
 
 

@@ -11,12 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from liere_jax import expm, rotations
+from liere_jax.platforms import PLATFORMS, current
 
 _NEWTON_SCHULZ = 2  # Products of the final orthogonalisation step.
 
 
 def fast_flops(a, taylor: Optional[expm.Taylor] = None, form: str = 'auto') -> int:
-  """Forward FLOPs of expm.fast_expm(a, taylor, form) on this backend ('auto': expm.PLATFORM_FORMS):
+  """Forward FLOPs of expm.fast_expm(a, taylor, form) on this backend ('auto': liere_jax.platforms):
   per matrix the scheme's fixed products (taylor, default the form's), the Newton-Schulz step's
   and the squarings (fast_loop, fast_cond: its piece's, `expm.chunks`, padding included;
   fast_select: SELECT_CAP), 2 b^3 FLOPs each. 0 for b = 2 (closed form)."""
@@ -25,7 +26,7 @@ def fast_flops(a, taylor: Optional[expm.Taylor] = None, form: str = 'auto') -> i
   if b == 2 or a.size == 0:
     return 0
   if form == 'auto':
-    form = expm.PLATFORM_FORMS['cuda' if jax.default_backend() == 'gpu' else jax.default_backend()]
+    form = PLATFORMS[current()].expm_form
   taylor = taylor or expm.TAYLORS[form]
   fixed = taylor.products + _NEWTON_SCHULZ
   if form == 'select':

@@ -1,0 +1,51 @@
+"""What runs where: every choice the library makes by platform, in one table.
+
+A program takes the row of the platform it is lowered for: the exponential through
+`jax.lax.platform_dependent` (liere_jax.expm.per_platform, so a program lowered here for 'cuda'
+or 'tpu' takes that row), attention by the backend it is traced on (liere_jax.model). 'cuda'
+stands for every GPU. Why each, measured where (docs/benchmarks.md):
+
+  platform  exponential  pieces     products ('auto')           attention     measured on
+  cpu       fast_cond    64 KiB     float32                     XLA           this CPU
+  tpu       fast_loop    the stack  six bf16 passes (HIGHEST)   XLA           the TPU compiler
+  cuda      fast_select  16 MiB     bf16 x6 (BF16_BF16_F32_X6)  cuDNN (bf16)  H100, H200
+
+  exponential  model.pe.expm='fast' in this form (liere_jax.expm: fast_loop is one scale for the
+               stack and its squarings a loop on the device; a GPU keeps fast_select, the form
+               timed there, until the loop's host round trips are timed: gpu_figures.sh).
+  pieces       fast_cond's chunks of one scale each and remat's chunks (fast_select,
+               scipy_remat), in bytes of matrices; fast_loop chunks only on CPU.
+  products     the exponential's and the lattice table's products at expm_precision='auto'
+               (liere_jax.dots; on CPU LIERE_EXPM_EMULATE=cuda|tpu emulates the others').
+
+The same on every platform (their A/B forms are switches, liere_jax.switches): rotations apply
+blocks of 2 on x's own layout (`swap`) and larger blocks by one einsum (liere_jax.rotations);
+the Pallas exponential (model.pe.expm=pallas) is opt-in everywhere until timed on a chip.
+"""
+from typing import Dict, NamedTuple
+
+import jax
+
+from liere_jax import dots
+
+
+class Platform(NamedTuple):
+  expm_form: str  # liere_jax.expm.FORMS
+  chunk_bytes: int
+  products: dots.Dots
+  attention: str  # 'cudnn' (where it takes the shapes, else XLA's) or 'xla'
+
+
+PLATFORMS: Dict[str, Platform] = {
+    'cpu': Platform(expm_form='cond', chunk_bytes=2**16, products=dots.CPU, attention='xla'),
+    'tpu': Platform(expm_form='loop', chunk_bytes=16 * 2**20, products=dots.TPU,
+                    attention='xla'),
+    'cuda': Platform(expm_form='select', chunk_bytes=16 * 2**20, products=dots.GPU,
+                     attention='cudnn'),
+}
+
+
+def current() -> str:
+  """The row of the backend this process traces on ('cuda' for any GPU)."""
+  backend = jax.default_backend()
+  return 'cuda' if backend == 'gpu' else backend
