@@ -4,8 +4,8 @@ as a user does (`python -m liere_jax.<program>`).
 
 Layout: one test file per library module, named after it (rotations.py -> test_rotations.py,
 expm.py -> test_expm.py, positions.py -> test_positions.py, checkpoint.py and
-checkpoint_damage.py -> test_checkpoint.py, convert/ -> test_port.py, encodings/ ->
-test_encodings.py with ComRoPE in test_commuting.py), plus the end-to-end files (test_train.py,
+checkpoint_damage.py -> test_checkpoint.py, convert/ -> test_convert.py, encodings/ ->
+test_encodings.py with ComRoPE in test_commuting.py), plus the end-to-end files (test_training.py,
 test_user_paths.py, test_reproduce.py, ...). A test written for a mutation run goes into its
 module's file; the numerics scope's tests carry the `numerics` marker (pytest.ini), the core
 scope's are named in pyproject.toml's [tool.mutmut].

@@ -249,6 +249,20 @@ def test_platform_cases_fold_away_when_compiled():
   assert 'conditional' in cond  # The check sees conditionals where there are some.
 
 
+def test_each_platform_runs_the_form_its_row_of_the_table_names(monkeypatch):
+  """liere_jax.platforms decides: lowered for tpu, 'fast' is the loop form (a while loop on the
+  device); for cuda the select form (none), until cuda's row names the loop."""
+  from liere_jax import platforms
+  a = jnp.zeros((4, 8, 8))
+  loops = lambda platform: lower.summarize(jax.jit(lambda x: expm.expm(x, 'fast')).trace(
+      a).lower(lowering_platforms=(platform,)).compiler_ir('stablehlo'), platform)['while_loops']
+  assert platforms.PLATFORMS['tpu'].expm_form == 'loop' and loops('tpu') > 0
+  assert platforms.PLATFORMS['cuda'].expm_form == 'select' and loops('cuda') == 0
+  monkeypatch.setitem(platforms.PLATFORMS, 'cuda', platforms.PLATFORMS['cuda']._replace(
+      expm_form='loop'))
+  assert loops('cuda') > 0
+
+
 @pytest.mark.parametrize('pe', ['liere8', 'liere64'])
 def test_lowered_train_step_has_no_conditionals_on_accelerators(pe):
   """`bench lower`: the whole train step lowered for cuda and tpu holds no data-dependent

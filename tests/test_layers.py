@@ -1,7 +1,7 @@
 """The library's import layers (pyproject.toml, [tool.importlinter]): `lint-imports` keeps the
 contract, and the graph of units (each top-level module and each sub-package of liere_jax as
 one node, imports inside functions counted) has no cycle. Both checks are shown to fail on a
-graph that breaks them."""
+graph that breaks them. And tests/ is laid out like the library (TESTED_BY)."""
 import os
 import subprocess
 import sys
@@ -110,3 +110,41 @@ def test_the_checks_fail_on_a_graph_that_breaks_them(tmp_path):
   assert 'liere_jax.checkpoint is not allowed to import liere_jax.paths' in result.stdout, (
       result.stdout)
 
+
+
+# Modules whose tests live in an end-to-end file (each names the module it covers): every other
+# module has tests/test_<module>.py, or its package has tests/test_<package>[_*].py.
+TESTED_BY = {
+    'liere_jax/checkpoint_damage.py': 'test_checkpoint.py',
+    'liere_jax/command.py': 'test_cli.py', 'liere_jax/train.py': 'test_cli.py',
+    'liere_jax/eval.py': 'test_cli.py', 'liere_jax/summary.py': 'test_cli.py',
+    'liere_jax/steps.py': 'test_training.py', 'liere_jax/evaluation.py': 'test_training.py',
+    'liere_jax/distributed.py': 'test_pipeline_workers.py',
+    'liere_jax/dots.py': 'test_expm.py', 'liere_jax/platforms.py': 'test_expm.py',
+    'liere_jax/switches.py': 'test_bench_accelerator.py',
+    'liere_jax/param_tree.py': 'test_checkpoint.py', 'liere_jax/paths.py': 'test_gcs.py',
+    'liere_jax/torch_vit.py': 'test_convert.py',
+    'liere_jax/configs': 'test_user_paths.py',
+}
+
+
+def test_every_library_module_has_the_test_file_that_says_so():
+  """tests/ laid out like the library: whoever changes a module knows where its tests are."""
+  tests = set(os.listdir(os.path.join(ROOT, 'tests')))
+  missing = []
+  for dirpath, _, files in os.walk(os.path.join(ROOT, 'liere_jax')):
+    for f in files:
+      path = os.path.relpath(os.path.join(dirpath, f), ROOT)
+      if not f.endswith('.py') or f in ('__init__.py', '__main__.py'):
+        continue
+      package = os.path.dirname(path).removeprefix('liere_jax').strip('/')
+      own = f'test_{f[:-3]}.py' in tests or (package and any(
+          t == f'test_{package}.py' or t.startswith(f'test_{package}_') for t in tests))
+      e2e = TESTED_BY.get(path) or TESTED_BY.get(os.path.dirname(path))
+      if not own and not e2e:
+        missing.append(path)
+      elif not own:  # The end-to-end file exists and names what it covers.
+        text = open(os.path.join(ROOT, 'tests', e2e)).read() if e2e in tests else ''
+        if (package or f[:-3]) not in text:
+          missing.append(f'{path} (TESTED_BY {e2e})')
+  assert not missing, f'modules without a test file: {missing}'

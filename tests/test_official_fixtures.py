@@ -8,7 +8,7 @@ the official state_dict's keys and shapes; our import (`from_official_layout`,
 `convert from_official`, `model_init` from an official Lightning `.ckpt`) of the official
 parameters gives the official logits, under the official normalised positions and under our
 integer ones (generators divided by n - 1); and export after import gives the official values
-back. test_port.py's parity tests run the official code itself when a checkout is around.
+back. test_convert.py's parity tests run the official code itself when a checkout is around.
 """
 import json
 import warnings

@@ -184,9 +184,9 @@ def test_videomae_augment_applies_the_configs_timm_policy(monkeypatch, policy, n
 # Every field of the config builders (liere_jax/config/) -> the tests that show what it
 # does: 'tests/FILE.py::TEST' (or a whole module). A field a builder gains fails
 # test_every_config_field_has_a_behaviour_test until it has a row here.
-M, D, O, T = ('tests/test_model_recipe.py::', 'tests/test_data.py::', 'tests/test_options.py::',
-              'tests/test_train.py::')
-S, E, P, C = ('tests/test_spec.py::', 'tests/test_encodings.py::', 'tests/test_port.py::',
+M, D, O, T = ('tests/test_model.py::', 'tests/test_data.py::', 'tests/test_options.py::',
+              'tests/test_training.py::')
+S, E, P, C = ('tests/test_config.py::', 'tests/test_encodings.py::', 'tests/test_convert.py::',
               'tests/test_commuting.py::')
 W, I, SC = ('tests/test_pipeline_workers.py::', 'tests/test_model_init.py::',
             'tests/test_scale.py::')

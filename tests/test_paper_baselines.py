@@ -3,7 +3,7 @@
 paper_visionllama is the official LieRE code's "tiled" VisionLlama (fixed frequencies
 exp(-4 linspace(0, 1, k)), [0, 1] positions); paper_rope_mixed is the official code's RoPE-Mixed,
 LieRE with 2x2 blocks. Checked here against numpy written from the definitions; logit parity
-with the PyTorch port and the official model is in tests/test_port.py.
+with the PyTorch port and the official model is in tests/test_convert.py.
 """
 import jax
 import jax.numpy as jnp
