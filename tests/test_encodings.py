@@ -3,6 +3,7 @@ errors), the registry, and RoPE-Mixed's rotations against their definition. The 
 `numerics` are the numerics scope's selection for encodings/rope.py in the mutation runs
 (docs/mutation.md). ComRoPE (encodings/commuting.py): test_commuting.py."""
 import dataclasses
+import inspect
 import types
 import json
 import math
@@ -299,6 +300,27 @@ def test_every_family_has_a_class_and_a_port_mirror():
     assert cls.facts == encodings.FAMILIES[family]
   torch_vit = pytest.importorskip('liere_jax.torch_vit')
   assert set(torch_vit.BUILDERS) == set(encodings.FAMILIES)
+
+
+def test_an_encodings_options_are_declared_once_with_it_and_have_no_default_below():
+  """model.pe's option fields (default, doc, stored value) and the resolved PESpec's fields are
+  the encodings' Option declarations; each encoding takes its options from spec.pe.options as
+  keywords without defaults, so no default lower down can stand in for a missed value."""
+  declared = encodings.registry.options()
+  assert set(declared) == set(model_spec.PE_OPTION_DEFAULTS)
+  pe_fields = {f.name for f in dataclasses.fields(model_spec.PESpec)}
+  for name, (option, families) in declared.items():
+    field = model_spec.PE[name]
+    assert (field.default, field.doc.endswith(option.doc)) == (option.default, True), name
+    assert name in pe_fields
+  for cls in encodings.families().values():
+    keywords = inspect.signature(cls.__init__).parameters
+    for option in cls.facts.options:
+      assert keywords[option.name].default is inspect.Parameter.empty, (cls, option.name)
+  spec = tiny_spec('liere8', expm_precision='highest', init_scale=1.0)
+  assert spec.pe.options == dict(share='none', init_scale=1.0, expm='fast',
+                                 expm_precision='highest')
+  assert tiny_spec('rope_mixed').pe.options == {}
 
 
 def test_the_names_and_facts_read_in_a_process_without_jax_and_are_the_classes():

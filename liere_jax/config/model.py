@@ -15,12 +15,12 @@ model_init, summary) takes the spec.
 """
 import dataclasses
 import math
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import ml_collections
 
 from liere_jax import encodings
-from liere_jax.config.fields import REQUIRED, Field, Section
+from liere_jax.config.fields import NEW, REQUIRED, Field, Section
 from liere_jax.encodings import registry
 from liere_jax.positions import MODES as POSITION_MODES
 
@@ -29,19 +29,22 @@ def _reads(key: str, pe: dict) -> bool:
   """Whether the encoding of model.pe section `pe` reads field `key` (an option only some
   encodings read, PE_OPTION_DEFAULTS; a run of another encoding ignored it)."""
   return (key not in PE_OPTION_DEFAULTS or 'name' not in pe or
-          key in registry.facts(pe['name']).options)
+          key in registry.facts(pe['name']).option_names)
 
 
+def _option_field(option: registry.Option, families) -> Field:
+  """An encoding's model.pe option (declared with it, registry.Option) as a config field."""
+  users = ', '.join(registry.FAMILIES[f].label.format(b='') for f in families)
+  return Field(option.name, option.default, f'{users}: {option.doc}',
+               added=NEW if option.added == registry.NEW else option.added)
+
+
+# name, positions, every encoding's options (declared with it: registry.options()), jitter.
 PE = Section('model.pe', [
     Field('name', REQUIRED, 'The encoding: any of liere_jax.encodings.NAMES (docs/encodings.md).'),
     Field('positions', None, "Position mode (liere_jax.positions.MODES); None: the encoding's "
           'default.', kind=str),
-    Field('share', 'none', "LieRE: generators shared over 'none', 'layers', 'heads' or 'all'."),
-    Field('init_scale', 2 * math.pi, 'LieRE: generators ~ U[0, 1) * init_scale.'),
-    Field('expm', 'fast', 'LieRE: the exponential (liere_jax.rotations.METHODS).'),
-    Field('expm_precision', 'auto', "LieRE: the exponential's products, 'auto' (float32 on CPU, "
-          "tensor-core presets on GPU / TPU) or 'highest' (float32 everywhere).",
-          added='highest'),
+    *(_option_field(option, families) for option, families in registry.options().values()),
     Field('jitter', 0.0, "Training-time position noise (ComRoPE's perturbation intensity); "
           '0 = off.', added=0.0),
 ], applies=_reads)
@@ -106,13 +109,12 @@ REMAT = ('none', 'block')
 SCAN_FROM_DEPTH = 24
 # The model.pe options that only some encodings read (encodings.Facts.options), at their
 # defaults (PE); any other value is refused for the other encodings.
-PE_OPTION_DEFAULTS = {key: PE[key].default for key in PE.names
-                      if any(key in f.options for f in registry.FAMILIES.values())}
+PE_OPTION_DEFAULTS = {key: option.default for key, (option, _) in registry.options().items()}
 
 
 @dataclasses.dataclass(frozen=True)
-class PESpec:
-  """The position encoding, resolved."""
+class _PESpec:
+  """The position encoding, resolved (PESpec: these fields, then every encoding's options)."""
   name: str  # 'none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere<b>',
   #             'comrope_ap<b>', 'comrope_ld<b>', 'string_cayley', 'string_circulant<b>',
   #             'paper_rope_mixed', 'paper_visionllama' (encodings.registry.NAMES).
@@ -120,13 +122,21 @@ class PESpec:
   #               paper_rope_mixed (encodings.Facts.aliases), 'comrope_ap', ...
   block: Optional[int]  # The block size b of a <b> name; None for the others.
   positions: str  # Position mode at the training grid (one of POSITION_MODES).
-  share: str  # LieRE generators shared over 'none', 'layers', 'heads' or 'all'.
   layers: int  # LieRE generator stacks over layers: depth, or 1 when shared over layers.
   heads: int  # ... and over heads: heads, or 1 when shared over heads.
-  init_scale: float  # LieRE generators ~ U[0, 1) * init_scale.
-  expm: str  # The exponential (liere_jax.rotations.METHODS).
-  expm_precision: str  # Its products (liere_jax.expm.PRECISIONS).
   jitter: float  # Training: patch positions += clip(N(0, 1) * jitter / 2, -1/2, 1/2) patches.
+
+  @property
+  def options(self) -> Dict[str, Any]:
+    """{name: value} of the options its encoding reads (the keywords of its __init__)."""
+    return {key: getattr(self, key) for key in registry.FAMILIES[self.family].option_names}
+
+
+# The fields above, then one per option (model.pe.<option>: the config's value, as it is).
+PESpec = dataclasses.make_dataclass(
+    'PESpec', [(key, type(default)) for key, default in PE_OPTION_DEFAULTS.items()],
+    bases=(_PESpec,), frozen=True)
+PESpec.__module__, PESpec.__doc__ = __name__, _PESpec.__doc__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,7 +299,7 @@ def _reset_unread_options(pe: dict) -> dict:
   """The model.pe section `pe` with every option its encoding does not read (Facts.options,
   positions and jitter where it reads no positions) at its default."""
   facts = registry.facts(pe['name'])
-  unread = {k: v for k, v in PE_OPTION_DEFAULTS.items() if k not in facts.options}
+  unread = {k: v for k, v in PE_OPTION_DEFAULTS.items() if k not in facts.option_names}
   return {**pe, **unread, **({} if facts.reads_positions else dict(positions=None, jitter=0.0))}
 
 
@@ -302,10 +312,10 @@ def _resolve_pe(pe: dict, *, width: int, depth: int, heads: int, n_dims: int) ->
                      name=name)
   for key, default in PE_OPTION_DEFAULTS.items():
     value = pe[key]
-    if key not in facts.options and (value != default if isinstance(default, str) else
-                                     not math.isclose(float(value), default, rel_tol=1e-9)):
+    if key not in facts.option_names and (value != default if isinstance(default, str) else
+                                          not math.isclose(float(value), default, rel_tol=1e-9)):
       users = [f.family + '<b>' * f.blocks for f in registry.FAMILIES.values()
-               if key in f.options]
+               if key in f.option_names]
       raise ValueError(f'model.pe.{key}={value!r} does not apply to pe={name} (only to '
                        f"{', '.join(users)}); leave it at {default!r}.")
   encodings.families()[family].check_options(pe, name=name)
@@ -316,15 +326,21 @@ def _resolve_pe(pe: dict, *, width: int, depth: int, heads: int, n_dims: int) ->
   if positions not in POSITION_MODES:
     raise ValueError(f'model.pe.positions={positions!r} is unknown; use one of '
                      f'{POSITION_MODES} or None for the encoding default.')
-  init_scale = float(pe['init_scale'])
   jitter = float(pe['jitter'])
   if not (math.isfinite(jitter) and jitter >= 0) or (jitter and not facts.reads_positions):
     raise ValueError(f'model.pe.jitter={jitter} must be >= 0 (0 = off; ComRoPE trains with 1)'
                      + (f', and pe={name!r} reads no positions: set it to 0.'
                         if not facts.reads_positions else '.'))
   share = pe['share']
-  return PESpec(name=name, family=family, block=block, positions=positions, share=share,
+  return PESpec(name=name, family=family, block=block, positions=positions,
                 layers=1 if share in ('layers', 'all') else depth,
-                heads=1 if share in ('heads', 'all') else heads,
-                init_scale=init_scale, expm=pe['expm'],
-                expm_precision=pe['expm_precision'], jitter=jitter)
+                heads=1 if share in ('heads', 'all') else heads, jitter=jitter,
+                **{key: _typed(pe[key], default) for key, default in PE_OPTION_DEFAULTS.items()})
+
+
+def _typed(value, default):
+  """An option's value as its default's type (an int for a float option, a JSON list for a
+  tuple one)."""
+  if isinstance(default, (float, tuple)) or type(default) is int:
+    return type(default)(value)
+  return value

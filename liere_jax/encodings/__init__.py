@@ -27,7 +27,8 @@ Parameters (names are an API: checkpoints and the PyTorch port depend on them):
 import importlib
 
 from liere_jax.encodings import registry
-from liere_jax.encodings.registry import ALIASES, FAMILIES, NAMES, Facts, facts, label, parse
+from liere_jax.encodings.registry import (ALIASES, FAMILIES, NAMES, Facts, Option, facts, label,
+                                          parse)
 
 # name -> its module, for the names imported on first use (PEP 562): the names and facts above
 # need no jax; the first of these imports every encoding (they register).
@@ -42,7 +43,8 @@ _LAZY = {
     'commuting': ('ComRoPEAP', 'ComRoPELD', 'StringCayley', 'StringCirculant',
                   'cayley_orthogonal', 'expm_skew_lines'),
 }
-__all__ = ['ALIASES', 'FAMILIES', 'NAMES', 'Facts', 'facts', 'label', 'parse', 'registry',
+__all__ = ['ALIASES', 'FAMILIES', 'NAMES', 'Facts', 'Option', 'facts', 'label', 'parse',
+           'registry',
            *(name for names in _LAZY.values() for name in names)]
 
 

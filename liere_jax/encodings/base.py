@@ -17,7 +17,9 @@ bias.
 
 Each family declares itself where its class is defined: `@register('family', **facts)` gives
 the facts the rest of the library reads (registry.py reads these declarations without importing
-jax), and the class's `check` / `check_options` hold its rules.
+jax), among them its model.pe options (`options=(Option(name, default, doc), ...)`: the config's
+fields, declared nowhere else; `from_spec` passes their values, `spec.pe.options`, to __init__
+as keywords without defaults), and the class's `check` / `check_options` hold its rules.
 """
 from typing import Dict, Mapping, Sequence, Type
 

@@ -8,6 +8,7 @@ from flax import nnx
 
 from liere_jax import rotations
 from liere_jax.encodings.base import Encoding, Rotate, register
+from liere_jax.encodings.registry import Option
 from liere_jax.expm import PRECISIONS
 from liere_jax.rotations import METHODS
 
@@ -16,18 +17,29 @@ SHARE = ('none', 'layers', 'heads', 'all')  # model.pe.share: generators shared 
 
 # Normalized positions: the U[0, 2 pi) generators are sized for positions in [0, 1].
 @register('liere', blocks=True, positions='normalized', official=True, label='LieRE{b}',
-          options=('share', 'init_scale', 'expm', 'expm_precision'),
+          options=(
+              Option('share', 'none', "generators shared over 'none', 'layers', 'heads' or "
+                     "'all'."),
+              Option('init_scale', 6.283185307179586,  # 2 pi.
+                     'generators ~ U[0, 1) * init_scale.'),
+              Option('expm', 'fast', 'the exponential (liere_jax.rotations.METHODS).'),
+              Option('expm_precision', 'auto', "the exponential's products, 'auto' (float32 on "
+                     "CPU, tensor-core presets on GPU / TPU) or 'highest' (float32 everywhere).",
+                     added='highest'),
+          ),
           aliases={'paper_rope_mixed': (2, 'RoPE-Mixed (paper: LieRE2)')})
 class LieRE(Encoding):
   """LieRE: R(p) = expm(sum_i p_i A_i) with learned block-diagonal skew-symmetric A_i.
 
-  Raw parameters are the strict upper triangles, init U[0, 1) * init_scale (2 pi default);
-  rotations in float32 at highest precision, once per forward pass. `layers` / `heads`: the
-  generator stacks (1 when shared; liere_jax.config.model resolves model.pe.share).
+  Raw parameters are the strict upper triangles, init U[0, 1) * init_scale; rotations once per
+  forward pass, by `expm` with products at `expm_precision` (its options, declared above; no
+  defaults below the declaration). `layers` / `heads`: the generator stacks (1 when shared;
+  liere_jax.config.model resolves model.pe.share into them).
   """
 
-  def __init__(self, *, block, layers, heads, head_dim, n_dims, init_scale, expm, rngs,
-               expm_precision='auto'):
+  def __init__(self, *, block, layers, heads, head_dim, n_dims, rngs, share, init_scale, expm,
+               expm_precision):
+    del share  # Resolved into layers / heads.
     self.block, self.expm, self.expm_precision = block, expm, expm_precision
     shape = (layers, heads, n_dims, head_dim // block, rotations.num_free(block))
     self.generators = nnx.Param(init_scale * jax.random.uniform(rngs.params(), shape))
@@ -50,8 +62,7 @@ class LieRE(Encoding):
   def from_spec(cls, spec, *, rngs):
     pe = spec.pe
     return cls(block=pe.block, layers=pe.layers, heads=pe.heads, head_dim=spec.head_dim,
-               n_dims=spec.n_dims, init_scale=pe.init_scale, expm=pe.expm,
-               expm_precision=pe.expm_precision, rngs=rngs)
+               n_dims=spec.n_dims, rngs=rngs, **pe.options)
 
   def context(self, pos):
     """Rotations [layers, heads, T, head_dim // b, b, b] (layers / heads 1 when shared)."""

@@ -5,6 +5,9 @@ A `model.pe.name` is a family ('rope_mixed'), a family with a block size ('liere
 family 'liere' with 8 x 8 blocks) or an alias ('paper_rope_mixed' = liere2, declared by LieRE).
 The facts are the literal arguments of each `@register('family', ...)` in MODULES, read from
 their source; `register` checks, when a class is imported, that they are the facts it gives.
+An encoding declares its model.pe options there too, each once (`Option`: name, default, doc,
+the value of runs stored before it existed): liere_jax.config.model makes them model.pe's
+fields and the resolved PESpec's, and the encoding gets their values (PESpec.options).
 
   parse('comrope_ap4') == ('comrope_ap', 4); facts('liere8').positions == 'normalized'
 """
@@ -12,10 +15,22 @@ import ast
 import dataclasses
 import os
 import re
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 # The modules that define the encodings, in registration order (a new one is added here).
 MODULES = ('absolute', 'rope', 'liere', 'commuting')
+
+
+NEW = 'new'  # Option.added of an option every stored config has.
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+  """A model.pe option of an encoding, declared once in its `@register(..., options=...)`."""
+  name: str  # model.pe.<name>; the encoding's __init__ takes it as a keyword of that name.
+  default: Any  # What a config a user writes gets (and a stored one, where not `added`).
+  doc: str  # One line: what it is, its values (the docs table: 'LieRE: ' + doc).
+  added: Any = NEW  # The value of runs stored before the option existed (config.fields.Field).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,10 +42,23 @@ class Facts:
   min_block: int = 2  # The smallest block size b.
   positions: str = 'integer'  # Default position mode (liere_jax.positions.MODES).
   reads_positions: bool = True  # False: the encoding ignores token positions (and jitter).
-  options: Tuple[str, ...] = ()  # model.pe options that apply besides name, positions, jitter.
+  options: Tuple[Option, ...] = ()  # model.pe options it reads besides name, positions, jitter.
   official: bool = False  # Converts to / from the official LieRE code's checkpoint layout.
   # Names that are this family at a fixed block size: alias -> (block, report label).
   aliases: Mapping[str, Tuple[int, str]] = dataclasses.field(default_factory=dict)
+
+  @property
+  def option_names(self) -> Tuple[str, ...]:
+    return tuple(o.name for o in self.options)
+
+
+def _literal(node):
+  """The value of a literal, where an `Option(...)` of literals may stand for a value."""
+  if isinstance(node, ast.Call) and getattr(node.func, 'id', None) == 'Option':
+    return Option(*map(_literal, node.args), **{k.arg: _literal(k.value) for k in node.keywords})
+  if isinstance(node, ast.Tuple):
+    return tuple(map(_literal, node.elts))
+  return ast.literal_eval(node)
 
 
 def _declared(module: str):
@@ -41,8 +69,8 @@ def _declared(module: str):
   for node in tree.body:
     for deco in getattr(node, 'decorator_list', ()):
       if isinstance(deco, ast.Call) and getattr(deco.func, 'id', None) == 'register':
-        yield Facts(*map(ast.literal_eval, deco.args),
-                    **{k.arg: ast.literal_eval(k.value) for k in deco.keywords})
+        yield Facts(*map(_literal, deco.args),
+                    **{k.arg: _literal(k.value) for k in deco.keywords})
 
 
 FAMILIES: Dict[str, Facts] = {f.family: f for module in MODULES for f in _declared(module)}
@@ -52,6 +80,19 @@ ALIASES: Dict[str, Tuple[str, int]] = {
 NAMES: Tuple[str, ...] = tuple(
     f.family + ('<b>' if f.blocks else '') for f in FAMILIES.values()) + tuple(ALIASES)
 BLOCK_FAMILIES = tuple(f.family for f in FAMILIES.values() if f.blocks)
+
+
+def options() -> Dict[str, Tuple[Option, Tuple[str, ...]]]:
+  """name -> (its Option, the families that read it) over every family, in declaration order;
+  two families that read one option declare it alike."""
+  out = {}
+  for f in FAMILIES.values():
+    for o in f.options:
+      if o.name in out and out[o.name][0] != o:
+        raise ValueError(f'model.pe.{o.name} is declared otherwise by {f.family} than by '
+                         f'{out[o.name][1][0]} ({o} != {out[o.name][0]}); declare it alike.')
+      out[o.name] = (o, out.get(o.name, (o, ()))[1] + (f.family,))
+  return out
 
 
 def parse(name: str) -> Tuple[str, Optional[int]]:
