@@ -5,10 +5,10 @@ A program takes the row of the platform it is lowered for: the exponential throu
 or 'tpu' takes that row), attention by the backend it is traced on (liere_jax.model). 'cuda'
 stands for every GPU. Why each, measured where (docs/benchmarks.md):
 
-  platform  exponential  pieces     products ('auto')           attention     measured on
-  cpu       fast_cond    64 KiB     float32                     XLA           this CPU
-  tpu       fast_loop    the stack  six bf16 passes (HIGHEST)   XLA           the TPU compiler
-  cuda      fast_select  16 MiB     bf16 x6 (BF16_BF16_F32_X6)  cuDNN (bf16)  H100, H200
+  platform  exponential  pieces     products ('auto')     attention     pair swap  measured on
+  cpu       fast_cond    64 KiB     float32               XLA           matmul     this CPU
+  tpu       fast_loop    the stack  HIGHEST (6 bf16)      XLA           roll       TPU compiler
+  cuda      fast_select  16 MiB     bf16 x6 (preset X6)   cuDNN (bf16)  matmul     H100, H200
 
   exponential  model.pe.expm='fast' in this form (liere_jax.expm: fast_loop is one scale for the
                stack and its squarings a loop on the device; a GPU keeps fast_select, the form
@@ -17,9 +17,14 @@ stands for every GPU. Why each, measured where (docs/benchmarks.md):
                scipy_remat), in bytes of matrices; fast_loop chunks only on CPU.
   products     the exponential's and the lattice table's products at expm_precision='auto'
                (liere_jax.dots; on CPU LIERE_EXPM_EMULATE=cuda|tpu emulates the others').
+  pair swap    how blocks of 2 (every RoPE) exchange the dims of each pair on x's layout
+               (liere_jax.rotations._swap): a product with the permutation, or two lane shifts
+               and a select; on the TPU compiler roll takes a 2-layer ViT-B/16 rope_mixed step
+               from 29.1 to 25.6 GB (abs 20.1; docs/benchmarks.md); a GPU keeps matmul until
+               timed (gpu_figures.sh ab_swap).
 
 The same on every platform (their A/B forms are switches, liere_jax.switches): rotations apply
-blocks of 2 on x's own layout (`swap`) and larger blocks by one einsum (liere_jax.rotations);
+blocks of 2 on x's own layout (`pairs`) and larger blocks by one einsum (liere_jax.rotations);
 the Pallas exponential (model.pe.expm=pallas) is opt-in everywhere until timed on a chip.
 """
 from typing import Dict, NamedTuple
@@ -34,14 +39,16 @@ class Platform(NamedTuple):
   chunk_bytes: int
   products: dots.Dots
   attention: str  # 'cudnn' (where it takes the shapes, else XLA's) or 'xla'
+  pair_swap: str  # 'matmul' or 'roll'
 
 
 PLATFORMS: Dict[str, Platform] = {
-    'cpu': Platform(expm_form='cond', chunk_bytes=2**16, products=dots.CPU, attention='xla'),
+    'cpu': Platform(expm_form='cond', chunk_bytes=2**16, products=dots.CPU, attention='xla',
+                    pair_swap='matmul'),
     'tpu': Platform(expm_form='loop', chunk_bytes=16 * 2**20, products=dots.TPU,
-                    attention='xla'),
+                    attention='xla', pair_swap='roll'),
     'cuda': Platform(expm_form='select', chunk_bytes=16 * 2**20, products=dots.GPU,
-                     attention='cudnn'),
+                     attention='cudnn', pair_swap='matmul'),
 }
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from liere_jax import expm_kernel, switches
+from liere_jax.platforms import PLATFORMS
 from liere_jax.expm import expm, matmul, per_platform
 from liere_jax import expm as expm_lib
 
@@ -284,6 +285,9 @@ APPLY = switches.Switch('apply', ('einsum', 'direct'), "rotate's form for blocks
 PAIRS = switches.Switch('pairs', ('swap', 'blocks'), "rotate's form for blocks of 2: 'swap' "
                         "(on x's own layout), 'blocks' (x as [..., k, 2] pairs times [2, 2] "
                         'blocks, the form before; A/B only).')
+SWAP = switches.Switch('swap', ('auto', 'matmul', 'roll'), "'swap''s exchange of each pair's "
+                       "dims: 'auto' (liere_jax.platforms: roll on a TPU, matmul elsewhere), or "
+                       "one form on every platform (A/B).")
 
 
 @jax.named_scope('pe_rotate')  # Its part of a step: liere_jax.bench.compile.SCOPES.
@@ -333,12 +337,34 @@ def _rotate_pairs(x, rot):
 
 
 def _swap(x):
-  """x [..., d] with the dims of each pair (2j, 2j + 1) exchanged (the last of odd d stays): a
-  product with a permutation, exact in x's dtype, which the compilers keep on x's layout where
-  a reshape to [..., d/2, 2] would not be."""
+  """x [..., d] with the dims of each pair (2j, 2j + 1) exchanged (the last of odd d stays), exact
+  in x's dtype and on x's own layout (a reshape to [..., d/2, 2] would make 2 the minor
+  dimension), in the platform's form (liere_jax.platforms, SWAP for A/B): 'matmul', a product
+  with the permutation; 'roll', each dim from its neighbour (two lane shifts and a select, which
+  fuse into the rotation's own elementwise pass)."""
+  form = SWAP.get()
+  if form != 'auto':
+    return _SWAPS[form](x)
+  rows = {p: _SWAPS[row.pair_swap] for p, row in PLATFORMS.items()}
+  if len(set(rows.values())) == 1:
+    return rows['cpu'](x)
+  return jax.lax.platform_dependent(x, cpu=rows['cpu'], tpu=rows['tpu'], default=rows['cuda'])
+
+
+def _swap_matmul(x):
   swap = jnp.asarray(np.eye(x.shape[-1])[_pair_swap(x.shape[-1])], x.dtype)
   precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else None
   return jnp.matmul(x, swap, precision=precision)
+
+
+def _swap_roll(x):
+  d = x.shape[-1]
+  perm, idx = _pair_swap(d), np.arange(d)
+  up, down = jnp.roll(x, -1, axis=-1), jnp.roll(x, 1, axis=-1)  # x[i + 1], x[i - 1]
+  return jnp.where(perm > idx, up, jnp.where(perm < idx, down, x))
+
+
+_SWAPS = {'matmul': _swap_matmul, 'roll': _swap_roll}
 
 
 def _pair_swap(d):

@@ -22,7 +22,7 @@ PY=${PY:-python3}
 DEADLINE=${DEADLINE:-570}
 BATCH=${BATCH:-128}
 PES=${PES-liere64 liere8 paper_rope_mixed rope_mixed}
-AB=${AB-squarings pallas pairs all expm attention precision apply}
+AB=${AB-squarings pallas pairs swap all expm attention precision apply}
 RUNS=${RUNS:-}
 EXPM_ARGS=${EXPM_ARGS---repeats 3 --case imagenet_vitb16_liere64 --case imagenet_vitb16_liere8 --case cifar_vitb_liere64 --impl fast --impl fast_select --impl fast_cond --impl torch}
 OFFICIAL_BATCH=${OFFICIAL_BATCH:-64}
@@ -76,7 +76,8 @@ section profile_liere64 120 $PY -m liere_jax.bench profile \
 
 # Each change against the path before it, in one process (B = before): the squarings a loop
 # with the stack's count (fast_loop) against 16 kept by select (fast_select); RoPE's blocks of 2
-# on x's layout against [..., 2, 2] blocks (pairs=blocks); the exponential's form
+# on x's layout against [..., 2, 2] blocks (pairs=blocks); their pair swap by lane shifts
+# (swap=roll, the TPU's) as B against the product (matmul, the GPU's default); the exponential's form
 # (fast_cond: per-chunk branches and remat), its products (highest: float32), XLA's attention
 # instead of cuDNN's (attention=xla); and rotate's elementwise form (apply=direct), which lost.
 # pallas: the exponential as one Triton kernel (expm 'pallas', never run on a GPU before: its
@@ -92,6 +93,7 @@ for ab in $AB; do
           --impl pallas --json
       step ab_pallas pe=liere64 config.model.pe.expm=pallas ;;  # A: select (GPU default)
     pairs) step ab_pairs pe=rope_mixed pairs=blocks ;;
+    swap) step ab_swap pe=rope_mixed swap=roll ;;  # B: roll (the TPU's); A: matmul (the GPU default)
     all) step ab_all pe=liere64 "$OLD_EXPM,$OLD_PREC,attention=xla" ;;
     expm) step ab_expm pe=liere64 "$OLD_EXPM" ;;
     precision) step ab_precision pe=liere64 "$OLD_PREC" ;;

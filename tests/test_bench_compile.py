@@ -1,6 +1,7 @@
 """bench compile (liere_jax/bench/compile.py): Cloud TPU slices by name, the traffic read from a
 compiled module, and tiny configs compiled deviceless by the TPU compiler for a one-host and a
 multi-host slice; a run that cannot fit refused in one line by bench compile and train.py."""
+import json
 import os
 import subprocess
 import sys
@@ -116,3 +117,16 @@ def test_a_run_that_cannot_fit_is_refused_in_one_line_before_anything_is_written
   assert line.startswith('python -m liere_jax.train: error: The run does not fit v5litepod-1')
   assert 'GiB a chip' in line and '--config.batch_size=' in line, line
   assert not os.path.exists(tmp_path / 'run')
+
+
+def test_vs_compiles_the_baseline_under_its_switches():
+  """bench compile --vs NAME=FORM: the baseline is traced with that switch set (RoPE's pair swap
+  as a product instead of the TPU's lane shifts), so the two programs differ."""
+  flags = [f'--config.{k}={v}' for k, v in helpers.TINY.items()]
+  cmd = [sys.executable, '-m', 'liere_jax.bench', 'compile', '--config',
+         f'{helpers.ARROWS}:grid=4,pe=rope_mixed', '--topology', 'v5litepod-1', '--train_only',
+         '--vs', 'swap=matmul', '--json'] + flags
+  p = subprocess.run(cmd, capture_output=True, text=True, cwd=helpers.ROOT)
+  assert p.returncode == 0, p.stderr[-2000:]
+  roll, matmul = json.loads(p.stdout.strip().splitlines()[-1])
+  assert roll['train']['flops'] < matmul['train']['flops'], (roll['train'], matmul['train'])

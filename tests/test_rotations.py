@@ -280,12 +280,24 @@ def test_pairs_on_x_layout_equal_the_blocks_form_forward_and_backward(heads, d, 
   weight = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
   run = lambda: jax.value_and_grad(lambda x, r: jnp.sum(
       rotations.rotate(x, r).astype(jnp.float32) * weight), (0, 1))(x, rot)
-  new = run()
   with rotations.PAIRS('blocks'):
     old = run()
-  for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(old)):
-    np.testing.assert_array_equal(a, b)
+  for swap in ('matmul', 'roll'):  # Each platform's exchange of the pair's dims (platforms).
+    with rotations.SWAP(swap):
+      new = run()
+    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(old)):
+      np.testing.assert_array_equal(a, b)
   np.testing.assert_array_equal(rotations.rotate(x, rot)[..., 64:], x[..., 64:])
+
+
+def test_pairs_swap_by_lane_shifts_on_a_tpu_and_by_a_product_elsewhere():
+  """liere_jax.platforms' pair swap: rotate's program lowered for tpu exchanges each pair's dims
+  without a product (roll), for cuda with one, forward and backward."""
+  x, rot = jnp.ones((2, 3, 2, 8), jnp.bfloat16), jnp.ones((2, 3, 4, 2, 2))
+  grad = jax.grad(lambda x: jnp.sum(rotations.rotate(x, rot).astype(jnp.float32)))
+  dots = lambda platform: jax.jit(grad).trace(x).lower(
+      lowering_platforms=(platform,)).as_text().count('dot_general')
+  assert dots('tpu') == 0 and dots('cuda') > 0, (dots('tpu'), dots('cuda'))
 
 
 @pytest.mark.numerics

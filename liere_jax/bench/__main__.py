@@ -6,7 +6,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from liere_jax import command
+from liere_jax import command, switches
 from liere_jax.config import parse_flags
 from liere_jax.expm import PRECISIONS
 from liere_jax.bench.data import bench_data, data_table
@@ -23,7 +23,7 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'step, data, lower, pr
                                           'config '
                                           'file[:args].',
                                           lock_config=False)
-_VS = flags.DEFINE_string('vs', None, 'step: arguments appended to the config argument string '
+_VS = flags.DEFINE_string('vs', None, 'step, compile: arguments appended to the config argument string '
                           'for the baseline, e.g. pe=abs; items config.KEY=VALUE override the '
                           "baseline's config only, e.g. config.model.scan_layers=False; "
                           'items NAME=FORM set a switch (liere_jax.switches) for the baseline, '
@@ -169,20 +169,21 @@ def _compile(log):
     jax.config.update('jax_platforms', 'cpu')
   spec = config_flags.get_config_filename(flags.FLAGS['config'])
   overrides = config_flags.get_override_values(flags.FLAGS['config'])
-  configs, names = [_CONFIG.value], [spec]
+  configs, names, settings = [_CONFIG.value], [spec], [{}]
   with command.refusing():
     slice_ = tpu.parse_slice(_TOPOLOGY.value)
-    if _VS.value is not None:
-      names.append(with_args(spec, _VS.value))
-      configs.append(load_config(names[-1], {**overrides, **vs_overrides(_VS.value)}))
-      if vs_switches(_VS.value):
-        raise ValueError(f'--vs {_VS.value!r}: compile takes no switches (they are for bench '
-                         'step), only arguments and config.KEY=VALUE.')
+    if _VS.value is not None:  # The baseline: other arguments, overrides or switches.
+      settings.append(vs_switches(_VS.value))
+      names.append(with_args(spec, _VS.value) + ''.join(
+          f',{k}={v}' for k, v in settings[-1].items()))
+      configs.append(load_config(with_args(spec, _VS.value),
+                                 {**overrides, **vs_overrides(_VS.value)}))
     runs = [run_spec.resolve(c, slice_.chips) for c in configs]
   results = []
-  for name, run in zip(names, runs):
+  for name, run, switched in zip(names, runs, settings):
     log(f'compiling {name} for {slice_.name} ({slice_.chips} chips, {slice_.hosts} hosts)')
-    results.append(tpu.compile_report(run, slice_, eval_step=not _NO_EVAL.value))
+    with switches.using(switched):
+      results.append(tpu.compile_report(run, slice_, eval_step=not _NO_EVAL.value))
   misfit = next((tpu.refusal(n, r) for n, r in zip(names, results) if not r['fits']), None)
   if misfit:  # One line, exit 2: what a pod launch would have found out on the pod.
     if _JSON.value:
