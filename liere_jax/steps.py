@@ -34,9 +34,8 @@ def make_mesh(devices=None, model_parallel: int = 1) -> jax.sharding.Mesh:
 def param_specs(mesh, mode: str, logical, shapes):
   """Logical axes (the parameters' sharding metadata, model.sharded) -> PartitionSpecs:
   'heads' and 'mlp' go over 'model', 'embed' over 'data' with `mode='fsdp'`; an axis that the
-  mesh axis does not divide stays whole."""
-  if mode not in run_spec.SHARDINGS:
-    raise ValueError(f'sharding={mode!r} is unknown; use one of {run_spec.SHARDINGS}.')
+  mesh axis does not divide stays whole. `mode`: a resolved loop.sharding (config/run.py checks
+  it once)."""
   rules = {'heads': 'model', 'mlp': 'model', 'embed': 'data' if mode == 'fsdp' else None}
 
   def spec(axes, x):
