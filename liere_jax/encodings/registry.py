@@ -21,7 +21,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 MODULES = ('absolute', 'rope', 'liere', 'commuting')
 
 
-NEW = 'new'  # Option.added of an option every stored config has.
+NEW = '<in every stored config>'  # Option.added of an option runs were always stored with.
 
 
 @dataclasses.dataclass(frozen=True)
