@@ -324,6 +324,24 @@ def test_an_encodings_options_are_declared_once_with_it_and_have_no_default_belo
   assert tiny_spec('rope_mixed').pe.options == {}
 
 
+def test_the_docs_table_of_the_names_gives_each_its_positions_and_options():
+  """docs/encodings.md's table of names (by hand) names every encoding with the default
+  positions and the options its declaration gives (a new option goes in its rows)."""
+  with open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'encodings.md')) as f:
+    text = f.read()
+  header = '| name | family | positions (default) | options besides name, positions, jitter |'
+  lines = text[text.index(header):].split('\n\n')[0].splitlines()[2:]
+  rows = [line.split('|')[1:-1] for line in lines]
+  table = {cells[0].strip().strip('`'): cells for cells in rows}
+  assert set(table) == set(encodings.NAMES)
+  for name, cells in table.items():
+    facts = encodings.facts(name.replace('<b>', '8'))
+    positions = cells[2].strip()
+    assert positions == (facts.positions if facts.reads_positions else 'none read'), name
+    assert [o.strip().strip('`') for o in cells[3].split(',') if o.strip()] == list(
+        facts.option_names), name
+
+
 def test_the_names_and_facts_read_in_a_process_without_jax_and_are_the_classes():
   """Tools (config checks, docs, data preparation) read the registry without importing jax;
   what it reads from the @register declarations is what the imported classes declare."""
