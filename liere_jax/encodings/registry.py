@@ -29,7 +29,7 @@ class Option:
   """A model.pe option of an encoding, declared once in its `@register(..., options=...)`."""
   name: str  # model.pe.<name>; the encoding's __init__ takes it as a keyword of that name.
   default: Any  # What a config a user writes gets (and a stored one, where not `added`).
-  doc: str  # One line: what it is, its values (the docs table: 'LieRE: ' + doc).
+  doc: str  # One line: what it is, its values (config.model prefixes the readers: 'LieRE: ').
   added: Any = NEW  # The value of runs stored before the option existed (config.fields.Field).
 
 
