@@ -50,42 +50,44 @@ DATA = Section('data', [
           'cifar100 and imagenet2012).'),
     Field('eval_split', 'test', 'Evaluation split.'),
     Field('fraction', 1.0, 'Train on the first fraction of the training split, in (0, 1] '
-          '(paper Fig. 4).'),
+          '(paper Fig. 4).', plain=True),
     Field('augment', 'none', "What a training example goes through: 'none'; 'light' (crop, "
           "flip); 'randaug' (crop, flip, our RandAugment(2, 14)); 'official_randaug' (O's "
           "RandAugment(2, 14), then crop, flip); 'videomae' (timm RandAugment(randaug_policy), "
-          "then crop, flip, VideoMAE's clip sampling). Arrows needs 'none'."),
+          "then crop, flip, VideoMAE's clip sampling). Arrows needs 'none'.", plain=True),
     Field('crop', 'pad', "The crop of augment != 'none': 'pad' (decode to S, zero-pad S/8, "
           f"random S x S crop) or {_RRC} (RandomResizedCrop of the native image, area "
-          '0.08-1, ratio 3/4-4/3).', added='pad'),
+          '0.08-1, ratio 3/4-4/3).', added='pad', plain=True),
     Field('randaug_policy', 'rand-m7-n4-mstd0.5-inc1', "augment='videomae': the timm policy "
-          "(O's default).", added='rand-m7-n4-mstd0.5-inc1'),
+          "(O's default).", added='rand-m7-n4-mstd0.5-inc1', plain=True),
     Field('random_erasing', 0.0, 'Probability of one random N(0, 1) box per training example, '
-          "after normalisation (O's UCF101: 0.25); 0 = off.", added=0.0),
+          "after normalisation (O's UCF101: 0.25); 0 = off.", added=0.0, plain=True),
     Field('eval_crop', 'resize_center', "'resize_center' (shorter side to S, centre crop) or "
           "'center' (the native image's centre S x S, zero-padded: O's ImageNet).",
-          added='resize_center'),
+          added='resize_center', plain=True),
     Field('eval_views', (1, 1), 'ucf101: (temporal, spatial) views of every video; (5, 3) is '
           "O's protocol (accuracy per view and per video).", added=(1, 1)),
     Field('mixup', 0.0, 'Beta(alpha, alpha) mixup of each batch with its reverse: alpha; '
-          '0 = off.'),
+          '0 = off.', plain=True),
     Field('image_size', 0, 'S: imagenet2012 and ucf101 are resized to it (required there); '
           'cifar100 and arrows: 0 (native 32 / 12 grid).'),
-    Field('num_frames', 8, 'ucf101: frames per clip.'),
+    Field('num_frames', 8, 'ucf101: frames per clip.', plain=True),
     Field('frame_stride', 4, 'ucf101: frames t0, t0 + stride, ... (t0 random in training, '
-          'centred in eval).'),
-    Field('grid', 9, 'arrows: cells per side (12 px cells).'),
-    Field('num_eval', 2000, 'arrows: held-out examples.'),
-    Field('num_train', 0, 'arrows: training-set size; 0 = unlimited (rendered on the fly).'),
+          'centred in eval).', plain=True),
+    Field('grid', 9, 'arrows: cells per side (12 px cells).', plain=True),
+    Field('num_eval', 2000, 'arrows: held-out examples.', plain=True),
+    Field('num_train', 0, 'arrows: training-set size; 0 = unlimited (rendered on the fly).',
+          plain=True),
     Field('seed', 0, 'arrows on the fly: the example streams (the order and augmentation come '
-          'from the run seed).'),
-    Field('workers', 0, 'The train iterator: Grain worker processes; 0 = none.', added=0),
-    Field('threads', 2, 'The train iterator: threads in each process.', added=2),
+          'from the run seed).', plain=True),
+    Field('workers', 0, 'The train iterator: Grain worker processes; 0 = none.', added=0,
+          plain=True),
+    Field('threads', 2, 'The train iterator: threads in each process.', added=2, plain=True),
     Field('prefetch', 2, 'The train iterator: batches computed ahead by each process.',
-          added=2),
+          added=2, plain=True),
     Field('normalise', 'host', "'host' (float32 train batches) or 'device' (uint8 pixels, "
           'normalised by the trainer: 4x less to copy; not with mixup or random erasing).',
-          added='host'),
+          added='host', plain=True),
 ])
 
 
@@ -95,32 +97,16 @@ def data_config(*, name: str, **values) -> ml_collections.ConfigDict:
 
 
 @dataclasses.dataclass(frozen=True)
-class DataSpec:
-  """The data section of a config, resolved (defaults filled in) and checked."""
+class _DataSpec:
+  """The data section of a config, resolved (defaults filled in) and checked (DataSpec: these
+  fields, which resolve_data computes, then DATA's plain fields as they are)."""
   name: str  # Key of DATASETS.
   tfds_name: str  # What TFDS opens, with any config or version given in data.name.
   data_dir: Optional[str]
   train_split: str
   eval_split: str
-  fraction: float
-  augment: str
-  crop: str
-  randaug_policy: str
-  random_erasing: float
-  eval_crop: str
   eval_views: Tuple[int, int]  # (temporal, spatial).
-  mixup: float
   size: int  # Training spatial size: data.image_size, or the native size for 0.
-  num_frames: int
-  frame_stride: int
-  grid: int
-  num_eval: int
-  num_train: int  # 0 = unlimited (arrows on the fly).
-  seed: int
-  workers: int
-  threads: int
-  prefetch: int
-  normalise: str  # Train batches: 'host' (float32) or 'device' (uint8, the trainer's).
 
   @property
   def info(self) -> Dataset:
@@ -131,6 +117,11 @@ class DataSpec:
     size = size or self.size
     frames = (self.num_frames,) if self.name == 'ucf101' else ()
     return frames + (size, size, 3)
+
+
+DataSpec = dataclasses.make_dataclass('DataSpec', DATA.spec_fields(), bases=(_DataSpec,),
+                                      frozen=True)
+DataSpec.__module__, DataSpec.__doc__ = __name__, _DataSpec.__doc__
 
 
 def resolve_data(data_config) -> DataSpec:
@@ -219,13 +210,8 @@ def resolve_data(data_config) -> DataSpec:
   return DataSpec(
       name=name, tfds_name=tfds_name, data_dir=cfg['data_dir'] or None,
       train_split=cfg['train_split'] or info.splits[0],
-      eval_split=cfg['eval_split'] or info.splits[1],
-      fraction=fraction, augment=augment, crop=crop, randaug_policy=cfg['randaug_policy'],
-      random_erasing=random_erasing, eval_crop=eval_crop, eval_views=views, mixup=mixup,
-      size=size or native, num_frames=num_frames, frame_stride=frame_stride, grid=grid,
-      num_eval=int(cfg['num_eval']), num_train=int(cfg['num_train'] or 0),
-      seed=int(cfg['seed']), workers=int(cfg['workers']), threads=int(cfg['threads']),
-      prefetch=int(cfg['prefetch']), normalise=normalise)
+      eval_split=cfg['eval_split'] or info.splits[1], eval_views=views, size=size or native,
+      **DATA.resolve_plain(cfg))
 
 
 def spec_of(data, what: str) -> DataSpec:

@@ -9,6 +9,7 @@ applies); in a section a user wrote, it takes its default.
 
   MODEL = Section('model', [Field('width', 0, 'Token width; 0 = the variant's.'), ...])
   MODEL.build(width=32) -> ConfigDict; MODEL.names; MODEL.upgrade(obj, MODEL.stored(obj)) -> dict
+  Field('qkv_bias', True, '...', plain=True): ModelSpec.qkv_bias, resolved from the declaration.
 """
 import dataclasses
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
@@ -25,7 +26,26 @@ class Field:
   default: Any  # REQUIRED, a value, or a Section (a nested section).
   doc: str  # One line: what it is, its values, what 0 / None means.
   added: Any = NEW  # Stored configs written before the field existed get it (Section.upgrade).
-  kind: Optional[type] = None  # The type of a None default (ml_collections placeholder).
+  kind: Optional[type] = None  # The type of a None or REQUIRED default.
+  # A plain field: the resolved spec has it as it is (as its type, one of `choices` if given),
+  # derived from this declaration (Section.spec_fields / resolve_plain): declaring it is all it
+  # takes to reach the spec. True, or the name of the spec it goes to where a section resolves
+  # into several (the run's 'loop' and 'optimizer'). Fields resolve computes are not plain.
+  plain: Any = False
+  choices: Tuple[Any, ...] = ()
+
+  @property
+  def type(self) -> type:
+    return self.kind or type(self.default)
+
+  def resolve(self, value, where: str):
+    """A plain field's value as its type, refused (naming the value and the choices) if it is
+    not one of them."""
+    if self.type in (bool, int, float):
+      value = self.type(value)
+    if self.choices and value not in self.choices:
+      raise ValueError(f'{where}.{self.name}={value!r} is unknown; use one of {self.choices}.')
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +114,16 @@ class Section:
       else:
         out[f.name] = f.default
     return out
+
+  def spec_fields(self, spec: Any = True):
+    """[(name, type)] of the plain fields (of `spec`): a resolved spec's attributes
+    (dataclasses.make_dataclass)."""
+    return [(f.name, f.type) for f in self.fields if f.plain == spec]
+
+  def resolve_plain(self, section: Dict[str, Any], spec: Any = True) -> Dict[str, Any]:
+    """{name: resolved value} of the plain fields (of `spec`) of `section`."""
+    return {f.name: f.resolve(section[f.name], self.where) for f in self.fields
+            if f.plain == spec}
 
   def added(self) -> Dict[str, Any]:
     """{name: value for stored configs} of the fields added since runs were written."""

@@ -49,6 +49,13 @@ PE = Section('model.pe', [
           '0 = off.', added=0.0),
 ], applies=_reads)
 
+POOLS = ('cls', 'mean')
+DTYPES = ('float32', 'bfloat16')
+# model.init -> the init std of the CLS token and the absolute embedding (model.py): 'jax' the
+# DeiT 0.02, 'official' torch.randn (official models/vit.py:174,177).
+INIT_EMBED_STD = {'jax': 0.02, 'official': 1.0}
+REMAT = ('none', 'block')
+
 MODEL = Section('model', [
     Field('variant', '', "'Ti', 'S', 'B', 'L' or 'paper_tiny' (VARIANTS); '' = width, "
           'depth and heads given.'),
@@ -58,19 +65,21 @@ MODEL = Section('model', [
     Field('mlp_dim', 0, "MLP hidden width; 0 = the variant's (4 x width)."),
     Field('patch', REQUIRED, 'Patch (tubelet) size per spatial axis, e.g. (16, 16).'),
     Field('input_size', REQUIRED, 'Training input size per spatial axis, e.g. (224, 224).'),
-    Field('channels', REQUIRED, 'Input channels.'),
-    Field('num_classes', REQUIRED, 'Classes of the head.'),
-    Field('pool', 'cls', "'cls' (a CLS token) or 'mean' (mean of the tokens)."),
-    Field('dropout', 0.0, 'Dropout rate at dropout_sites.'),
+    Field('channels', REQUIRED, 'Input channels.', kind=int, plain=True),
+    Field('num_classes', REQUIRED, 'Classes of the head.', kind=int, plain=True),
+    Field('pool', 'cls', "'cls' (a CLS token) or 'mean' (mean of the tokens).", plain=True,
+          choices=POOLS),
+    Field('dropout', 0.0, 'Dropout rate at dropout_sites.', plain=True),
     Field('dropout_sites', ('embed', 'attn', 'mlp_hidden', 'mlp'),
           "Where dropout acts: the official four (model.py).", added=('embed', 'attn', 'mlp')),
-    Field('qkv_bias', True, 'False matches the official LieRE layout (its to_qkv has no bias).'),
+    Field('qkv_bias', True, 'False matches the official LieRE layout (its to_qkv has no bias).',
+          plain=True),
     Field('init', 'jax', "'jax' (DeiT) or 'official' (the official code's PyTorch default "
-          'inits; model.py).', added='jax'),
+          'inits; model.py).', added='jax', plain=True, choices=tuple(INIT_EMBED_STD)),
     Field('dtype', 'float32', "Compute dtype, 'float32' or 'bfloat16' (parameters stay "
-          'float32).'),
+          'float32).', plain=True, choices=DTYPES),
     Field('remat', 'none', "'block': recompute each block in the backward pass (memory at "
-          'scale).', added='none'),
+          'scale).', added='none', plain=True, choices=REMAT),
     Field('scan_layers', None, 'One lax.scan over the blocks (compile time flat in depth); '
           'None: on from depth 24 (SCAN_FROM_DEPTH), off below.', added=False, kind=bool),
     Field('pe', PE, 'The position encoding (model.pe.* above).'),
@@ -94,15 +103,9 @@ def model_config(*, pe: str, **values) -> ml_collections.ConfigDict:
 # the official code's "tiny" (models/model_args.py), the paper's "ViT-Tiny (22M)": 14.2M.
 VARIANTS = {'Ti': (192, 12, 3), 'S': (384, 12, 6), 'B': (768, 12, 12), 'L': (1024, 24, 16),
             'paper_tiny': (384, 12, 6, 768)}
-POOLS = ('cls', 'mean')
-DTYPES = ('float32', 'bfloat16')
 LN_EPS = 1e-5  # PyTorch's default, as in the official LieRE code.
 # model.dropout_sites (model.py): the official code's four dropouts.
 DROPOUT_SITES = ('embed', 'attn', 'mlp_hidden', 'mlp')
-# model.init -> the init std of the CLS token and the absolute embedding (model.py): 'jax' the
-# DeiT 0.02, 'official' torch.randn (official models/vit.py:174,177).
-INIT_EMBED_STD = {'jax': 0.02, 'official': 1.0}
-REMAT = ('none', 'block')
 # model.scan_layers=None (the configs' default) scans models this deep and loops shallower ones.
 # Measured train steps, scan / loop (docs/design.md, "Depth"): ViT-L 0.82x (compile 0.47x, peak
 # memory 0.70x), ViT-B 1.08x, the main job's 2 blocks 1.14x.
@@ -140,8 +143,10 @@ PESpec.__module__, PESpec.__doc__ = __name__, _PESpec.__doc__
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSpec:
-  """A ViT, resolved: every field a consumer needs, no defaults left to apply."""
+class _ModelSpec:
+  """A ViT, resolved: every field a consumer needs, no defaults left to apply (ModelSpec: these
+  fields, which resolve computes, then MODEL's plain fields as they are: channels, num_classes,
+  pool, dropout, qkv_bias, init, dtype, remat)."""
   variant: str
   width: int
   depth: int
@@ -151,16 +156,8 @@ class ModelSpec:
   patch: Tuple[int, ...]
   input_size: Tuple[int, ...]
   train_grid: Tuple[int, ...]  # input_size // patch.
-  channels: int
-  num_classes: int
-  pool: str
   num_prefix: int  # 1 with a CLS token (pool='cls'), else 0.
-  dropout: float
   dropout_sites: Tuple[str, ...]  # Where the dropout acts: DROPOUT_SITES, in that order.
-  qkv_bias: bool
-  init: str  # 'jax' or 'official' (the official code's PyTorch defaults; model.py).
-  dtype: str
-  remat: str  # 'block': each block's activations are recomputed in the backward pass.
   scan_layers: bool  # Blocks run under one lax.scan (compile time flat in depth); resolved.
   layer_norm_eps: float
   pe: PESpec
@@ -190,6 +187,11 @@ class ModelSpec:
           else obj[k] for k in fields}
     kw['pe'] = PESpec(**{f.name: obj['pe'][f.name] for f in dataclasses.fields(PESpec)})
     return cls(**kw)
+
+
+ModelSpec = dataclasses.make_dataclass('ModelSpec', MODEL.spec_fields(), bases=(_ModelSpec,),
+                                       frozen=True)
+ModelSpec.__module__, ModelSpec.__doc__ = __name__, _ModelSpec.__doc__
 
 
 def json_ready(x):
@@ -248,12 +250,6 @@ def resolve(model) -> ModelSpec:
   for key in ('channels', 'num_classes'):
     if int(m[key]) <= 0:
       raise ValueError(f'model.{key}={m[key]} must be positive.')
-  if m['pool'] not in POOLS:
-    raise ValueError(f"model.pool={m['pool']!r} is unknown; use one of {POOLS}.")
-  if m['dtype'] not in DTYPES:
-    raise ValueError(f"model.dtype={m['dtype']!r} is unknown; use one of {DTYPES}.")
-  if m['remat'] not in REMAT:
-    raise ValueError(f"model.remat={m['remat']!r} is unknown; use one of {REMAT}.")
   if not 0 <= float(m['dropout']) < 1:
     raise ValueError(f"model.dropout={m['dropout']} must be in [0, 1).")
   sites = m['dropout_sites']
@@ -263,22 +259,19 @@ def resolve(model) -> ModelSpec:
     raise ValueError(f'model.dropout_sites has {unknown[0]!r}, not a site; use some of '
                      f'{DROPOUT_SITES} (e.g. --config.model.dropout_sites="(\'embed\', '
                      f'\'attn\')").')
-  if m['init'] not in INIT_EMBED_STD:
-    raise ValueError(f"model.init={m['init']!r} is unknown; use one of {tuple(INIT_EMBED_STD)}.")
 
+  plain = MODEL.resolve_plain(m)  # Each as declared: its type, one of its choices.
   head_dim = width // heads
   pe_spec = _resolve_pe(pe, width=width, depth=depth, heads=heads, n_dims=len(patch))
   return ModelSpec(
       variant=variant, width=width, depth=depth, heads=heads, head_dim=head_dim,
       mlp_dim=mlp_dim, patch=patch, input_size=size,
-      train_grid=tuple(s // p for s, p in zip(size, patch)), channels=int(m['channels']),
-      num_classes=int(m['num_classes']), pool=m['pool'], num_prefix=int(m['pool'] == 'cls'),
-      dropout=float(m['dropout']),
+      train_grid=tuple(s // p for s, p in zip(size, patch)),
+      num_prefix=int(plain['pool'] == 'cls'),
       dropout_sites=tuple(site for site in DROPOUT_SITES if site in sites),
-      qkv_bias=bool(m['qkv_bias']), init=m['init'], dtype=m['dtype'],
-      remat=m['remat'], layer_norm_eps=LN_EPS, scan_layers=(
+      layer_norm_eps=LN_EPS, scan_layers=(
           depth >= SCAN_FROM_DEPTH if m['scan_layers'] is None else bool(m['scan_layers'])),
-      pe=pe_spec)
+      pe=pe_spec, **plain)
 
 
 def resolve_stored(model) -> ModelSpec:

@@ -27,33 +27,37 @@ from liere_jax.config.model import MODEL
 from liere_jax.encodings import registry
 
 RUN = Section('', [
-    Field('seed', 0, 'Parameters, dropout and the data order: a pure function of (seed, step).'),
+    Field('seed', 0, 'Parameters, dropout and the data order: a pure function of (seed, step).',
+          plain='loop'),
     Field('model', MODEL, 'The model (model.* above).'),
     Field('data', DATA, 'The data (data.* above).'),
-    Field('batch_size', REQUIRED, 'Global batch, over all devices and processes.'),
-    Field('total_steps', REQUIRED, 'Training steps.'),
-    Field('lr', REQUIRED, 'Peak learning rate (Adam(W), linear warmup, cosine to 0).'),
-    Field('warmup_steps', 0, 'Linear warmup steps; 0 = none.'),
-    Field('b1', 0.9, "Adam's beta1."),
-    Field('b2', 0.999, "Adam's beta2."),
-    Field('eps', 1e-8, "Adam's epsilon."),
-    Field('weight_decay', 0.0, 'Decoupled weight decay (AdamW); 0 = Adam.'),
-    Field('grad_clip', 0.0, 'Global-norm clipping threshold; 0 = off.'),
+    Field('batch_size', REQUIRED, 'Global batch, over all devices and processes.', kind=int,
+          plain='loop'),
+    Field('total_steps', REQUIRED, 'Training steps.', kind=int, plain='loop'),
+    Field('lr', REQUIRED, 'Peak learning rate (Adam(W), linear warmup, cosine to 0).',
+          kind=float, plain='optimizer'),
+    Field('warmup_steps', 0, 'Linear warmup steps; 0 = none.', plain='optimizer'),
+    Field('b1', 0.9, "Adam's beta1.", plain='optimizer'),
+    Field('b2', 0.999, "Adam's beta2.", plain='optimizer'),
+    Field('eps', 1e-8, "Adam's epsilon.", plain='optimizer'),
+    Field('weight_decay', 0.0, 'Decoupled weight decay (AdamW); 0 = Adam.', plain='optimizer'),
+    Field('grad_clip', 0.0, 'Global-norm clipping threshold; 0 = off.', plain='optimizer'),
     Field('sharding', 'data', "'data' (replicated parameters) or 'fsdp' (parameters sharded "
-          'too).'),
+          'too).', plain='loop'),
     Field('model_parallel', 1, "Devices on the mesh's 'model' axis: heads and MLP split over "
-          'them.', added=1),
-    Field('log_every', 50, 'Steps between logged metrics.'),
-    Field('eval_every', 0, 'Steps between evaluations; 0 = at the end only.'),
-    Field('checkpoint_every', 500, 'Steps between checkpoints.'),
-    Field('keep', 2, 'Latest checkpoints kept (the best by eval accuracy is kept too).'),
+          'them.', added=1, plain='loop'),
+    Field('log_every', 50, 'Steps between logged metrics.', plain='loop'),
+    Field('eval_every', 0, 'Steps between evaluations; 0 = at the end only.', plain='loop'),
+    Field('checkpoint_every', 500, 'Steps between checkpoints.', plain='loop'),
+    Field('keep', 2, 'Latest checkpoints kept (the best by eval accuracy is kept too).',
+          plain='loop'),
     Field('eval_batch_size', REQUIRED, 'Global eval batch (base_config: batch_size).'),
     Field('resolutions', (), 'eval.py: also evaluate at these input sizes (paper Fig. 7), e.g. '
           '(384,).', added=()),
     Field('model_init', '', 'Start from these parameters: DIR[:best|:STEP], FILE.safetensors, '
           "FILE.ckpt (model_init.py); '' = fresh.", added=''),
     Field('model_init_head', 'load', "'load' the source's head or 'reinit' a new one (e.g. "
-          'other classes).', added='load'),
+          'other classes).', added='load', plain='loop'),
 ])
 
 
@@ -80,34 +84,20 @@ SHARDINGS = ('data', 'fsdp')
 INIT_HEADS = ('load', 'reinit')  # model_init_head (liere_jax/model_init.py).
 
 
-@dataclasses.dataclass(frozen=True)
-class OptimizerSpec:
-  """Adam(W) on a learning rate that rises linearly from 0 over `warmup_steps`, then follows a
-  cosine to 0 at `decay_steps`; optional global-norm clipping."""
-  lr: float  # Peak learning rate.
-  warmup_steps: int
-  decay_steps: int  # total_steps (at least warmup_steps + 1).
-  b1: float
-  b2: float
-  eps: float
-  weight_decay: float  # Decoupled (AdamW); 0 = Adam.
-  grad_clip: float  # Global-norm clipping threshold; 0 = off.
+def _spec(name: str, plain: str, doc: str, computed=()):
+  """A frozen dataclass of the `computed` fields [(name, type)], then RUN's fields that are
+  `plain` in it (their declarations above say what they are)."""
+  cls = dataclasses.make_dataclass(name, list(computed) + RUN.spec_fields(plain), frozen=True)
+  cls.__module__, cls.__doc__ = __name__, doc
+  return cls
 
 
-@dataclasses.dataclass(frozen=True)
-class LoopSpec:
-  """The training loop: steps, batches, cadences, placement and the starting parameters."""
-  seed: int  # Parameters, dropout and the data order: a pure function of (seed, step).
-  batch_size: int  # Global, over all devices and processes.
-  total_steps: int
-  log_every: int
-  eval_every: int  # 0: evaluate at the end only.
-  checkpoint_every: int
-  keep: int  # Latest checkpoints kept (the best by eval accuracy is kept too).
-  sharding: str  # 'data' (replicated parameters) or 'fsdp' (parameters sharded too).
-  model_parallel: int  # Devices on the mesh's 'model' axis.
-  model_init: str  # Start from these parameters ('' = fresh); liere_jax/model_init.py.
-  model_init_head: str  # 'load' or 'reinit'.
+OptimizerSpec = _spec(
+    'OptimizerSpec', 'optimizer', 'Adam(W) on a learning rate that rises linearly from 0 over '
+    'warmup_steps, then follows a cosine to 0 at decay_steps (total_steps, at least '
+    'warmup_steps + 1); optional global-norm clipping.', [('decay_steps', int)])
+LoopSpec = _spec('LoopSpec', 'loop', 'The training loop: steps, batches, cadences, placement '
+                 "and the starting parameters (model_init: '' = fresh).", [('model_init', str)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,11 +180,8 @@ def _optimizer(c: dict) -> OptimizerSpec:
   _need(c['eps'] > 0, 'eps', c['eps'], 'must be positive')
   for key in ('weight_decay', 'grad_clip'):
     _need(c[key] >= 0, key, c[key], 'must be >= 0 (0 = off)')
-  return OptimizerSpec(
-      lr=float(c['lr']), warmup_steps=c['warmup_steps'],
-      decay_steps=max(c['total_steps'], c['warmup_steps'] + 1), b1=float(c['b1']),
-      b2=float(c['b2']), eps=float(c['eps']), weight_decay=float(c['weight_decay']),
-      grad_clip=float(c['grad_clip']))
+  return OptimizerSpec(decay_steps=max(c['total_steps'], c['warmup_steps'] + 1),
+                       **RUN.resolve_plain(c, 'optimizer'))
 
 
 def _loop(c: dict, num_devices: int) -> LoopSpec:
@@ -210,11 +197,7 @@ def _loop(c: dict, num_devices: int) -> LoopSpec:
   _batch(c, 'batch_size', num_devices // mp)
   _need(c['model_init_head'] in INIT_HEADS, 'model_init_head', c['model_init_head'],
         f'is unknown; use one of {INIT_HEADS}')
-  return LoopSpec(
-      seed=c['seed'], batch_size=c['batch_size'], total_steps=c['total_steps'],
-      log_every=c['log_every'], eval_every=c['eval_every'],
-      checkpoint_every=c['checkpoint_every'], keep=c['keep'], sharding=c['sharding'],
-      model_parallel=mp, model_init=c['model_init'] or '', model_init_head=c['model_init_head'])
+  return LoopSpec(model_init=c['model_init'] or '', **RUN.resolve_plain(c, 'loop'))
 
 
 def _batch(c: dict, key: str, data_devices: int):
