@@ -18,12 +18,11 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from liere_jax import expm_kernel, switches
+from liere_jax.expm import METHODS as EXPM_METHODS, expm, matmul, per_platform
 from liere_jax.platforms import PLATFORMS
-from liere_jax.expm import expm, matmul, per_platform
-from liere_jax import expm as expm_lib
 
 # The exponentials model.pe.expm names: liere_jax.expm's, and its Pallas kernel (expm_kernel).
-METHODS = expm_lib.METHODS + ('pallas',)
+METHODS = EXPM_METHODS + ('pallas',)
 
 
 def exponential(a: jax.Array, method: str = 'fast', precision='auto') -> jax.Array:
@@ -285,9 +284,9 @@ APPLY = switches.Switch('apply', ('einsum', 'direct'), "rotate's form for blocks
 PAIRS = switches.Switch('pairs', ('swap', 'blocks'), "rotate's form for blocks of 2: 'swap' "
                         "(on x's own layout), 'blocks' (x as [..., k, 2] pairs times [2, 2] "
                         'blocks, the form before; A/B only).')
-SWAP = switches.Switch('swap', ('auto', 'matmul', 'roll'), "'swap''s exchange of each pair's "
-                       "dims: 'auto' (liere_jax.platforms: roll on a TPU, matmul elsewhere), or "
-                       "one form on every platform (A/B).")
+SWAP = switches.Switch('swap', ('auto', 'matmul', 'roll'), "how pairs=swap exchanges each "
+                       "pair's dims: 'auto' (liere_jax.platforms: roll on a TPU, matmul "
+                       'elsewhere), or one form on every platform (A/B).')
 
 
 @jax.named_scope('pe_rotate')  # Its part of a step: liere_jax.bench.compile.SCOPES.
