@@ -23,11 +23,11 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'step, data, lower, pr
                                           'config '
                                           'file[:args].',
                                           lock_config=False)
-_VS = flags.DEFINE_string('vs', None, 'step, compile: arguments appended to the config argument string '
-                          'for the baseline, e.g. pe=abs; items config.KEY=VALUE override the '
-                          "baseline's config only, e.g. config.model.scan_layers=False; "
-                          'items NAME=FORM set a switch (liere_jax.switches) for the baseline, '
-                          'e.g. apply=direct, attention=xla.')
+_VS = flags.DEFINE_string('vs', None, 'step, compile: arguments appended to the config '
+                          'argument string for the baseline, e.g. pe=abs; items '
+                          "config.KEY=VALUE override the baseline's config only, e.g. "
+                          'config.model.scan_layers=False; items NAME=FORM set a switch '
+                          '(liere_jax.switches) for the baseline, e.g. apply=direct, swap=matmul.')
 _STEPS = flags.DEFINE_integer('steps', 10, 'step: timed steps of each (after warm-up); '
                               'profile: traced steps.')
 _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed calls of each before timing.')

@@ -57,7 +57,8 @@ CASES = {
 DEFAULT_CASES = ('cifar_vitb_liere64', 'imagenet_vitb16_liere64', 'imagenet_vitb16_liere8',
                  'imagenet_vitb16_liere2')
 IMPLS = ('scipy', 'scipy_remat', 'fast', 'torch')  # The default set; also fast_loop, fast_cond,
-# fast_select and pallas (rotations.METHODS; pallas: one Pallas kernel, interpret mode on CPU: slow).
+# fast_select and pallas (rotations.METHODS; pallas: one Pallas kernel, interpret mode on CPU:
+# slow).
 ALL_IMPLS = IMPLS + ('fast_loop', 'fast_cond', 'fast_select', 'pallas')
 ROW_KEYS = ('case', 'impl', 'n_matrices', 'size', 'compile_s', 'fwd_s', 'fwd_bwd_s',
             'temp_bytes', 'max_abs_err', 'orth_err', 'grad_rel_err', 'status')
