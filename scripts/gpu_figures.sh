@@ -2,19 +2,19 @@
 # The GPU figures of docs/benchmarks.md in one call (10 min), each section under its own time
 # limit, most important first:
 #   scripts/gpu_figures.sh OUT [OFFICIAL]
-# 1. the train step of every encoding in PES against abs (ViT-B/16, BATCH); 2. a profile of
-# the LieRE64 step (device-busy fraction, kernels and device-to-host copies per step, top
-# kernels); 3. the A/B of each GPU change against the path before it (all at once, then one
-# by one: issue 38's squarings as a loop, its fused exponential (expm 'pallas', bench expm
-# and the step) and RoPE pairs on x's layout first, then the
-# exponential's form, cuDNN attention, its precision, rotate's form); 4. bench expm
-# against torch.matrix_exp; 5. the official step beside ours (with OFFICIAL, a checkout of
-# github.com/StanfordMIMI/LieRE). OUT gets log.txt (everything printed), results.jsonl (each
-# bench's JSON line, tagged) and each reproduce run in RUNS as a .tgz. Environment: PY
-# (python3), DEADLINE (seconds for the whole script, 570), BATCH (128), PES, RUNS (table3 runs
-# to train and evaluate first; none by default), AB (the A/B sections; AB= skips them),
-# EXPM_ARGS, OFFICIAL_BATCH (64); PES= or EXPM_ARGS= (empty) skips those. Compiled programs
-# are cached across sections (JAX's persistent cache in OUT/.jax_cache): abs compiles once.
+# 1. the A/B of each GPU change against the path before it (issue 38's fused exponential
+# (expm 'pallas': bench expm beside torch.matrix_exp, then the step), its squarings as a loop,
+# RoPE's pair swap and pairs on x's layout; then the exponential's form, its precision,
+# rotate's form, cuDNN attention); 2. the train step of every encoding in PES against abs
+# (ViT-B/16, BATCH); 3. a profile of the LieRE64 step (device-busy fraction, kernels and
+# device-to-host copies per step, top kernels); 4. bench expm against torch.matrix_exp; 5. the
+# official step beside ours (with OFFICIAL, a checkout of github.com/StanfordMIMI/LieRE).
+# OUT gets log.txt (everything printed), results.jsonl (each bench's JSON line, tagged) and
+# each reproduce run in RUNS as a .tgz. Environment: PY (python3), DEADLINE (seconds for the
+# whole script, 570), BATCH (128), AB (the A/B sections, in order), PES, PROFILE, EXPM_ARGS,
+# RUNS (table3 runs to train and evaluate first; none by default), OFFICIAL_BATCH (64); an
+# empty AB=, PES=, PROFILE= or EXPM_ARGS= skips those. Compiled programs are cached across
+# sections (JAX's persistent cache in OUT/.jax_cache): abs compiles once.
 set -u
 OUT=${1:?usage: scripts/gpu_figures.sh OUT [OFFICIAL]}
 OFFICIAL=${2:-}
@@ -22,7 +22,8 @@ PY=${PY:-python3}
 DEADLINE=${DEADLINE:-570}
 BATCH=${BATCH:-128}
 PES=${PES-liere64 liere8 paper_rope_mixed rope_mixed}
-AB=${AB-squarings pallas pairs swap all expm attention precision apply}
+AB=${AB-pallas squarings swap pairs all expm precision apply attention}
+PROFILE=${PROFILE-1}
 RUNS=${RUNS:-}
 EXPM_ARGS=${EXPM_ARGS---repeats 3 --case imagenet_vitb16_liere64 --case imagenet_vitb16_liere8 --case cifar_vitb_liere64 --impl fast --impl fast_select --impl fast_cond --impl torch}
 OFFICIAL_BATCH=${OFFICIAL_BATCH:-64}
@@ -69,11 +70,6 @@ step() {  # step NAME CONFIG_ARGS VS [LIMIT]: bench step of ViT-B/16 at BATCH
   section "$1" "${4:-150}" $PY -m liere_jax.bench step --config "configs/imagenet.py:$2" \
       --vs "$3" --config.batch_size="$BATCH" --steps 8 --json
 }
-for pe in $PES; do step "step_$pe" "pe=$pe" pe=abs; done
-
-section profile_liere64 120 $PY -m liere_jax.bench profile \
-    --config configs/imagenet.py:pe=liere64 --config.batch_size="$BATCH" --steps 5 --json
-
 # Each change against the path before it, in one process (B = before): the squarings a loop
 # with the stack's count (fast_loop) against 16 kept by select (fast_select); RoPE's blocks of 2
 # on x's layout against [..., 2, 2] blocks (pairs=blocks); their pair swap by lane shifts
@@ -90,7 +86,7 @@ for ab in $AB; do
     pallas)  # The fused exponential (issue 38 item 2, Triton): the stack alone, then the step.
       section ab_expm_pallas 150 $PY -m liere_jax.bench expm --repeats 3 \
           --case imagenet_vitb16_liere64 --case cifar_vitb_liere64 --impl fast --impl fast_loop \
-          --impl pallas --json
+          --impl pallas --impl torch --json
       step ab_pallas pe=liere64 config.model.pe.expm=pallas ;;  # A: select (GPU default)
     pairs) step ab_pairs pe=rope_mixed pairs=blocks ;;
     swap) step ab_swap pe=rope_mixed swap=roll ;;  # B: roll (the TPU's); A: matmul (the GPU default)
@@ -101,6 +97,11 @@ for ab in $AB; do
     attention) step ab_attention pe=abs attention=xla ;;
   esac
 done
+
+for pe in $PES; do step "step_$pe" "pe=$pe" pe=abs; done
+
+[[ -n $PROFILE ]] && section profile_liere64 120 $PY -m liere_jax.bench profile \
+    --config configs/imagenet.py:pe=liere64 --config.batch_size="$BATCH" --steps 5 --json
 
 [[ -n $EXPM_ARGS ]] && section expm 150 $PY -m liere_jax.bench expm $EXPM_ARGS --json
 

@@ -45,7 +45,8 @@ _CASE = flags.DEFINE_multi_string('case', None, 'expm, rotations: cases (default
                                    'MxB (4096x32: 4096 matrices of 32x32) or LxHxGRID/B '
                                    '(12x12x14x14/8).')
 _IMPL = flags.DEFINE_multi_string('impl', None, 'expm: implementations (default: scipy, '
-                                   'scipy_remat, fast, torch; also fast_loop, fast_cond, fast_select).')
+                                   'scipy_remat, fast, torch; also fast_loop, fast_cond, fast_select, '
+                                   'pallas).')
 _PRECISION = flags.DEFINE_string('precision', 'auto', 'expm: products of the JAX '
                                  'implementations, auto or highest (model.pe.expm_precision).')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'expm, rotations: timed calls of each (after '
