@@ -5,27 +5,30 @@ A program takes the row of the platform it is lowered for: the exponential throu
 or 'tpu' takes that row), attention by the backend it is traced on (liere_jax.model). 'cuda'
 stands for every GPU. Why each, measured where (docs/benchmarks.md):
 
-  platform  exponential  pieces     products ('auto')     attention     pair swap  measured on
-  cpu       fast_cond    64 KiB     float32               XLA           matmul     this CPU
-  tpu       fast_loop    the stack  HIGHEST (6 bf16)      XLA           roll       TPU compiler
-  cuda      fast_select  16 MiB     bf16 x6 (preset X6)   cuDNN (bf16)  matmul     H100, H200
+  platform  exponential  pieces     products ('auto')     attention     pairs          measured on
+  cpu       fast_cond    64 KiB     float32               XLA           swap (matmul)  this CPU
+  tpu       fast_loop    the stack  HIGHEST (6 bf16)      XLA           swap (roll)    TPU compiler
+  cuda      fast_select  16 MiB     bf16 x6 (preset X6)   cuDNN (bf16)  blocks         H100, H200
 
   exponential  model.pe.expm='fast' in this form (liere_jax.expm: fast_loop is one scale for the
-               stack and its squarings a loop on the device; a GPU keeps fast_select, the form
-               timed there, until the loop's host round trips are timed: gpu_figures.sh).
+               stack and its squarings a loop on the device; on the H200 its LieRE64 step was 1.03x
+               fast_select's, so a GPU keeps fast_select).
   pieces       fast_cond's chunks of one scale each and remat's chunks (fast_select,
                scipy_remat), in bytes of matrices; fast_loop chunks only on CPU.
   products     the exponential's and the lattice table's products at expm_precision='auto'
                (liere_jax.dots; on CPU LIERE_EXPM_EMULATE=cuda|tpu emulates the others').
-  pair swap    how blocks of 2 (every RoPE) exchange the dims of each pair on x's layout
-               (liere_jax.rotations._swap): a product with the permutation, or two lane shifts
-               and a select; on the TPU compiler roll takes a 2-layer ViT-B/16 rope_mixed step
-               from 29.1 to 25.6 GB (abs 20.1; docs/benchmarks.md); a GPU keeps matmul until
-               timed (gpu_figures.sh ab_swap).
+  pairs        how blocks of 2 (every RoPE) rotate (liere_jax.rotations.rotate): 'swap' on x's
+               own layout, x' = c0 x + c1 swap(x), the pair swap a product with the permutation
+               (matmul) or two lane shifts and a select (roll); 'blocks', x as [..., k, 2] pairs
+               times [2, 2] blocks. On the TPU compiler swap (roll) takes a 2-layer ViT-B/16
+               rope_mixed step from 32.6 (blocks) to 25.6 GB (abs 20.1); on the H200 blocks
+               made the rope_mixed step 1.11x faster than swap (matmul), and roll lost to matmul
+               (1.09x; docs/benchmarks.md).
 
 The same on every platform (their A/B forms are switches, liere_jax.switches): rotations apply
-blocks of 2 on x's own layout (`pairs`) and larger blocks by one einsum (liere_jax.rotations);
-the Pallas exponential (model.pe.expm=pallas) is opt-in everywhere until timed on a chip.
+blocks above 2 by one einsum (liere_jax.rotations). The Pallas exponential (model.pe.expm=pallas)
+is opt-in everywhere: on the H200 its LieRE64 step was 1.05x fast_select's (its forward alone
+2.4x faster, forward + backward 1.24x).
 """
 from typing import Dict, NamedTuple
 
@@ -39,16 +42,17 @@ class Platform(NamedTuple):
   chunk_bytes: int
   products: dots.Dots
   attention: str  # 'cudnn' (where it takes the shapes, else XLA's) or 'xla'
-  pair_swap: str  # 'matmul' or 'roll'
+  pairs: str  # 'swap' (on x's layout) or 'blocks'
+  pair_swap: str  # pairs='swap': 'matmul' or 'roll'
 
 
 PLATFORMS: Dict[str, Platform] = {
     'cpu': Platform(expm_form='cond', chunk_bytes=2**16, products=dots.CPU, attention='xla',
-                    pair_swap='matmul'),
+                    pairs='swap', pair_swap='matmul'),
     'tpu': Platform(expm_form='loop', chunk_bytes=16 * 2**20, products=dots.TPU,
-                    attention='xla', pair_swap='roll'),
+                    attention='xla', pairs='swap', pair_swap='roll'),
     'cuda': Platform(expm_form='select', chunk_bytes=16 * 2**20, products=dots.GPU,
-                     attention='cudnn', pair_swap='matmul'),
+                     attention='cudnn', pairs='blocks', pair_swap='matmul'),
 }
 
 

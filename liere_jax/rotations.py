@@ -10,6 +10,7 @@ exponential (R(m q) = R(q)^m, `lattice_plan`), and on a mesh each device compute
 """
 
 import dataclasses
+import functools
 from typing import Callable, Union
 
 import jax
@@ -281,9 +282,9 @@ def angle_rotations(angles: jax.Array) -> jax.Array:
 APPLY = switches.Switch('apply', ('einsum', 'direct'), "rotate's form for blocks above 2: "
                         "'einsum' (one einsum, the rotations on the left; every platform), "
                         "'direct' (elementwise up to 8, x on the left above; A/B only).")
-PAIRS = switches.Switch('pairs', ('swap', 'blocks'), "rotate's form for blocks of 2: 'swap' "
-                        "(on x's own layout), 'blocks' (x as [..., k, 2] pairs times [2, 2] "
-                        'blocks, the form before; A/B only).')
+PAIRS = switches.Switch('pairs', ('auto', 'swap', 'blocks'), "rotate's form for blocks of 2: "
+                        "'auto' (liere_jax.platforms), 'swap' (on x's own layout), 'blocks' (x "
+                        'as [..., k, 2] pairs times [2, 2] blocks) on every platform (A/B).')
 SWAP = switches.Switch('swap', ('auto', 'matmul', 'roll'), "how pairs=swap exchanges each "
                        "pair's dims: 'auto' (liere_jax.platforms: roll on a TPU, matmul "
                        'elsewhere), or one form on every platform (A/B).')
@@ -301,27 +302,50 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
     x rotated (x' = R x per block), in x's dtype, with float32 products and sums (bf16 models
     rotate by bf16-rounded rotations).
 
-  Blocks of 2 (every RoPE) are applied on x's own [B, T, H, d] layout (`_rotate_pairs`), blocks
-  above 2 by one einsum with the rotations on the left. 'direct' (APPLY) applies blocks up to 8
-  elementwise: it made the LieRE8 train step 1.2x slower on the CPU and 1.35x slower on an H200
-  (docs/benchmarks.md).
+  Blocks of 2 (every RoPE) take the platform's form (liere_jax.platforms): on x's own
+  [B, T, H, d] layout (`_rotate_pairs`; CPU and TPU) or as [..., k, 2] pairs times [2, 2] blocks
+  (a GPU: 1.11x faster on the H200's rope_mixed step). Blocks above 2 take one einsum with the
+  rotations on the left. 'direct' (APPLY) applies blocks up to 8 elementwise: it made the LieRE8
+  train step 1.2x slower on the CPU and 1.35x slower on an H200 (docs/benchmarks.md).
   """
-  k, b = rot.shape[-3], rot.shape[-1]
   rot = jnp.swapaxes(rot, 0, 1).astype(x.dtype)  # [T, H or 1, k, b, b]
-  if b == 2 and PAIRS.get() == 'swap':
-    return _rotate_pairs(x, rot)
+  if rot.shape[-1] > 2:
+    return _rotate_blocks(x, rot, APPLY.get())
+  forms = _pair_forms()
+  fns = {p: (functools.partial(_rotate_blocks, form='direct') if f == 'blocks' else
+             functools.partial(_rotate_pairs, swap=f)) for p, f in forms.items()}
+  if len(set(forms.values())) == 1:
+    return fns['cpu'](x, rot)
+  return jax.lax.platform_dependent(x, rot, cpu=fns['cpu'], tpu=fns['tpu'], default=fns['cuda'])
+
+
+def _pair_forms():
+  """{platform: 'blocks', or the swap ('matmul' | 'roll') of the form on x's layout}: each
+  platform's row (liere_jax.platforms) unless PAIRS / SWAP name one form for all."""
+  pairs, swap = PAIRS.get(), SWAP.get()
+
+  def form(row):
+    if (row.pairs if pairs == 'auto' else pairs) == 'blocks':
+      return 'blocks'
+    return row.pair_swap if swap == 'auto' else swap
+  return {p: form(row) for p, row in PLATFORMS.items()}
+
+
+def _rotate_blocks(x, rot, form):
+  """x [B, T, H, d] as [..., k, b] blocks times rot [T, H or 1, k, b, b], in APPLY's form (blocks
+  of 2 always elementwise)."""
+  k, b = rot.shape[-3], rot.shape[-1]
   xr = x[..., :k * b].reshape(*x.shape[:-1], k, b)  # [B, T, H, k, b]
-  form = 'direct' if b == 2 else APPLY.get()
   out = {'einsum': _apply_einsum, 'direct': _apply_direct}[form](xr, rot)
   out = out.reshape(*x.shape[:-1], k * b).astype(x.dtype)
   return jnp.concatenate([out, x[..., k * b:]], axis=-1) if k * b < x.shape[-1] else out
 
 
-def _rotate_pairs(x, rot):
+def _rotate_pairs(x, rot, swap):
   """x [B, T, H, d] by 2 x 2 blocks rot [T, H or 1, k, 2, 2] on x's own layout: x' = c0 x +
-  c1 swap(x), swap exchanging the two dims of each pair, coefficients [T, H or 1, d] made once
-  per call (pass-through dims: 1 and 0). Nothing of size 2 is a minor dimension (a TPU pads it
-  to 128 lanes)."""
+  c1 swap(x), swap exchanging the two dims of each pair in the given form, coefficients
+  [T, H or 1, d] made once per call (pass-through dims: 1 and 0). Nothing of size 2 is a minor
+  dimension (a TPU pads it to 128 lanes)."""
   d, k = x.shape[-1], rot.shape[-3]
   r = rot.astype(jnp.float32)
 
@@ -332,22 +356,15 @@ def _rotate_pairs(x, rot):
 
   c0 = per_dim(r[..., 0, 0], r[..., 1, 1], 1.)
   c1 = per_dim(r[..., 0, 1], r[..., 1, 0], 0.)
-  return _pairs(x, c0, c1)
+  return _pairs(x, c0, c1, swap)
 
 
-def _swap(x):
+def _swap(x, form):
   """x [..., d] with the dims of each pair (2j, 2j + 1) exchanged (the last of odd d stays), exact
   in x's dtype and on x's own layout (a reshape to [..., d/2, 2] would make 2 the minor
-  dimension), in the platform's form (liere_jax.platforms, SWAP for A/B): 'matmul', a product
-  with the permutation; 'roll', each dim from its neighbour (two lane shifts and a select, which
-  fuse into the rotation's own elementwise pass)."""
-  form = SWAP.get()
-  if form != 'auto':
-    return _SWAPS[form](x)
-  rows = {p: _SWAPS[row.pair_swap] for p, row in PLATFORMS.items()}
-  if len(set(rows.values())) == 1:
-    return rows['cpu'](x)
-  return jax.lax.platform_dependent(x, cpu=rows['cpu'], tpu=rows['tpu'], default=rows['cuda'])
+  dimension): 'matmul', a product with the permutation; 'roll', each dim from its neighbour (two
+  lane shifts and a select, which fuse into the rotation's own elementwise pass)."""
+  return _SWAPS[form](x)
 
 
 def _swap_matmul(x):
@@ -372,27 +389,27 @@ def _pair_swap(d):
   return perm
 
 
-@jax.custom_vjp
-def _pairs(x, c0, c1):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _pairs(x, c0, c1, swap):
   """c0 x + c1 swap(x) in float32, in x's dtype; c0, c1 [T, H or 1, d] against x [B, T, H, d]."""
-  return (c0 * x.astype(jnp.float32) + c1 * _swap(x).astype(jnp.float32)).astype(x.dtype)
+  return (c0 * x.astype(jnp.float32) + c1 * _swap(x, swap).astype(jnp.float32)).astype(x.dtype)
 
 
-def _pairs_fwd(x, c0, c1):
-  return _pairs(x, c0, c1), (x, c0, c1)
+def _pairs_fwd(x, c0, c1, swap):
+  return _pairs(x, c0, c1, swap), (x, c0, c1)
 
 
-def _pairs_bwd(res, g):
+def _pairs_bwd(swap, res, g):
   """One pass over g and x: dx = c0 g + swap(c1) swap(g) (swap is its own transpose), dc = sums
   over the batch. Only x (the projection's output, kept anyway) is saved, not a float32 copy;
   every swap is of x's dtype."""
   x, c0, c1 = res
   f32 = lambda a: a.astype(jnp.float32)
-  dx = (c0 * f32(g) + c1[..., _pair_swap(x.shape[-1])] * f32(_swap(g))).astype(x.dtype)
+  dx = (c0 * f32(g) + c1[..., _pair_swap(x.shape[-1])] * f32(_swap(g, swap))).astype(x.dtype)
 
   def over_batch(y, c):  # [B, T, H, d] -> c's [T, H or 1, d]
     return jnp.sum(y, (0, 2) if c.shape[1] < y.shape[2] else 0).reshape(c.shape)
-  return dx, over_batch(f32(g) * f32(x), c0), over_batch(f32(g) * f32(_swap(x)), c1)
+  return dx, over_batch(f32(g) * f32(x), c0), over_batch(f32(g) * f32(_swap(x, swap)), c1)
 
 
 _pairs.defvjp(_pairs_fwd, _pairs_bwd)

@@ -271,8 +271,8 @@ def test_a_single_patch_grid_is_the_identity_rotation():
 @pytest.mark.parametrize('heads, d', [(3, 64), (1, 70), (3, 7)])
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 def test_pairs_on_x_layout_equal_the_blocks_form_forward_and_backward(heads, d, dtype):
-  """Blocks of 2 on x's own layout (the default) and as [..., k, 2] x [2, 2] blocks (the form
-  before, PAIRS 'blocks'): the same x' and the same gradients in x and R, bit for bit; rotations
+  """Blocks of 2 on x's own layout (CPU and TPU) and as [..., k, 2] x [2, 2] blocks (a GPU's
+  form, PAIRS 'blocks'): the same x' and the same gradients in x and R, bit for bit; rotations
   per head or shared (H or 1), dims past the last pair pass through, any 2 x 2 block."""
   rng = np.random.default_rng(d)
   x = jnp.asarray(rng.standard_normal((2, 5, 3, d)), dtype)
@@ -283,21 +283,27 @@ def test_pairs_on_x_layout_equal_the_blocks_form_forward_and_backward(heads, d, 
   with rotations.PAIRS('blocks'):
     old = run()
   for swap in ('matmul', 'roll'):  # Each platform's exchange of the pair's dims (platforms).
-    with rotations.SWAP(swap):
+    with rotations.PAIRS('swap'), rotations.SWAP(swap):
       new = run()
     for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(old)):
       np.testing.assert_array_equal(a, b)
   np.testing.assert_array_equal(rotations.rotate(x, rot)[..., 64:], x[..., 64:])
 
 
-def test_pairs_swap_by_lane_shifts_on_a_tpu_and_by_a_product_elsewhere():
-  """liere_jax.platforms' pair swap: rotate's program lowered for tpu exchanges each pair's dims
-  without a product (roll), for cuda with one, forward and backward."""
+def test_pairs_take_each_platforms_form():
+  """liere_jax.platforms' form for blocks of 2, forward and backward: the program lowered for tpu
+  exchanges each pair's dims without a product (roll), for cpu with one (matmul), and for cuda
+  rotates [..., k, 2] blocks, the program PAIRS 'blocks' gives."""
   x, rot = jnp.ones((2, 3, 2, 8), jnp.bfloat16), jnp.ones((2, 3, 4, 2, 2))
-  grad = jax.grad(lambda x: jnp.sum(rotations.rotate(x, rot).astype(jnp.float32)))
-  dots = lambda platform: jax.jit(grad).trace(x).lower(
-      lowering_platforms=(platform,)).as_text().count('dot_general')
-  assert dots('tpu') == 0 and dots('cuda') > 0, (dots('tpu'), dots('cuda'))
+  lowered = lambda platform: jax.jit(jax.grad(  # A new function each time: switches are read
+      lambda x: jnp.sum(rotations.rotate(x, rot).astype(jnp.float32)))  # when it is traced.
+  ).trace(x).lower(lowering_platforms=(platform,)).as_text()
+  dots = lambda platform: lowered(platform).count('dot_general')
+  assert dots('tpu') == 0 and dots('cpu') > 0, (dots('tpu'), dots('cpu'))
+  blocks_shape = 'tensor<2x3x2x4x2xbf16>'  # x as [B, T, H, k, 2]
+  assert blocks_shape in lowered('cuda') and blocks_shape not in lowered('tpu')
+  with rotations.PAIRS('blocks'):
+    assert blocks_shape in lowered('tpu')
 
 
 @pytest.mark.numerics
