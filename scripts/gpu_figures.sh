@@ -72,12 +72,12 @@ step() {  # step NAME CONFIG_ARGS VS [LIMIT]: bench step of ViT-B/16 at BATCH
 }
 # Each change against the path before it, in one process (B = before): the squarings a loop
 # with the stack's count (fast_loop) against 16 kept by select (fast_select); RoPE's blocks of 2
-# on x's layout against [..., 2, 2] blocks (pairs=blocks); their pair swap by lane shifts
-# (swap=roll, the TPU's) as B against the product (matmul, the GPU's default); the exponential's form
-# (fast_cond: per-chunk branches and remat), its products (highest: float32), XLA's attention
-# instead of cuDNN's (attention=xla); and rotate's elementwise form (apply=direct), which lost.
-# pallas: the exponential as one Triton kernel (expm 'pallas', never run on a GPU before: its
-# own bench expm section first, so a failure there leaves the other sections' figures).
+# (the GPU's form since the H200's second round) against the form on x's layout by a product
+# (pairs=swap, CPU) or by lane shifts (swap=roll, TPU); the exponential's form (fast_cond:
+# per-chunk branches and remat), its products (highest: float32), XLA's attention instead of
+# cuDNN's (attention=xla); and rotate's elementwise form (apply=direct), which lost.
+# pallas: the exponential as one Triton kernel (expm 'pallas'): its own bench expm section
+# first, so a failure there leaves the other sections' figures.
 OLD_EXPM=config.model.pe.expm=fast_cond
 OLD_PREC=config.model.pe.expm_precision=highest
 for ab in $AB; do
@@ -88,8 +88,8 @@ for ab in $AB; do
           --case imagenet_vitb16_liere64 --case cifar_vitb_liere64 --impl fast --impl fast_loop \
           --impl pallas --impl torch --json
       step ab_pallas pe=liere64 config.model.pe.expm=pallas ;;  # A: select (GPU default)
-    pairs) step ab_pairs pe=rope_mixed pairs=blocks ;;
-    swap) step ab_swap pe=rope_mixed swap=roll ;;  # B: roll (the TPU's); A: matmul (the GPU default)
+    pairs) step ab_pairs pe=rope_mixed pairs=swap ;;  # B: on x's layout (CPU, TPU); A: blocks (GPU)
+    swap) step ab_swap pe=rope_mixed pairs=swap,swap=roll ;;  # B: x's layout by roll (the TPU's)
     all) step ab_all pe=liere64 "$OLD_EXPM,$OLD_PREC,attention=xla" ;;
     expm) step ab_expm pe=liere64 "$OLD_EXPM" ;;
     precision) step ab_precision pe=liere64 "$OLD_PREC" ;;
