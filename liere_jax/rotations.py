@@ -279,11 +279,9 @@ def angle_rotations(angles: jax.Array) -> jax.Array:
   return jnp.stack([jnp.stack([c, -s], -1), jnp.stack([s, c], -1)], -2)
 
 
-APPLY = switches.Switch('apply', ('einsum', 'direct', 'diagonals'), "rotate's form for blocks "
-                        "above 2: 'einsum' (one einsum, the rotations on the left; every "
-                        "platform), 'direct' (elementwise up to 8, x on the left above), "
-                        "'diagonals' (up to 8: the blocks' 2b - 1 diagonals on x's own layout; "
-                        'A/B only).')
+APPLY = switches.Switch('apply', ('einsum', 'direct'), "rotate's form for blocks above 2: "
+                        "'einsum' (one einsum, the rotations on the left; every platform), "
+                        "'direct' (elementwise up to 8, x on the left above; A/B only).")
 PAIRS = switches.Switch('pairs', ('auto', 'swap', 'blocks'), "rotate's form for blocks of 2: "
                         "'auto' (liere_jax.platforms), 'swap' (on x's own layout), 'blocks' (x "
                         'as [..., k, 2] pairs times [2, 2] blocks) on every platform (A/B).')
@@ -312,10 +310,7 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
   """
   rot = jnp.swapaxes(rot, 0, 1).astype(x.dtype)  # [T, H or 1, k, b, b]
   if rot.shape[-1] > 2:
-    form = APPLY.get()
-    if form == 'diagonals' and rot.shape[-1] <= 8:
-      return _rotate_diagonals(x, rot)
-    return _rotate_blocks(x, rot, 'einsum' if form == 'diagonals' else form)
+    return _rotate_blocks(x, rot, APPLY.get())
   forms = _pair_forms()
   fns = {p: (functools.partial(_rotate_blocks, form='direct') if f == 'blocks' else
              functools.partial(_rotate_pairs, swap=f)) for p, f in forms.items()}
@@ -418,54 +413,6 @@ def _pairs_bwd(swap, res, g):
 
 
 _pairs.defvjp(_pairs_fwd, _pairs_bwd)
-
-
-def _rotate_diagonals(x, rot):
-  """x [B, T, H, d] by b x b blocks rot [T, H or 1, k, b, b] on x's own layout, as the blocks'
-  diagonals: x'[p] = sum_m c_m[p] x[p + m], m = 1 - b .. b - 1, c_m[kb + i] = R[k, i, i + m]
-  (0 where i + m leaves the block, so x's rolls never mix blocks; pass-through dims: c_0 = 1).
-  No dimension of size b is minor (a TPU pads it to 128 lanes)."""
-  d, k, b = x.shape[-1], rot.shape[-3], rot.shape[-1]
-  m = np.arange(1 - b, b)[:, None]
-  i = np.arange(b)[None, :]
-  j = np.clip(i + m, 0, b - 1)
-  valid = ((i + m >= 0) & (i + m < b)).astype(np.float32)  # [2b - 1, b]
-  c = rot.astype(jnp.float32)[..., i, j] * valid  # [T, H, k, 2b - 1, b]
-  c = jnp.moveaxis(c, -2, 0).reshape(2 * b - 1, *rot.shape[:2], k * b)
-  if k * b < d:
-    rest = np.zeros((2 * b - 1, 1, 1, d - k * b), np.float32)
-    rest[b - 1] = 1.
-    c = jnp.concatenate([c, jnp.broadcast_to(rest, c.shape[:-1] + rest.shape[-1:])], -1)
-  return _diagonals(x, c)
-
-
-@jax.custom_vjp
-def _diagonals(x, c):
-  """sum_m c[m] roll(x, -m) in float32, in x's dtype; c [2b - 1, T, H or 1, d], m = 1 - b .."""
-  b = (c.shape[0] + 1) // 2
-  out = sum(c[n] * jnp.roll(x, b - 1 - n, -1).astype(jnp.float32) for n in range(c.shape[0]))
-  return out.astype(x.dtype)
-
-
-def _diagonals_fwd(x, c):
-  return _diagonals(x, c), (x, c)
-
-
-def _diagonals_bwd(res, g):
-  """One pass over g and x: dx = sum_m roll(c_m, m) roll(g, m) (the adjoint of a roll is the
-  opposite roll), dc_m = sums over the batch of g roll(x, -m). Only x is saved."""
-  x, c = res
-  b = (c.shape[0] + 1) // 2
-  f32 = lambda a: a.astype(jnp.float32)
-  shifts = [b - 1 - n for n in range(c.shape[0])]  # roll(x, s) = x[p - s]: m = -s
-  dx = sum(jnp.roll(c[n], -s, -1) * f32(jnp.roll(g, -s, -1)) for n, s in enumerate(shifts))
-  sum_axes = (0, 2) if c.shape[2] < x.shape[2] else 0
-  dc = jnp.stack([jnp.sum(f32(g) * f32(jnp.roll(x, s, -1)), sum_axes).reshape(c.shape[1:])
-                  for s in shifts])
-  return dx.astype(x.dtype), dc
-
-
-_diagonals.defvjp(_diagonals_fwd, _diagonals_bwd)
 
 
 def _elementwise(xr, rot):

@@ -290,26 +290,6 @@ def test_pairs_on_x_layout_equal_the_blocks_form_forward_and_backward(heads, d, 
   np.testing.assert_array_equal(rotations.rotate(x, rot)[..., 64:], x[..., 64:])
 
 
-@pytest.mark.parametrize('b, heads, d', [(8, 3, 64), (4, 1, 70), (8, 1, 72)])
-def test_small_blocks_as_diagonals_on_x_layout_equal_the_einsum_forward_and_backward(b, heads, d):
-  """APPLY 'diagonals' (blocks up to 8 as their 2b - 1 diagonals on x's own layout) against the
-  einsum: the same x' and gradients in x and R to float32 rounding; rotations per head or shared,
-  dims past the last block pass through, blocks never mix (R dense, not orthogonal)."""
-  rng = np.random.default_rng(b + d)
-  x = jnp.asarray(rng.standard_normal((2, 5, 3, d)), jnp.float32)
-  rot = jnp.asarray(rng.standard_normal((heads, 5, min(d // b, 8), b, b)), jnp.float32)
-  weight = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
-  run = lambda: jax.value_and_grad(lambda x, r: jnp.sum(
-      rotations.rotate(x, r) * weight), (0, 1))(x, rot)
-  with rotations.APPLY('einsum'):
-    want = run()
-  with rotations.APPLY('diagonals'):
-    got = run()
-    np.testing.assert_array_equal(rotations.rotate(x, rot)[..., 64:], x[..., 64:])
-  for a, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(a, w, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(w))))
-
-
 def test_pairs_take_each_platforms_form():
   """liere_jax.platforms' form for blocks of 2, forward and backward: the program lowered for tpu
   exchanges each pair's dims without a product (roll), for cpu with one (matmul), and for cuda
