@@ -62,7 +62,7 @@ from typing import Callable, Dict, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from liere_jax import dots as dots_lib
+from liere_jax import dots as dots_lib, switches
 from liere_jax.platforms import PLATFORMS, current
 
 METHODS = ('fast', 'fast_loop', 'fast_cond', 'fast_select', 'scipy', 'scipy_remat')
@@ -78,6 +78,11 @@ SELECT_CAP = 16
 # 8.6 GB, which an 80 GB accelerator holds beside ViT-B/16's batch of 128 (37 GB). Lower it to
 # trade recomputation for memory.
 REMAT_ABOVE_BYTES = 16 * 2**30
+ELEMENTWISE_UP_TO = 8
+BLOCK_PRODUCTS = switches.Switch(
+    'block_products', ('auto', 'dot', 'elementwise'), "the exponential's and the lattice "
+    "table's products of small blocks: 'auto' (liere_jax.platforms' elementwise_blocks), 'dot' "
+    f"everywhere, or 'elementwise' (float32 multiply-adds up to {ELEMENTWISE_UP_TO}) everywhere.")
 
 
 class Taylor(NamedTuple):
@@ -226,7 +231,7 @@ def _newton_schulz(r):
 def _loop_expm(taylor, a):
   """fast_loop on a [c, b, b]: one scale for the stack, from its largest bound, and that many
   squarings in a while loop."""
-  return _newton_schulz(_squared_taylor(taylor, _DOTS.get())(a))
+  return _newton_schulz(_squared_taylor(taylor, _DOTS.get(), _ELEMENTWISE.get())(a))
 
 
 def _taylor_squared(taylor, powers, s):
@@ -236,17 +241,17 @@ def _taylor_squared(taylor, powers, s):
 
 
 @functools.lru_cache(maxsize=None)
-def _squared_taylor(taylor, d):
-  """a [c, b, b] -> p(a 2^-s)^(2^s) with s the stack's squarings, products at d, as a function
-  whose VJP keeps a and s alone.
+def _squared_taylor(taylor, d, elementwise_blocks):
+  """a [c, b, b] -> p(a 2^-s)^(2^s) with s the stack's squarings, products at d (multiply-adds
+  up to elementwise_blocks), as a function whose VJP keeps a and s alone.
 
   p and the squarings make a polynomial q in a, and the adjoint of a polynomial's derivative at
   a is its derivative at a^T: the VJP of cotangent g is jvp(q, a^T, g), the same program run
   forward on a^T with g as tangent (3 products a product, nothing stored; reverse mode would
   keep every intermediate, and cannot go through a loop of unknown trip count).
   """
-  def fwd(a):
-    with _products(d.forward):
+  def fwd(a):  # Both may be traced after per_platform's branch returned (under cond's JVP).
+    with _products(d.forward, elementwise_blocks):
       powers = taylor.powers(a)
       s = jnp.max(_squarings(powers, taylor.theta))
       return _taylor_squared(taylor, powers, s), (a, s)
@@ -254,7 +259,7 @@ def _squared_taylor(taylor, d):
   def bwd(res, g):
     a, s = res
     q = lambda x: _taylor_squared(taylor, taylor.powers(x), s)
-    with _products(d.backward):
+    with _products(d.backward, elementwise_blocks):
       return jax.jvp(q, (jnp.swapaxes(a, -1, -2),), (g,))[1],
 
   run = jax.custom_vjp(lambda a: fwd(a)[0])
@@ -294,8 +299,10 @@ def _select_stack(taylor, budget, a):
   return fn(a)
 
 
-# The products of the branch being traced (per_platform), or None outside one.
+# The products of the branch being traced (per_platform), or None outside one; and the largest
+# block whose products are multiply-adds there.
 _DOTS = contextvars.ContextVar('liere_expm_dots', default=None)
+_ELEMENTWISE = contextvars.ContextVar('liere_expm_elementwise', default=0)
 
 
 def per_platform(fn_of: Callable[[str], Callable], precision, *args):
@@ -306,7 +313,8 @@ def per_platform(fn_of: Callable[[str], Callable], precision, *args):
   if isinstance(precision, str) and precision not in PRECISIONS:
     raise ValueError(f'model.pe.expm_precision={precision!r} is unknown; use one of '
                      f'{PRECISIONS} (e.g. --config.model.pe.expm_precision=auto).')
-  branches = {p: _with_dots(fn_of(p), _dots(precision, p)) for p in ('cpu', 'tpu', 'cuda')}
+  branches = {p: _with_dots(fn_of(p), _dots(precision, p), _elementwise_blocks(p))
+              for p in ('cpu', 'tpu', 'cuda')}
   if len(set(branches.values())) == 1:
     return branches['cpu'](*args)
   return jax.lax.platform_dependent(*args, cpu=branches['cpu'], tpu=branches['tpu'],
@@ -321,23 +329,32 @@ def _dots(precision, platform: str) -> dots_lib.Dots:
   return dots_lib.HIGHEST if precision == 'highest' else PLATFORMS[platform].products
 
 
-@functools.lru_cache(maxsize=256)  # Equal (fn, d) give one function: platform_dependent's dedup.
-def _with_dots(fn, d: dots_lib.Dots):
+def _elementwise_blocks(platform: str) -> int:
+  form = BLOCK_PRODUCTS.get()
+  if form == 'auto':
+    return PLATFORMS[platform].elementwise_blocks
+  return ELEMENTWISE_UP_TO if form == 'elementwise' else 0
+
+
+@functools.lru_cache(maxsize=256)  # Equal arguments give one function: platform_dependent's dedup.
+def _with_dots(fn, d: dots_lib.Dots, elementwise_blocks: int = 0):
   def run(*args):
-    with _products(d):
+    with _products(d, elementwise_blocks):
       return fn(*args)
   return run
 
 
 @contextlib.contextmanager
-def _products(d):
+def _products(d, elementwise_blocks: int = 0):
   """`matmul` inside is d: a Dots (its forward, with a VJP at its backward), or a plain product
-  (x, y) -> x @ y, which forward-mode differentiation goes through (fast_loop)."""
-  token = _DOTS.set(d)
+  (x, y) -> x @ y, which forward-mode differentiation goes through (fast_loop); multiply-adds
+  for blocks up to elementwise_blocks."""
+  tokens = _DOTS.set(d), _ELEMENTWISE.set(elementwise_blocks)
   try:
     yield
   finally:
-    _DOTS.reset(token)
+    _DOTS.reset(tokens[0])
+    _ELEMENTWISE.reset(tokens[1])
 
 
 def matmul(x: jax.Array, y: jax.Array) -> jax.Array:
@@ -346,7 +363,16 @@ def matmul(x: jax.Array, y: jax.Array) -> jax.Array:
   d = _DOTS.get()
   if d is None:
     return per_platform(lambda _: matmul, 'auto', x, y)
+  if x.shape[-1] <= _ELEMENTWISE.get():
+    return _multiply_adds(x, y)
   return _matmul(d)(x, y) if isinstance(d, dots_lib.Dots) else d(x, y)
+
+
+def _multiply_adds(x, y):
+  """x @ y for small blocks in float32 on the vector units: b multiply-adds an entry, no dot (a
+  dot of 8 x 8 tiles fills a fraction of a tensor core or an MXU). Exact float32 products."""
+  x, y = x.astype(jnp.float32), y.astype(jnp.float32)
+  return jnp.sum(x[..., :, :, None] * y[..., None, :, :], axis=-2)
 
 
 def _cpu_auto() -> dots_lib.Dots:

@@ -26,7 +26,10 @@ stands for every GPU. Why each, measured where (docs/benchmarks.md):
                (1.09x; docs/benchmarks.md).
 
 The same on every platform (their A/B forms are switches, liere_jax.switches): rotations apply
-blocks above 2 by one einsum (liere_jax.rotations). The Pallas exponential (model.pe.expm=pallas)
+blocks above 2 by one einsum (liere_jax.rotations); the exponential's and the lattice table's
+products are dots at every block size (`elementwise_blocks` 0; switch block_products=elementwise
+makes those of blocks up to 8 float32 multiply-adds on the vector units, issue 38 item 5: not
+yet timed on a GPU, no gain on the TPU compiler or this CPU, docs/benchmarks.md). The Pallas exponential (model.pe.expm=pallas)
 is opt-in everywhere: on the H200 its LieRE64 step was 1.05x fast_select's (its forward alone
 2.4x faster, forward + backward 1.24x).
 """
@@ -44,6 +47,7 @@ class Platform(NamedTuple):
   attention: str  # 'cudnn' (where it takes the shapes, else XLA's) or 'xla'
   pairs: str  # 'swap' (on x's layout) or 'blocks'
   pair_swap: str  # pairs='swap': 'matmul' or 'roll'
+  elementwise_blocks: int = 0  # products of blocks up to this size as multiply-adds, not dots
 
 
 PLATFORMS: Dict[str, Platform] = {

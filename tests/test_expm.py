@@ -295,3 +295,25 @@ def test_expm_precision_highest_keeps_float32_products_on_accelerators():
         lowering_platforms=('cuda',)).compiler_ir('stablehlo')
     found[precision] = lower.summarize(module, 'cuda')['expm_dot_algorithms']
   assert found == {'auto': ['BF16_BF16_F32_X6'], 'highest': ['HIGHEST']}, found
+
+
+@pytest.mark.parametrize('method', ['fast_loop', 'fast_cond', 'fast_select'])
+def test_small_blocks_multiply_add_on_the_vector_units_as_the_dots_compute(method):
+  """block_products=elementwise: products of blocks up to 8 as float32 multiply-adds, no dot in
+  the exponential lowered for any platform (forward and backward, fast_loop's VJP included, which
+  is traced outside the platform's branch); R and the gradient as the dots give them."""
+  rng = np.random.default_rng(8)
+  a = rng.standard_normal((16, 8, 8)).astype(np.float32) * 3
+  a = jnp.asarray(a - np.swapaxes(a, -1, -2))
+  g = jnp.asarray(rng.standard_normal(a.shape), jnp.float32)
+  loss = lambda a: jnp.sum(expm.expm(a, method) * g)
+  with expm.BLOCK_PRODUCTS('dot'):
+    want = expm.expm(a, method), jax.grad(loss)(a)
+  with expm.BLOCK_PRODUCTS('elementwise'):
+    got = expm.expm(a, method), jax.grad(loss)(a)
+    for platform in ('cpu', 'cuda', 'tpu'):
+      text = jax.jit(jax.grad(lambda a: loss(a))).trace(a).lower(
+          lowering_platforms=(platform,)).as_text()
+      assert 'dot_general' not in text, platform
+  np.testing.assert_allclose(got[0], want[0], atol=1e-6)
+  np.testing.assert_allclose(got[1], want[1], atol=1e-5 * float(jnp.max(jnp.abs(want[1]))))
