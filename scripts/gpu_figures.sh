@@ -2,7 +2,8 @@
 # The GPU figures of docs/benchmarks.md in one call (10 min), each section under its own time
 # limit, most important first:
 #   scripts/gpu_figures.sh OUT [OFFICIAL]
-# 1. the A/B of each GPU change against the path before it (issue 38's fused exponential
+# 1. the A/B of each GPU change against the path before it (issue 38's LieRE8 products as
+# multiply-adds (block_products=elementwise, untimed on a GPU), its fused exponential
 # (expm 'pallas': bench expm beside torch.matrix_exp, then the step), its squarings as a loop,
 # RoPE's pair swap and pairs on x's layout; then the exponential's form, its precision,
 # rotate's form, cuDNN attention); 2. the train step of every encoding in PES against abs
@@ -22,7 +23,7 @@ PY=${PY:-python3}
 DEADLINE=${DEADLINE:-570}
 BATCH=${BATCH:-128}
 PES=${PES-liere64 liere8 paper_rope_mixed rope_mixed}
-AB=${AB-pallas squarings swap pairs all expm precision apply attention}
+AB=${AB-blocks pallas squarings swap pairs all expm precision apply attention}
 PROFILE=${PROFILE-1}
 RUNS=${RUNS:-}
 EXPM_ARGS=${EXPM_ARGS---repeats 3 --case imagenet_vitb16_liere64 --case imagenet_vitb16_liere8 --case cifar_vitb_liere64 --impl fast --impl fast_select --impl fast_cond --impl torch}
@@ -70,7 +71,9 @@ step() {  # step NAME CONFIG_ARGS VS [LIMIT]: bench step of ViT-B/16 at BATCH
   section "$1" "${4:-150}" $PY -m liere_jax.bench step --config "configs/imagenet.py:$2" \
       --vs "$3" --config.batch_size="$BATCH" --steps 8 --json
 }
-# Each change against the path before it, in one process (B = before): the squarings a loop
+# Each change against the path before it, in one process (B = before, except blocks: B the
+# candidate, LieRE8's 8x8 products as float32 multiply-adds, off on every platform until a
+# platform gains from it): the squarings a loop
 # with the stack's count (fast_loop) against 16 kept by select (fast_select); RoPE's blocks of 2
 # (the GPU's form since the H200's second round) against the form on x's layout by a product
 # (pairs=swap, CPU) or by lane shifts (swap=roll, TPU); the exponential's form (fast_cond:
@@ -82,6 +85,7 @@ OLD_EXPM=config.model.pe.expm=fast_cond
 OLD_PREC=config.model.pe.expm_precision=highest
 for ab in $AB; do
   case $ab in
+    blocks) step ab_blocks pe=liere8 block_products=elementwise ;;  # B: 8x8 products as multiply-adds
     squarings) step ab_squarings pe=liere64 config.model.pe.expm=fast_loop ;;  # A: select (GPU default)
     pallas)  # The fused exponential (issue 38 item 2, Triton): the stack alone, then the step.
       section ab_expm_pallas 150 $PY -m liere_jax.bench expm --repeats 3 \
