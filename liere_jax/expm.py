@@ -46,8 +46,8 @@
 Products run at `precision` (`per_platform`): 'highest' is float32 everywhere; 'auto' keeps it on
 CPU and uses six bf16 passes on accelerators (tensor cores; a TPU's HIGHEST), which keep
 float32's error (docs/benchmarks.md; `liere_jax.dots` emulates the presets on CPU). Products of
-blocks up to ELEMENTWISE_UP_TO can instead be float32 multiply-adds (switch block_products;
-liere_jax.platforms' elementwise_blocks, off everywhere until one platform gains from it).
+blocks up to ELEMENTWISE_UP_TO are float32 multiply-adds on a TPU (liere_jax.platforms'
+elementwise_blocks; switch block_products for A/B).
 
 `per_platform` runs a computation (the exponential, the lattice table's products) with its
 products at each platform's precision. `fast_expm(a, taylor, form, precision)` is `fast` with

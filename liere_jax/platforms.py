@@ -5,10 +5,11 @@ A program takes the row of the platform it is lowered for: the exponential throu
 or 'tpu' takes that row), attention by the backend it is traced on (liere_jax.model). 'cuda'
 stands for every GPU. Why each, measured where (docs/benchmarks.md):
 
-  platform  exponential  pieces     products ('auto')     attention     pairs          measured on
-  cpu       fast_cond    64 KiB     float32               XLA           swap (matmul)  this CPU
-  tpu       fast_loop    the stack  HIGHEST (6 bf16)      XLA           swap (roll)    TPU compiler
-  cuda      fast_select  16 MiB     bf16 x6 (preset X6)   cuDNN (bf16)  blocks         H100, H200
+  platform  exponential  pieces     products ('auto')       attention     pairs          measured on
+  cpu       fast_cond    64 KiB     float32                 XLA           swap (matmul)  this CPU
+  tpu       fast_loop    the stack  HIGHEST (6 bf16);       XLA           swap (roll)    TPU compiler
+                                    b <= 8 multiply-adds
+  cuda      fast_select  16 MiB     bf16 x6 (preset X6)     cuDNN (bf16)  blocks         H100, H200
 
   exponential  model.pe.expm='fast' in this form (liere_jax.expm: fast_loop is one scale for the
                stack and its squarings a loop on the device; on the H200 its LieRE64 step was 1.03x
@@ -16,20 +17,22 @@ stands for every GPU. Why each, measured where (docs/benchmarks.md):
   pieces       fast_cond's chunks of one scale each and remat's chunks (fast_select,
                scipy_remat), in bytes of matrices; fast_loop chunks only on CPU.
   products     the exponential's and the lattice table's products at expm_precision='auto'
-               (liere_jax.dots; on CPU LIERE_EXPM_EMULATE=cuda|tpu emulates the others').
+               (liere_jax.dots; on CPU LIERE_EXPM_EMULATE=cuda|tpu emulates the others'); on a
+               TPU those of blocks up to 8 are float32 multiply-adds on the vector units
+               (`elementwise_blocks`): a 2-layer ViT-B/16 LieRE8 step on one v5e chip moves
+               35.9 GB instead of 55.4 (abs 20.1). This CPU lost with them (1.16x the LieRE8
+               step); a GPU keeps dots until timed (gpu_figures.sh ab_blocks).
   pairs        how blocks of 2 (every RoPE) rotate (liere_jax.rotations.rotate): 'swap' on x's
                own layout, x' = c0 x + c1 swap(x), the pair swap a product with the permutation
                (matmul) or two lane shifts and a select (roll); 'blocks', x as [..., k, 2] pairs
-               times [2, 2] blocks. On the TPU compiler swap (roll) takes a 2-layer ViT-B/16
-               rope_mixed step from 32.6 (blocks) to 25.6 GB (abs 20.1); on the H200 blocks
-               made the rope_mixed step 1.11x faster than swap (matmul), and roll lost to matmul
+               times [2, 2] blocks. On the TPU compiler a 2-layer ViT-B/16 rope_mixed step moved
+               29.6 GB on x's layout against 32.6 with blocks (abs 20.5; v5e-8), and 25.6 with
+               roll against 29.1 with matmul (abs 20.1; one v5e chip); on the H200 blocks made
+               the rope_mixed step 1.11x faster than swap (matmul), and roll lost to matmul
                (1.09x; docs/benchmarks.md).
 
 The same on every platform (their A/B forms are switches, liere_jax.switches): rotations apply
-blocks above 2 by one einsum (liere_jax.rotations); the exponential's and the lattice table's
-products are dots at every block size (`elementwise_blocks` 0; switch block_products=elementwise
-makes those of blocks up to 8 float32 multiply-adds on the vector units, issue 38 item 5: not
-yet timed on a GPU, no gain on the TPU compiler or this CPU, docs/benchmarks.md). The Pallas exponential (model.pe.expm=pallas)
+blocks above 2 by one einsum (liere_jax.rotations). The Pallas exponential (model.pe.expm=pallas)
 is opt-in everywhere: on the H200 its LieRE64 step was 1.05x fast_select's (its forward alone
 2.4x faster, forward + backward 1.24x).
 """
@@ -54,7 +57,7 @@ PLATFORMS: Dict[str, Platform] = {
     'cpu': Platform(expm_form='cond', chunk_bytes=2**16, products=dots.CPU, attention='xla',
                     pairs='swap', pair_swap='matmul'),
     'tpu': Platform(expm_form='loop', chunk_bytes=16 * 2**20, products=dots.TPU,
-                    attention='xla', pairs='swap', pair_swap='roll'),
+                    attention='xla', pairs='swap', pair_swap='roll', elementwise_blocks=8),
     'cuda': Platform(expm_form='select', chunk_bytes=16 * 2**20, products=dots.GPU,
                      attention='cudnn', pairs='blocks', pair_swap='matmul'),
 }

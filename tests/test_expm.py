@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from liere_jax import dots, expm
+from liere_jax import dots, expm, platforms
 from liere_jax.bench import lower, presets
 from tests import helpers
 
@@ -252,7 +252,6 @@ def test_platform_cases_fold_away_when_compiled():
 def test_each_platform_runs_the_form_its_row_of_the_table_names(monkeypatch):
   """liere_jax.platforms decides: lowered for tpu, 'fast' is the loop form (a while loop on the
   device); for cuda the select form (none), until cuda's row names the loop."""
-  from liere_jax import platforms
   a = jnp.zeros((4, 8, 8))
   loops = lambda platform: lower.summarize(jax.jit(lambda x: expm.expm(x, 'fast')).trace(
       a).lower(lowering_platforms=(platform,)).compiler_ir('stablehlo'), platform)['while_loops']
@@ -266,7 +265,8 @@ def test_each_platform_runs_the_form_its_row_of_the_table_names(monkeypatch):
 @pytest.mark.parametrize('pe', ['liere8', 'liere64'])
 def test_lowered_train_step_has_no_conditionals_on_accelerators(pe):
   """`bench lower`: the whole train step lowered for cuda and tpu holds no data-dependent
-  conditional and runs the exponential's products at the platform's presets (the CPU's step,
+  conditional and runs the exponential's products at the platform's presets, or as
+  multiply-adds where the platform takes them for the block (LieRE8 on a TPU) (the CPU's step,
   with its per-chunk branches: test_the_cpu_compiles_the_earlier_train_step_op_for_op)."""
   cfg, _ = helpers.tiny_config_and_batch(8)
   cfg.model.pe.name = pe
@@ -274,7 +274,9 @@ def test_lowered_train_step_has_no_conditionals_on_accelerators(pe):
   rows = {r['platform']: r for r in lower.bench_lower(cfg, ['cuda', 'tpu'])}
   for platform in ('cuda', 'tpu'):
     assert rows[platform]['conditionals'] == 0, rows[platform]
-    assert rows[platform]['expm_dot_algorithms'] == AUTO_ALGORITHMS[platform]
+    elementwise = platforms.PLATFORMS[platform].elementwise_blocks >= int(pe[len('liere'):])
+    assert rows[platform]['expm_dot_algorithms'] == (
+        [] if elementwise else AUTO_ALGORITHMS[platform]), platform
 
 
 @pytest.mark.numerics
@@ -317,3 +319,15 @@ def test_small_blocks_multiply_add_on_the_vector_units_as_the_dots_compute(metho
       assert 'dot_general' not in text, platform
   np.testing.assert_allclose(got[0], want[0], atol=1e-6)
   np.testing.assert_allclose(got[1], want[1], atol=1e-5 * float(jnp.max(jnp.abs(want[1]))))
+
+
+def test_a_tpu_multiplies_blocks_up_to_8_on_its_vector_units_and_dots_the_rest():
+  """liere_jax.platforms' elementwise_blocks: LieRE8's exponential lowered for a TPU has no dot,
+  forward or backward; for a GPU and this CPU it has dots, and so has a TPU's 16 x 16."""
+  def dots(b, platform):
+    a = jnp.zeros((4, b, b))
+    grad = jax.grad(lambda a: jnp.sum(expm.expm(a, 'fast')))  # A new function: switches.
+    return jax.jit(grad).trace(a).lower(lowering_platforms=(platform,)).as_text().count(
+        'dot_general')
+  assert dots(8, 'tpu') == 0
+  assert min(dots(8, 'cuda'), dots(8, 'cpu'), dots(16, 'tpu')) > 0
