@@ -51,13 +51,15 @@ class Platform(NamedTuple):
   pairs: str  # 'swap' (on x's layout) or 'blocks'
   pair_swap: str  # pairs='swap': 'matmul' or 'roll'
   elementwise_blocks: int = 0  # products of blocks up to this size as multiply-adds, not dots
+  rotation_kernel: int = 0  # blocks up to this size rotate by liere_jax.rotate_kernel
 
 
 PLATFORMS: Dict[str, Platform] = {
     'cpu': Platform(expm_form='cond', chunk_bytes=2**16, products=dots.CPU, attention='xla',
                     pairs='swap', pair_swap='matmul'),
     'tpu': Platform(expm_form='loop', chunk_bytes=16 * 2**20, products=dots.TPU,
-                    attention='xla', pairs='swap', pair_swap='roll', elementwise_blocks=8),
+                    attention='xla', pairs='swap', pair_swap='roll', elementwise_blocks=8,
+                    rotation_kernel=8),
     'cuda': Platform(expm_form='select', chunk_bytes=16 * 2**20, products=dots.GPU,
                      attention='cudnn', pairs='blocks', pair_swap='matmul'),
 }

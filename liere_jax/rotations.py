@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from liere_jax import expm_kernel, switches
+from liere_jax import expm_kernel, rotate_kernel, switches
 from liere_jax.expm import METHODS as EXPM_METHODS, expm, matmul, per_platform
 from liere_jax.platforms import PLATFORMS
 
@@ -285,6 +285,10 @@ APPLY = switches.Switch('apply', ('einsum', 'direct'), "rotate's form for blocks
 PAIRS = switches.Switch('pairs', ('auto', 'swap', 'blocks'), "rotate's form for blocks of 2: "
                         "'auto' (liere_jax.platforms), 'swap' (on x's own layout), 'blocks' (x "
                         'as [..., k, 2] pairs times [2, 2] blocks) on every platform (A/B).')
+KERNEL = switches.Switch('rotation_kernel', ('auto', 'off', 'on'), "rotate's Pallas kernel for "
+                         "blocks up to 8 (liere_jax.rotate_kernel): 'auto' (liere_jax.platforms: "
+                         "a TPU's), 'off' (the XLA forms everywhere), 'on' (also on CPU, in "
+                         'interpret mode: tests).')
 SWAP = switches.Switch('swap', ('auto', 'matmul', 'roll'), "how pairs=swap exchanges each "
                        "pair's dims: 'auto' (liere_jax.platforms: roll on a TPU, matmul "
                        'elsewhere), or one form on every platform (A/B).')
@@ -302,33 +306,47 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
     x rotated (x' = R x per block), in x's dtype, with float32 products and sums (bf16 models
     rotate by bf16-rounded rotations).
 
-  Blocks of 2 (every RoPE) take the platform's form (liere_jax.platforms): on x's own
-  [B, T, H, d] layout (`_rotate_pairs`; CPU and TPU) or as [..., k, 2] pairs times [2, 2] blocks
-  (a GPU: 1.11x faster on the H200's rope_mixed step). Blocks above 2 take one einsum with the
-  rotations on the left. 'direct' (APPLY) applies blocks up to 8 elementwise: it made the LieRE8
-  train step 1.2x slower on the CPU and 1.35x slower on an H200 (docs/benchmarks.md).
+  Each platform takes its form (liere_jax.platforms, one `platform_dependent`): on a TPU blocks
+  up to 8 rotate in one Pallas kernel a pass (liere_jax.rotate_kernel). Otherwise blocks of 2
+  (every RoPE) rotate on x's own [B, T, H, d] layout (`_rotate_pairs`; CPU) or as [..., k, 2]
+  pairs times [2, 2] blocks (a GPU: 1.11x faster on the H200's rope_mixed step), and blocks
+  above 2 by one einsum with the rotations on the left. 'direct' (APPLY) applies blocks up to 8
+  elementwise: it made the LieRE8 train step 1.2x slower on the CPU and 1.35x slower on an H200
+  (docs/benchmarks.md).
   """
   rot = jnp.swapaxes(rot, 0, 1).astype(x.dtype)  # [T, H or 1, k, b, b]
-  if rot.shape[-1] > 2:
-    return _rotate_blocks(x, rot, APPLY.get())
-  forms = _pair_forms()
-  fns = {p: (functools.partial(_rotate_blocks, form='direct') if f == 'blocks' else
-             functools.partial(_rotate_pairs, swap=f)) for p, f in forms.items()}
+  forms = _forms(rot.shape[-1], x.shape[-1])
+  fns = {p: functools.partial(_FORMS[f], interpret=p == 'cpu') if f == 'kernel' else _FORMS[f]
+         for p, f in forms.items()}
   if len(set(forms.values())) == 1:
     return fns['cpu'](x, rot)
   return jax.lax.platform_dependent(x, rot, cpu=fns['cpu'], tpu=fns['tpu'], default=fns['cuda'])
 
 
-def _pair_forms():
-  """{platform: 'blocks', or the swap ('matmul' | 'roll') of the form on x's layout}: each
-  platform's row (liere_jax.platforms) unless PAIRS / SWAP name one form for all."""
-  pairs, swap = PAIRS.get(), SWAP.get()
+def _forms(block: int, head_dim: int):
+  """{platform: the form of rotate}: each platform's row (liere_jax.platforms) unless a switch
+  (KERNEL, PAIRS, SWAP, APPLY) names one form for all. 'kernel' (rotate_kernel); blocks of 2:
+  'blocks' or the swap ('matmul' | 'roll') of the form on x's layout; above 2: APPLY's."""
+  kernel, pairs, swap = KERNEL.get(), PAIRS.get(), SWAP.get()
 
-  def form(row):
+  def form(platform, row):
+    on = {'auto': block <= row.rotation_kernel, 'off': False, 'on': platform != 'cuda'}[kernel]
+    if on and rotate_kernel.supported(block, head_dim):
+      return 'kernel'
+    if block > 2:
+      return APPLY.get()
     if (row.pairs if pairs == 'auto' else pairs) == 'blocks':
       return 'blocks'
     return row.pair_swap if swap == 'auto' else swap
-  return {p: form(row) for p, row in PLATFORMS.items()}
+  return {p: form(p, row) for p, row in PLATFORMS.items()}
+
+
+def _rotate_kernel(x, rot, interpret):
+  """rotate by rotate_kernel: x as [B, T, H * d] rows, rot as its band of diagonals."""
+  rot = jnp.broadcast_to(rot, rot.shape[:1] + x.shape[2:3] + rot.shape[2:])
+  out = rotate_kernel.rotate(x.reshape(*x.shape[:2], -1), rotate_kernel.diagonals(rot, x.shape[-1]),
+                             interpret=interpret)
+  return out.reshape(x.shape)
 
 
 def _rotate_blocks(x, rot, form):
@@ -435,3 +453,11 @@ def _apply_direct(xr, rot):
   if xr.shape[-1] <= 8:
     return _elementwise(xr, rot)
   return _product('bthkj,thkij->bthki', xr, rot, rot_first=False)
+
+
+_FORMS = {'kernel': _rotate_kernel,
+          'blocks': functools.partial(_rotate_blocks, form='direct'),
+          'matmul': functools.partial(_rotate_pairs, swap='matmul'),
+          'roll': functools.partial(_rotate_pairs, swap='roll'),
+          'einsum': functools.partial(_rotate_blocks, form='einsum'),
+          'direct': functools.partial(_rotate_blocks, form='direct')}

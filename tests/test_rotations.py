@@ -290,20 +290,45 @@ def test_pairs_on_x_layout_equal_the_blocks_form_forward_and_backward(heads, d, 
   np.testing.assert_array_equal(rotations.rotate(x, rot)[..., 64:], x[..., 64:])
 
 
-def test_pairs_take_each_platforms_form():
-  """liere_jax.platforms' form for blocks of 2, forward and backward: the program lowered for tpu
+def test_rotate_takes_each_platforms_form():
+  """liere_jax.platforms' forms, forward and backward: the program lowered for tpu rotates blocks
+  of 2 and 8 by rotate_kernel's two Pallas calls (16: an einsum); without the kernel it
   exchanges each pair's dims without a product (roll), for cpu with one (matmul), and for cuda
   rotates [..., k, 2] blocks, the program PAIRS 'blocks' gives."""
-  x, rot = jnp.ones((2, 3, 2, 8), jnp.bfloat16), jnp.ones((2, 3, 4, 2, 2))
-  lowered = lambda platform: jax.jit(jax.grad(  # A new function each time: switches are read
-      lambda x: jnp.sum(rotations.rotate(x, rot).astype(jnp.float32)))  # when it is traced.
+  x = jnp.ones((2, 3, 2, 16), jnp.bfloat16)
+  lowered = lambda platform, block=2: jax.jit(jax.value_and_grad(  # A new function each time:
+      lambda x: jnp.sum(rotations.rotate(x, jnp.ones((2, 3, 16 // block, block, block)))
+                        .astype(jnp.float32)))  # switches are read when it is traced.
   ).trace(x).lower(lowering_platforms=(platform,)).as_text()
+  kernels = lambda platform, block=2: lowered(platform, block).count('@tpu_custom_call')
+  assert kernels('tpu') == kernels('tpu', 8) == 2 and kernels('tpu', 16) == 0
+  assert kernels('cpu') == kernels('cuda') == kernels('cuda', 8) == 0
   dots = lambda platform: lowered(platform).count('dot_general')
-  assert dots('tpu') == 0 and dots('cpu') > 0, (dots('tpu'), dots('cpu'))
-  blocks_shape = 'tensor<2x3x2x4x2xbf16>'  # x as [B, T, H, k, 2]
+  with rotations.KERNEL('off'):
+    assert kernels('tpu') == 0 and dots('tpu') == 0 and dots('cpu') > 0, (dots('tpu'), dots('cpu'))
+  blocks_shape = 'tensor<2x3x2x8x2xbf16>'  # x as [B, T, H, k, 2]
   assert blocks_shape in lowered('cuda') and blocks_shape not in lowered('tpu')
-  with rotations.PAIRS('blocks'):
+  with rotations.PAIRS('blocks'), rotations.KERNEL('off'):
     assert blocks_shape in lowered('tpu')
+
+
+@pytest.mark.parametrize('block, heads, d', [(2, 3, 64), (2, 1, 70), (8, 3, 64), (4, 1, 24)])
+def test_the_rotation_kernel_equals_the_xla_forms_forward_and_backward(block, heads, d):
+  """rotate_kernel (interpret mode: the TPU's kernel, run here) against the XLA forms: x' and the
+  gradients in x and R to float32 rounding, per head or shared rotations, pass-through dims."""
+  rng = np.random.default_rng(block * d)
+  x = jnp.asarray(rng.standard_normal((4, 5, 3, d)), jnp.float32)
+  rot = jnp.asarray(rng.standard_normal((heads, 5, min(32, d // 2) * 2 // block, block, block)),
+                    jnp.float32)
+  weight = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+  run = lambda: jax.value_and_grad(lambda x, r: jnp.sum(
+      rotations.rotate(x, r).astype(jnp.float32) * weight), (0, 1))(x, rot)
+  with rotations.KERNEL('off'):
+    want = run()
+  with rotations.KERNEL('on'):
+    got = run()
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(b))))
 
 
 @pytest.mark.numerics

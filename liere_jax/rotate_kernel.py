@@ -1,0 +1,160 @@
+"""Small block rotations (b <= 8: every RoPE, LieRE8) as one Pallas TPU kernel a pass.
+
+A rotation of blocks of b contiguous dims is a band of 2b - 1 diagonals on x's own lanes:
+
+  x'[w] = sum_s D_s[w] x[w + s],  s = -(b-1) .. b-1,  D_s[w] = R[w % b, w % b + s] (0 off the
+  block; D_0 = 1 on pass-through dims),
+
+so a kernel reads x once, shifts it along the lanes in registers (`pltpu.roll`, the XLU) and
+writes x' once. XLA materialises each shift of x as its own array (the TPU compiler: a 2-layer
+ViT-B/16 rope_mixed step's rotations were 16% of its traffic, 4x what reading and writing q and k
+takes), which is what this kernel is for. The backward is one kernel too: dx = sum_s
+shift(D_s g, s) and dD_s = sum over the batch of g x[. + s], accumulated on chip across the
+batch. D (x's dtype: a bf16 model rotates by bf16-rounded rotations, as the XLA forms) is made
+from the blocks by `diagonals`, in XLA (its size is a batch element's).
+
+x is [B, T, W] (W = heads x head dims): a grid over lane tiles of 128 (W a multiple of 128; else
+all of W) and batch tiles. On CPU the same kernel runs in interpret mode (tests); pltpu.roll
+follows jnp.roll there, and Mosaic's rotate is documented to match it.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+
+MAX_BLOCK = 8  # Above it the band is too wide: blocks rotate as one einsum (liere_jax.rotations).
+LANES = 128
+TILE_BYTES = 2**19  # x's bytes a grid step, about: fewer steps, each within VMEM's default.
+
+
+def supported(block: int, head_dim: int) -> bool:
+  """Whether the kernel takes blocks of `block` in heads of `head_dim` dims (no block straddles a
+  tile of 128 lanes: b divides 128 and the head dim)."""
+  return 2 <= block <= MAX_BLOCK and LANES % block == 0 and head_dim % block == 0
+
+
+def diagonals(rot: jax.Array, head_dim: int) -> jax.Array:
+  """[T, H, k, b, b] block rotations -> [2b - 1, T, H * head_dim] diagonals D_s (s = -(b-1)
+  .. b-1; module doc), in rot's dtype; dims past k * b pass through (D_0 = 1)."""
+  t, h, k, b, _ = rot.shape
+  rows = np.arange(b)
+  out = []
+  for s in range(-(b - 1), b):
+    cols = rows + s
+    ok = (cols >= 0) & (cols < b)
+    band = jnp.where(ok, rot[..., rows, np.clip(cols, 0, b - 1)], 0)  # [T, H, k, b]
+    band = band.reshape(t, h, k * b)
+    if k * b < head_dim:
+      band = jnp.pad(band, ((0, 0), (0, 0), (0, head_dim - k * b)),
+                     constant_values=1 if s == 0 else 0)
+    out.append(band.reshape(t, h * head_dim))
+  return jnp.stack(out)
+
+
+def rotate(x: jax.Array, diag: jax.Array, interpret: bool = False) -> jax.Array:
+  """x [B, T, W] rotated by the band diag [2b - 1, T, W] (`diagonals`), in x's dtype with
+  float32 products and sums; differentiable in both."""
+  return _rotate(interpret, x, diag)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _rotate(interpret, x, diag):
+  return _call(_forward_kernel, interpret, x, diag)
+
+
+def _rotate_fwd(interpret, x, diag):
+  return _rotate(interpret, x, diag), (x, diag)
+
+
+def _rotate_bwd(interpret, res, g):
+  x, diag = res
+  dx, ddiag = _call(_backward_kernel, interpret, x, diag, g)
+  return dx, ddiag.astype(diag.dtype)
+
+
+_rotate.defvjp(_rotate_fwd, _rotate_bwd)
+
+
+def _tiles(x):
+  """(batch rows, lanes) of a grid step."""
+  batch, t, w = x.shape
+  lanes = LANES if w % LANES == 0 else w
+  rows = int(np.clip(TILE_BYTES // (t * lanes * x.dtype.itemsize), 1, batch))
+  while batch % rows:
+    rows -= 1
+  return rows, lanes
+
+
+def _call(kernel, interpret, x, diag, g=None):
+  """The forward (x, diag -> x') or the backward (x, diag, g -> dx, ddiag float32) pass."""
+  batch, t, w = x.shape
+  n = diag.shape[0]
+  rows, lanes = _tiles(x)
+  grid = (w // lanes, batch // rows)  # Lane tiles outer: diag's tile stays while the batch runs.
+  x_spec = pl.BlockSpec((rows, t, lanes), lambda j, i: (i, 0, j))
+  d_spec = pl.BlockSpec((n, t, lanes), lambda j, i: (0, 0, j))
+  backward = g is not None
+  item = x.dtype.itemsize
+  moved = (3 if backward else 2) * x.size * item + diag.size * diag.dtype.itemsize
+  outs = (jax.ShapeDtypeStruct(x.shape, x.dtype),)
+  out_specs = (x_spec,)
+  if backward:  # ddiag sums over the batch: the batch axis runs in order, into one tile.
+    outs += (jax.ShapeDtypeStruct(diag.shape, jnp.float32),)
+    out_specs += (d_spec,)
+    moved += x.size * item + diag.size * 4
+  kw = {'interpret': True} if interpret else {'compiler_params': _tpu_params(backward)}
+  res = pl.pallas_call(
+      functools.partial(kernel, n // 2, rows), out_shape=outs, grid=grid,
+      in_specs=[x_spec, d_spec] + ([x_spec] if backward else []), out_specs=out_specs,
+      name='pe_rotate_' + ('backward' if backward else 'forward'),
+      cost_estimate=pl.CostEstimate(flops=2 * n * x.size * (2 if backward else 1),
+                                    transcendentals=0, bytes_accessed=moved),
+      **kw)(*((x, diag) + ((g,) if backward else ())))
+  return res if backward else res[0]
+
+
+def _tpu_params(backward):
+  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+  return pltpu.CompilerParams(
+      dimension_semantics=('parallel', 'arbitrary' if backward else 'parallel'))
+
+
+def _shift(x, s):
+  """y[..., w] = x[..., w + s] (cyclic along the lanes; the band is 0 where it wraps)."""
+  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+  w = x.shape[-1]
+  return x if s % w == 0 else pltpu.roll(x, (-s) % w, x.ndim - 1)
+
+
+def _forward_kernel(half, rows, x_ref, d_ref, o_ref):
+  band = lambda s: d_ref[s + half].astype(jnp.float32)  # [T, lanes], read from VMEM as needed
+
+  def row(r, carry):
+    x = x_ref[r].astype(jnp.float32)  # [T, lanes]
+    out = band(0) * x
+    for s in range(1, half + 1):
+      out += band(s) * _shift(x, s) + band(-s) * _shift(x, -s)
+    o_ref[r] = out.astype(o_ref.dtype)
+    return carry
+  jax.lax.fori_loop(0, rows, row, 0)
+
+
+def _backward_kernel(half, rows, x_ref, d_ref, g_ref, dx_ref, dd_ref):
+  @pl.when(pl.program_id(1) == 0)
+  def _():
+    dd_ref[...] = jnp.zeros_like(dd_ref)
+
+  band = lambda s: d_ref[s + half].astype(jnp.float32)
+
+  def row(r, carry):
+    x, g = x_ref[r].astype(jnp.float32), g_ref[r].astype(jnp.float32)
+    dx = band(0) * g
+    for s in range(1, half + 1):  # The transpose of y = D x[. + s] is dx = shift(D y, -s).
+      dx += _shift(band(s) * g, -s) + _shift(band(-s) * g, s)
+    dx_ref[r] = dx.astype(dx_ref.dtype)
+    for s in range(-half, half + 1):
+      dd_ref[s + half] += g * _shift(x, s)
+    return carry
+  jax.lax.fori_loop(0, rows, row, 0)
