@@ -25,18 +25,16 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 MAX_BLOCK = 8  # Above it the band is too wide: blocks rotate as one einsum (liere_jax.rotations).
-LANES = 128
 TILE_BYTES = 2**19  # x's bytes a grid step, about: fewer steps, each within VMEM's default.
 
 
-def supported(block: int, head_dim: int) -> bool:
-  """Whether the kernel takes blocks of `block` in heads of `head_dim` dims (no block straddles a
-  tile of 128 lanes: b divides 128 and the head dim)."""
-  return 2 <= block <= MAX_BLOCK and LANES % block == 0 and head_dim % block == 0
+def supported(block: int) -> bool:
+  """Whether the kernel takes blocks of `block` (the band's width)."""
+  return 2 <= block <= MAX_BLOCK
 
 
 def diagonals(rot: jax.Array, head_dim: int) -> jax.Array:
-  """[T, H, k, b, b] block rotations -> [2b - 1, T, H * head_dim] diagonals D_s (s = -(b-1)
+  """[T, H, k, b, b] block rotations -> [2b - 1, H, head_dim, T] diagonals D_s (s = -(b-1)
   .. b-1; module doc), in rot's dtype; dims past k * b pass through (D_0 = 1)."""
   t, h, k, b, _ = rot.shape
   rows = np.arange(b)
@@ -49,13 +47,13 @@ def diagonals(rot: jax.Array, head_dim: int) -> jax.Array:
     if k * b < head_dim:
       band = jnp.pad(band, ((0, 0), (0, 0), (0, head_dim - k * b)),
                      constant_values=1 if s == 0 else 0)
-    out.append(band.reshape(t, h * head_dim))
+    out.append(jnp.transpose(band, (1, 2, 0)))
   return jnp.stack(out)
 
 
 def rotate(x: jax.Array, diag: jax.Array, interpret: bool = False) -> jax.Array:
-  """x [B, T, W] rotated by the band diag [2b - 1, T, W] (`diagonals`), in x's dtype with
-  float32 products and sums; differentiable in both."""
+  """x [B, H, d, T] rotated by the band diag [2b - 1, H, d, T] (`diagonals`) along d, in x's
+  dtype with float32 products and sums; differentiable in both."""
   return _rotate(interpret, x, diag)
 
 
@@ -77,24 +75,23 @@ def _rotate_bwd(interpret, res, g):
 _rotate.defvjp(_rotate_fwd, _rotate_bwd)
 
 
-def _tiles(x):
-  """(batch rows, lanes) of a grid step."""
-  batch, t, w = x.shape
-  lanes = LANES if w % LANES == 0 else w
-  rows = int(np.clip(TILE_BYTES // (t * lanes * x.dtype.itemsize), 1, batch))
+def _rows(x):
+  """Batch rows of a grid step (one head)."""
+  batch, _, d, t = x.shape
+  rows = int(np.clip(TILE_BYTES // (d * t * x.dtype.itemsize), 1, batch))
   while batch % rows:
     rows -= 1
-  return rows, lanes
+  return rows
 
 
 def _call(kernel, interpret, x, diag, g=None):
   """The forward (x, diag -> x') or the backward (x, diag, g -> dx, ddiag float32) pass."""
-  batch, t, w = x.shape
+  batch, heads, d, t = x.shape
   n = diag.shape[0]
-  rows, lanes = _tiles(x)
-  grid = (w // lanes, batch // rows)  # Lane tiles outer: diag's tile stays while the batch runs.
-  x_spec = pl.BlockSpec((rows, t, lanes), lambda j, i: (i, 0, j))
-  d_spec = pl.BlockSpec((n, t, lanes), lambda j, i: (0, 0, j))
+  rows = _rows(x)
+  grid = (heads, batch // rows)  # Heads outer: a head's band stays in VMEM while the batch runs.
+  x_spec = pl.BlockSpec((rows, None, d, t), lambda h, i: (i, h, 0, 0))
+  d_spec = pl.BlockSpec((n, None, d, t), lambda h, i: (0, h, 0, 0))
   backward = g is not None
   item = x.dtype.itemsize
   moved = (3 if backward else 2) * x.size * item + diag.size * diag.dtype.itemsize
@@ -122,17 +119,18 @@ def _tpu_params(backward):
 
 
 def _shift(x, s):
-  """y[..., w] = x[..., w + s] (cyclic along the lanes; the band is 0 where it wraps)."""
+  """y[..., w, :] = x[..., w + s, :] (cyclic along the head dims, the sublanes; the band is 0
+  where it wraps)."""
   from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
-  w = x.shape[-1]
-  return x if s % w == 0 else pltpu.roll(x, (-s) % w, x.ndim - 1)
+  d = x.shape[-2]
+  return x if s % d == 0 else pltpu.roll(x, (-s) % d, x.ndim - 2)
 
 
 def _forward_kernel(half, rows, x_ref, d_ref, o_ref):
-  band = lambda s: d_ref[s + half].astype(jnp.float32)  # [T, lanes], read from VMEM as needed
+  band = lambda s: d_ref[s + half].astype(jnp.float32)  # [d, T], read from VMEM as needed
 
   def row(r, carry):
-    x = x_ref[r].astype(jnp.float32)  # [T, lanes]
+    x = x_ref[r].astype(jnp.float32)  # [d, T]
     out = band(0) * x
     for s in range(1, half + 1):
       out += band(s) * _shift(x, s) + band(-s) * _shift(x, -s)

@@ -315,7 +315,7 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
   (docs/benchmarks.md).
   """
   rot = jnp.swapaxes(rot, 0, 1).astype(x.dtype)  # [T, H or 1, k, b, b]
-  forms = _forms(rot.shape[-1], x.shape[-1])
+  forms = _forms(rot.shape[-1])
   fns = {p: functools.partial(_FORMS[f], interpret=p == 'cpu') if f == 'kernel' else _FORMS[f]
          for p, f in forms.items()}
   if len(set(forms.values())) == 1:
@@ -323,7 +323,7 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
   return jax.lax.platform_dependent(x, rot, cpu=fns['cpu'], tpu=fns['tpu'], default=fns['cuda'])
 
 
-def _forms(block: int, head_dim: int):
+def _forms(block: int):
   """{platform: the form of rotate}: each platform's row (liere_jax.platforms) unless a switch
   (KERNEL, PAIRS, SWAP, APPLY) names one form for all. 'kernel' (rotate_kernel); blocks of 2:
   'blocks' or the swap ('matmul' | 'roll') of the form on x's layout; above 2: APPLY's."""
@@ -331,7 +331,7 @@ def _forms(block: int, head_dim: int):
 
   def form(platform, row):
     on = {'auto': block <= row.rotation_kernel, 'off': False, 'on': platform != 'cuda'}[kernel]
-    if on and rotate_kernel.supported(block, head_dim):
+    if on and rotate_kernel.supported(block):
       return 'kernel'
     if block > 2:
       return APPLY.get()
@@ -342,11 +342,12 @@ def _forms(block: int, head_dim: int):
 
 
 def _rotate_kernel(x, rot, interpret):
-  """rotate by rotate_kernel: x as [B, T, H * d] rows, rot as its band of diagonals."""
+  """rotate by rotate_kernel: x as [B, H, d, T] (the layout a TPU's attention reads it in:
+  tokens on the lanes), rot as its band of diagonals."""
   rot = jnp.broadcast_to(rot, rot.shape[:1] + x.shape[2:3] + rot.shape[2:])
-  out = rotate_kernel.rotate(x.reshape(*x.shape[:2], -1), rotate_kernel.diagonals(rot, x.shape[-1]),
-                             interpret=interpret)
-  return out.reshape(x.shape)
+  out = rotate_kernel.rotate(jnp.transpose(x, (0, 2, 3, 1)),
+                             rotate_kernel.diagonals(rot, x.shape[-1]), interpret=interpret)
+  return jnp.transpose(out, (0, 3, 1, 2))
 
 
 def _rotate_blocks(x, rot, form):
