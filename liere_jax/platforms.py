@@ -5,10 +5,10 @@ A program takes the row of the platform it is lowered for: the exponential throu
 or 'tpu' takes that row), attention by the backend it is traced on (liere_jax.model). 'cuda'
 stands for every GPU. Why each, measured where (docs/benchmarks.md):
 
-  platform  exponential  pieces     products ('auto')       attention     pairs          measured on
+  platform  exponential  pieces     products ('auto')       attention     rotations      measured on
   cpu       fast_cond    64 KiB     float32                 XLA           swap (matmul)  this CPU
-  tpu       fast_loop    the stack  HIGHEST (6 bf16);       XLA           swap (roll)    TPU compiler
-                                    b <= 8 multiply-adds
+  tpu       fast_loop    the stack  HIGHEST (6 bf16);       XLA           kernel (b<=8), TPU compiler
+                                    b <= 8 multiply-adds                  swap (roll)
   cuda      fast_select  16 MiB     bf16 x6 (preset X6)     cuDNN (bf16)  blocks         H100, H200
 
   exponential  model.pe.expm='fast' in this form (liere_jax.expm: fast_loop is one scale for the
@@ -30,10 +30,14 @@ stands for every GPU. Why each, measured where (docs/benchmarks.md):
                roll against 29.1 with matmul (abs 20.1; one v5e chip); on the H200 blocks made
                the rope_mixed step 1.11x faster than swap (matmul), and roll lost to matmul
                (1.09x; docs/benchmarks.md).
+  rotations    on a TPU blocks up to 8 (every RoPE, LieRE8) rotate in one Pallas kernel a pass
+               (`rotation_kernel`; liere_jax.rotate_kernel): a 2-layer ViT-B/16 step on one v5e
+               chip moved 32.5 GB instead of 35.9 for LieRE8, 25.2 instead of 25.6 for
+               rope_mixed (abs 20.1). Elsewhere, and above 8, the forms above and the einsum.
 
 The same on every platform (their A/B forms are switches, liere_jax.switches): rotations apply
-blocks above 2 by one einsum (liere_jax.rotations). The Pallas exponential (model.pe.expm=pallas)
-is opt-in everywhere: on the H200 its LieRE64 step was 1.05x fast_select's (its forward alone
+blocks above 8 (off a TPU, above 2) by one einsum (liere_jax.rotations). The Pallas exponential
+(model.pe.expm=pallas) is opt-in everywhere: on the H200 its LieRE64 step was 1.05x fast_select's (its forward alone
 2.4x faster, forward + backward 1.24x).
 """
 from typing import Dict, NamedTuple

@@ -1,21 +1,21 @@
 """Small block rotations (b <= 8: every RoPE, LieRE8) as one Pallas TPU kernel a pass.
 
-A rotation of blocks of b contiguous dims is a band of 2b - 1 diagonals on x's own lanes:
+A rotation of blocks of b contiguous head dims is a band of 2b - 1 diagonals:
 
-  x'[w] = sum_s D_s[w] x[w + s],  s = -(b-1) .. b-1,  D_s[w] = R[w % b, w % b + s] (0 off the
+  x'[i] = sum_s D_s[i] x[i + s],  s = -(b-1) .. b-1,  D_s[i] = R[i % b, i % b + s] (0 off the
   block; D_0 = 1 on pass-through dims),
 
-so a kernel reads x once, shifts it along the lanes in registers (`pltpu.roll`, the XLU) and
-writes x' once. XLA materialises each shift of x as its own array (the TPU compiler: a 2-layer
-ViT-B/16 rope_mixed step's rotations were 16% of its traffic, 4x what reading and writing q and k
-takes), which is what this kernel is for. The backward is one kernel too: dx = sum_s
-shift(D_s g, s) and dD_s = sum over the batch of g x[. + s], accumulated on chip across the
-batch. D (x's dtype: a bf16 model rotates by bf16-rounded rotations, as the XLA forms) is made
-from the blocks by `diagonals`, in XLA (its size is a batch element's).
+so a kernel reads x once, shifts it along the head dims in registers (`pltpu.roll`) and writes
+x' once. XLA materialises each shift as its own array, or runs an einsum on [..., b, b] tiles
+(the TPU compiler: a 2-layer ViT-B/16 LieRE8 step's rotations were 14% of its traffic). The
+backward is one kernel too: dx = sum_s shift(D_s g, -s) and dD_s = the batch's sum of g x[. + s],
+accumulated on chip across the batch. D is made from the blocks by `diagonals`, in XLA (a batch
+element's size), in x's dtype: a bf16 model rotates by bf16-rounded rotations, as the XLA forms.
 
-x is [B, T, W] (W = heads x head dims): a grid over lane tiles of 128 (W a multiple of 128; else
-all of W) and batch tiles. On CPU the same kernel runs in interpret mode (tests); pltpu.roll
-follows jnp.roll there, and Mosaic's rotate is documented to match it.
+x is [B, H, d, T]: tokens on the lanes, head dims on the sublanes, the layout in which a TPU's
+attention reads q and k (so the transposes around the kernel are mostly layout, not copies). A
+grid over heads (outer: a head's band stays in VMEM) and batch tiles. On CPU the same kernel
+runs in interpret mode (tests); there pltpu.roll is jnp.roll, and Mosaic's rotate matches it.
 """
 import functools
 

@@ -343,11 +343,14 @@ def _forms(block: int):
 
 def _rotate_kernel(x, rot, interpret):
   """rotate by rotate_kernel: x as [B, H, d, T] (the layout a TPU's attention reads it in:
-  tokens on the lanes), rot as its band of diagonals."""
+  tokens on the lanes), rot as its band of diagonals. On a mesh each device rotates its part of
+  the batch (a Mosaic kernel is not partitioned by XLA) and the band's gradient is summed."""
   rot = jnp.broadcast_to(rot, rot.shape[:1] + x.shape[2:3] + rot.shape[2:])
-  out = rotate_kernel.rotate(jnp.transpose(x, (0, 2, 3, 1)),
-                             rotate_kernel.diagonals(rot, x.shape[-1]), interpret=interpret)
-  return jnp.transpose(out, (0, 3, 1, 2))
+  diag = rotate_kernel.diagonals(rot, x.shape[-1])
+  fn = functools.partial(rotate_kernel.rotate, interpret=interpret)
+  if _data_devices() > 1:
+    fn = jax.shard_map(fn, in_specs=(P('data'), P()), out_specs=P('data'), check_vma=False)
+  return jnp.transpose(fn(jnp.transpose(x, (0, 2, 3, 1)), diag), (0, 3, 1, 2))
 
 
 def _rotate_blocks(x, rot, form):

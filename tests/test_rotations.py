@@ -312,17 +312,24 @@ def test_rotate_takes_each_platforms_form():
     assert blocks_shape in lowered('tpu')
 
 
-@pytest.mark.parametrize('block, heads, d', [(2, 3, 64), (2, 1, 70), (8, 3, 64), (4, 1, 24)])
-def test_the_rotation_kernel_equals_the_xla_forms_forward_and_backward(block, heads, d):
+@pytest.mark.parametrize('block, heads, d, devices', [(2, 3, 64, 1), (2, 1, 70, 1), (8, 3, 64, 1),
+                                                     (4, 1, 24, 1), (8, 3, 16, 4)])
+def test_the_rotation_kernel_equals_the_xla_forms_forward_and_backward(block, heads, d, devices):
   """rotate_kernel (interpret mode: the TPU's kernel, run here) against the XLA forms: x' and the
-  gradients in x and R to float32 rounding, per head or shared rotations, pass-through dims."""
+  gradients in x and R to float32 rounding, per head or shared rotations, pass-through dims; on
+  a mesh each device rotates its part of the batch and the gradient in R is their sum."""
   rng = np.random.default_rng(block * d)
   x = jnp.asarray(rng.standard_normal((4, 5, 3, d)), jnp.float32)
   rot = jnp.asarray(rng.standard_normal((heads, 5, min(32, d // 2) * 2 // block, block, block)),
                     jnp.float32)
   weight = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
-  run = lambda: jax.value_and_grad(lambda x, r: jnp.sum(
-      rotations.rotate(x, r).astype(jnp.float32) * weight), (0, 1))(x, rot)
+  mesh = jax.make_mesh((devices,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:devices])
+
+  def run():
+    with jax.set_mesh(mesh):
+      return jax.jit(jax.value_and_grad(lambda x, r: jnp.sum(
+          rotations.rotate(x, r).astype(jnp.float32) * weight), (0, 1)))(x, rot)
   with rotations.KERNEL('off'):
     want = run()
   with rotations.KERNEL('on'):
