@@ -6,6 +6,7 @@ numerics scope's selection for rotations.py in the mutation runs (docs/mutation.
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 import pytest
 import scipy.linalg
 
@@ -336,6 +337,24 @@ def test_the_rotation_kernel_equals_the_xla_forms_forward_and_backward(block, he
     got = run()
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(b))))
+
+
+def test_the_rotation_kernel_compiles_for_a_tpu_slice_deviceless():
+  """The TPU compiler (libtpu, no TPU here) compiles the rotation and its gradient on a v5e-8
+  mesh, the batch split over 'data': the two Mosaic calls, run by each chip on its rows."""
+  pytest.importorskip('libtpu', reason='requirements-tpu.txt')
+  from jax.sharding import NamedSharding
+  from liere_jax.bench import compile as tpu
+  mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=tpu.slice_devices(tpu.parse_slice('v5litepod-8')))
+  x = jax.ShapeDtypeStruct((16, 17, 2, 64), jnp.bfloat16, sharding=NamedSharding(mesh, P('data')))
+  rot = jax.ShapeDtypeStruct((2, 17, 8, 8, 8), jnp.float32, sharding=NamedSharding(mesh, P()))
+  loss = lambda x, r: jnp.sum(rotations.rotate(x, r).astype(jnp.float32))
+  with jax.set_mesh(mesh):
+    hlo = jax.jit(jax.value_and_grad(loss, (0, 1))).trace(x, rot).lower().compile().as_text()
+  calls = [line for line in hlo.splitlines() if 'tpu_custom_call' in line]
+  assert len(calls) == 2 and any('%pe_rotate_backward' in c for c in calls), calls
+  assert 'bf16[2,2,64,17]' in calls[0] + calls[1]  # 16 rows / 8 chips, [B, H, d, T]
 
 
 @pytest.mark.numerics
