@@ -88,13 +88,16 @@ def _tiny(pe, batch):
   return cfg
 
 
-@pytest.mark.parametrize('topology', ['v5litepod-4', 'v4-16'])
-def test_a_tiny_run_compiles_for_a_one_host_and_a_multi_host_slice(topology):
+@pytest.mark.parametrize('topology, model', [('v5litepod-4', 1), ('v4-16', 1), ('v5litepod-4', 2)])
+def test_a_tiny_run_compiles_for_a_one_host_and_a_multi_host_slice(topology, model):
+  """LieRE8 (a TPU's Pallas kernels for its rotations) on one host, two, and a model axis."""
   s = tpu.parse_slice(topology)
-  run = run_spec.resolve(_tiny('liere8', 32), s.chips)
-  res = tpu.compile_report(run, s)
+  cfg = _tiny('liere8', 32)
+  cfg.model_parallel = model
+  res = tpu.compile_report(run_spec.resolve(cfg, s.chips), s)
   assert res['fits'] and res['hosts'] == (1 if topology == 'v5litepod-4' else 2)
-  assert res['mesh'] == {'data': s.chips, 'model': 1} and res['batch_per_host'] == 32 // s.hosts
+  assert res['mesh'] == {'data': s.chips // model, 'model': model}
+  assert res['batch_per_host'] == 32 // s.hosts
   train, evals = res['train'], res['eval']
   assert 0 < train['need'] <= res['need'] < s.chip.hbm and 0 < evals['need']
   assert train['arguments'] > 0 and train['temporaries'] > 0 and train['aliased'] > 0
