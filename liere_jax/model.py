@@ -94,15 +94,13 @@ class Attention(nnx.Module):
     with them an explicit softmax (attention maps). Logits and softmax in float32 either way.
     """
     b, t, width = x.shape
+    kernel, bias = self.qkv.kernel[...], self.qkv.bias[...] if self.qkv.bias is not None else None
     if ctx.projects:  # A linear map of q and k folded into the projection, once per step.
-      kernel, bias = ctx.project(self.qkv.kernel[...],
-                                self.qkv.bias[...] if self.qkv.bias is not None else None)
-      dtype = self.qkv.dtype or x.dtype
-      qkv = jnp.dot(x.astype(dtype), kernel.astype(dtype))
-      qkv = qkv if bias is None else qkv + bias.astype(dtype)
-    else:
-      qkv = self.qkv(x)
-    q, k, v = jnp.moveaxis(qkv.reshape(b, t, 3, self.heads, -1), 2, 0)
+      kernel, bias = ctx.project(kernel, bias)
+    dtype = self.qkv.dtype or jnp.result_type(x, kernel)
+    split = {'auto': ctx.split_qkv(), 'fused': (), 'split': tuple(PLATFORMS)}[QKV.get()]
+    q, k, v = _qkv(x.astype(dtype), kernel.astype(dtype),
+                   None if bias is None else bias.astype(dtype), self.heads, split)
     q, k, bias = ctx.attend(q, k)
     if not return_weights:
       bias = None if bias is None else bias[None].astype(q.dtype)
@@ -115,6 +113,33 @@ class Attention(nnx.Module):
     weights = jax.nn.softmax(logits, axis=-1)
     out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v).reshape(b, t, width)
     return self.proj(out), weights
+
+
+QKV = switches.Switch('qkv', ('auto', 'fused', 'split'), "the qkv projection: 'auto' (three "
+                      "products where the encoding asks, LayerContext.split_qkv), 'fused' (one "
+                      "product) or 'split' (three) on every platform (A/B).")
+
+
+def _qkv(x, kernel, bias, heads, split=()):
+  """q, k, v [B, T, H, d] from x [B, T, D] and the qkv kernel [D, 3D] (bias [3D] or None): one
+  product, or on the platforms in `split` three, each its own array (a TPU's rotation kernel then
+  reads q and k as they come, without the copies XLA makes to slice them out of one array)."""
+  b, t, width = x.shape
+
+  def fused():
+    qkv = jnp.dot(x, kernel) if bias is None else jnp.dot(x, kernel) + bias
+    return tuple(jnp.moveaxis(qkv.reshape(b, t, 3, heads, -1), 2, 0))
+
+  def three():
+    w = kernel.reshape(width, 3, -1)
+    out = [jnp.dot(x, w[:, i]) for i in range(3)]
+    if bias is not None:
+      out = [y + c for y, c in zip(out, bias.reshape(3, -1))]
+    return tuple(y.reshape(b, t, heads, -1) for y in out)
+  if set(split) >= set(PLATFORMS) or not split:
+    return three() if split else fused()
+  form = {p: three if p in split else fused for p in PLATFORMS}
+  return jax.lax.platform_dependent(cpu=form['cpu'], tpu=form['tpu'], default=form['cuda'])
 
 
 ATTENTION = switches.Switch('attention', ('auto', 'xla'), "'auto': cuDNN's fused attention "

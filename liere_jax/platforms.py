@@ -7,8 +7,8 @@ stands for every GPU. Why each, measured where (docs/benchmarks.md):
 
   platform  exponential  pieces     products ('auto')       attention     rotations      measured on
   cpu       fast_cond    64 KiB     float32                 XLA           swap (matmul)  this CPU
-  tpu       fast_loop    the stack  HIGHEST (6 bf16);       XLA           swap (roll);   TPU compiler
-                                    b <= 8 multiply-adds                  b<=8 kernel
+  tpu       fast_loop    the stack  HIGHEST (6 bf16);       XLA           kernel (b<=8)  TPU compiler
+                                    b <= 8 multiply-adds
   cuda      fast_select  16 MiB     bf16 x6 (preset X6)     cuDNN (bf16)  blocks         H100, H200
 
   exponential  model.pe.expm='fast' in this form (liere_jax.expm: fast_loop is one scale for the
@@ -30,11 +30,13 @@ stands for every GPU. Why each, measured where (docs/benchmarks.md):
                roll against 29.1 with matmul (abs 20.1; one v5e chip); on the H200 blocks made
                the rope_mixed step 1.11x faster than swap (matmul), and roll lost to matmul
                (1.09x; docs/benchmarks.md).
-  rotations    on a TPU blocks above 2 up to 8 (LieRE8) rotate in one Pallas kernel a pass
-               (`rotation_kernel`; liere_jax.rotate_kernel): ImageNet ViT-B/16 on v5e-8 at 128 a
-               chip, LieRE8's step moved 155 GB instead of 186 (abs 113). Blocks of 2 keep the
-               roll: with the kernel rope_mixed moved 146.3 GB against 146.8 but needed 13.95 GiB
-               a chip against 12.83 (the kernel keeps its own copy of q and k for the backward).
+  rotations    on a TPU blocks up to 8 (every RoPE, LieRE8) rotate in one Pallas kernel a pass
+               (`rotation_kernel`; liere_jax.rotate_kernel), q, k and v then from three products
+               (liere_jax.model's qkv): a 2-layer ViT-B/16 step on one v5e chip moved 31.6 GB
+               instead of 35.9 for LieRE8 and 24.9 instead of 25.6 for rope_mixed (abs 20.1),
+               in the same memory. Without the three products the kernel kept a copy of q and
+               k (rope_mixed: 25.2 GB and 2.55 GiB against 2.37); without the kernel they cost
+               (roll: 28.7 GB). Off a TPU, and above 8, the pair forms and the einsum.
 The same on every platform (their A/B forms are switches, liere_jax.switches): rotations apply
 blocks above 8 (off a TPU, above 2) by one einsum (liere_jax.rotations). The Pallas exponential
 (model.pe.expm=pallas) is opt-in everywhere: on the H200 its LieRE64 step was 1.05x fast_select's (its forward alone
@@ -55,7 +57,7 @@ class Platform(NamedTuple):
   pairs: str  # 'swap' (on x's layout) or 'blocks'
   pair_swap: str  # pairs='swap': 'matmul' or 'roll'
   elementwise_blocks: int = 0  # products of blocks up to this size as multiply-adds, not dots
-  rotation_kernel: int = 0  # blocks above 2 up to this size rotate by liere_jax.rotate_kernel
+  rotation_kernel: int = 0  # blocks up to this size rotate by liere_jax.rotate_kernel
 
 
 PLATFORMS: Dict[str, Platform] = {

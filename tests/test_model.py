@@ -248,3 +248,21 @@ def test_bfloat16_computes_in_bf16_with_float32_parameters_and_rotations():
   logits, ref = bf16(x, ctx=ctx), f32(x)
   assert logits.dtype == jnp.float32
   assert np.abs(logits - ref).max() < 0.05 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize('pe', ['liere8', 'rope_mixed', 'string_cayley', 'abs'])
+def test_q_k_and_v_as_three_products_equal_one_product(pe):
+  """model's qkv: three products (a TPU's, where its rotation kernel rotates q and k) give the
+  model one product gives, to float32 rounding, and the encodings ask for them on exactly those
+  platforms (LayerContext.split_qkv)."""
+  cfg = tiny_model_config(pe=pe)
+  cfg.qkv_bias = True
+  vit = ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
+  with model_lib.QKV('fused'):
+    one = vit(x)
+  with model_lib.QKV('split'):
+    three = vit(x)
+  np.testing.assert_allclose(three, one, rtol=1e-5, atol=1e-5 * float(np.abs(one).max()))
+  ctx = vit.pe.layer(vit.pe_context(vit.grid(x.shape)), 0)
+  assert ctx.split_qkv() == ({'tpu'} if pe != 'abs' else set()), ctx.split_qkv()

@@ -12,6 +12,8 @@ A LayerContext is a small pytree that acts inside attention:
                                           qkv projection [D, 3D] (only when `projects`).
   attend(q, k) -> q, k, bias              rotates q, k [B, T, H, d] and / or gives a logit bias
                                           broadcastable to [H, T, T].
+  split_qkv() -> platforms                where q, k and v come from three products, not one
+                                          (rotations.kernel_platforms).
 Prefix tokens (CLS) sit at position 0: the identity rotation (string_cayley: its P), no ALiBi
 bias.
 
@@ -42,6 +44,9 @@ class LayerContext(struct.PyTreeNode):
   def attend(self, q, k):
     return q, k, None
 
+  def split_qkv(self) -> frozenset:
+    return frozenset()
+
 
 class Rotate(LayerContext):
   """Block rotations of q and k: rot [H or 1, T, blocks, b, b] (rotations.rotate)."""
@@ -49,6 +54,9 @@ class Rotate(LayerContext):
 
   def attend(self, q, k):
     return rotations.rotate(q, self.rot), rotations.rotate(k, self.rot), None
+
+  def split_qkv(self):
+    return rotations.kernel_platforms(self.rot.shape[-1])
 
 
 class Bias(LayerContext):

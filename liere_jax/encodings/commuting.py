@@ -214,6 +214,9 @@ class Projected(LayerContext):
   def attend(self, q, k):  # P is in q and k already (project).
     return rotations.rotate(q, self.rot), rotations.rotate(k, self.rot), None
 
+  def split_qkv(self):
+    return rotations.kernel_platforms(self.rot.shape[-1])
+
 
 @register('string_cayley', label='STRING (Cayley)')
 class StringCayley(RopeMixed):
