@@ -122,8 +122,8 @@ QKV = switches.Switch('qkv', ('auto', 'fused', 'split'), "the qkv projection: 'a
 
 def _qkv(x, kernel, bias, heads, split=()):
   """q, k, v [B, T, H, d] from x [B, T, D] and the qkv kernel [D, 3D] (bias [3D] or None): one
-  product, or on the platforms in `split` three, each its own array (a TPU's rotation kernel then
-  reads q and k as they come, without the copies XLA makes to slice them out of one array)."""
+  product, or on the platforms in `split` three, each its own array (a TPU's rotation then reads
+  q and k as they come, without the copies XLA makes to slice them out of one array)."""
   b, t, width = x.shape
 
   def fused():

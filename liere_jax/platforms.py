@@ -31,12 +31,13 @@ stands for every GPU. Why each, measured where (docs/benchmarks.md):
                the rope_mixed step 1.11x faster than swap (matmul), and roll lost to matmul
                (1.09x; docs/benchmarks.md).
   rotations    on a TPU blocks up to 8 (every RoPE, LieRE8) rotate in one Pallas kernel a pass
-               (`rotation_kernel`; liere_jax.rotate_kernel), q, k and v then from three products
-               (liere_jax.model's qkv): a 2-layer ViT-B/16 step on one v5e chip moved 31.6 GB
-               instead of 35.9 for LieRE8 and 24.9 instead of 25.6 for rope_mixed (abs 20.1),
-               in the same memory. Without the three products the kernel kept a copy of q and
-               k (rope_mixed: 25.2 GB and 2.55 GiB against 2.37); without the kernel they cost
-               (roll: 28.7 GB). Off a TPU, and above 8, the pair forms and the einsum.
+               (`rotation_kernel`; liere_jax.rotate_kernel), and rotated q and k (and v) come
+               from three products, not one (`split_qkv`; liere_jax.model): a 2-layer ViT-B/16
+               step on one v5e chip moved 31.6 GB instead of 35.9 for LieRE8, 24.9 instead of
+               25.6 for rope_mixed (abs 20.1) in the same memory, and LieRE64 (the einsum) 57.6
+               instead of 59.6 with three products. With one product the kernel kept its own
+               copy of q and k (rope_mixed: 25.2 GB, 2.55 GiB against 2.37); the roll without
+               the kernel loses with three (28.7 GB).
 The same on every platform (their A/B forms are switches, liere_jax.switches): rotations apply
 blocks above 8 (off a TPU, above 2) by one einsum (liere_jax.rotations). The Pallas exponential
 (model.pe.expm=pallas) is opt-in everywhere: on the H200 its LieRE64 step was 1.05x fast_select's (its forward alone
@@ -58,6 +59,7 @@ class Platform(NamedTuple):
   pair_swap: str  # pairs='swap': 'matmul' or 'roll'
   elementwise_blocks: int = 0  # products of blocks up to this size as multiply-adds, not dots
   rotation_kernel: int = 0  # blocks up to this size rotate by liere_jax.rotate_kernel
+  split_qkv: bool = False  # rotated q and k (and v) from three products, not one (model)
 
 
 PLATFORMS: Dict[str, Platform] = {
@@ -65,7 +67,7 @@ PLATFORMS: Dict[str, Platform] = {
                     pairs='swap', pair_swap='matmul'),
     'tpu': Platform(expm_form='loop', chunk_bytes=16 * 2**20, products=dots.TPU,
                     attention='xla', pairs='swap', pair_swap='roll', elementwise_blocks=8,
-                    rotation_kernel=8),
+                    rotation_kernel=8, split_qkv=True),
     'cuda': Platform(expm_form='select', chunk_bytes=16 * 2**20, products=dots.GPU,
                      attention='cudnn', pairs='blocks', pair_swap='matmul'),
 }

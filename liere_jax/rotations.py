@@ -323,12 +323,6 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
   return jax.lax.platform_dependent(x, rot, cpu=fns['cpu'], tpu=fns['tpu'], default=fns['cuda'])
 
 
-def kernel_platforms(block: int) -> frozenset:
-  """The platforms on which rotate takes rotate_kernel for blocks of `block` (where q and k are
-  best their own products: liere_jax.model's qkv)."""
-  return frozenset(p for p, f in _forms(block).items() if f == 'kernel')
-
-
 def _forms(block: int):
   """{platform: the form of rotate}: each platform's row (liere_jax.platforms) unless a switch
   (KERNEL, PAIRS, SWAP, APPLY) names one form for all. 'kernel' (rotate_kernel); blocks of 2:

@@ -252,9 +252,9 @@ def test_bfloat16_computes_in_bf16_with_float32_parameters_and_rotations():
 
 @pytest.mark.parametrize('pe', ['liere8', 'rope_mixed', 'string_cayley', 'abs'])
 def test_q_k_and_v_as_three_products_equal_one_product(pe):
-  """model's qkv: three products (a TPU's, where its rotation kernel rotates q and k) give the
-  model one product gives, to float32 rounding, and the encodings ask for them on exactly those
-  platforms (LayerContext.split_qkv)."""
+  """model's qkv: three products (a TPU's for rotated q and k) give the model one product gives,
+  to float32 rounding, and the rotary encodings ask for them on a TPU alone
+  (LayerContext.split_qkv, liere_jax.platforms)."""
   cfg = tiny_model_config(pe=pe)
   cfg.qkv_bias = True
   vit = ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0))
