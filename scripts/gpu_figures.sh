@@ -5,8 +5,8 @@
 # 1. the A/B of each GPU change against the path before it (issue 38's LieRE8 products as
 # multiply-adds (block_products=elementwise, untimed on a GPU), its fused exponential
 # (expm 'pallas': bench expm beside torch.matrix_exp, then the step), its squarings as a loop,
-# RoPE's pair swap and pairs on x's layout; then the exponential's form, its precision,
-# rotate's form, cuDNN attention); 2. the train step of every encoding in PES against abs
+# RoPE's pair swap and pairs on x's layout, q, k and v as three products (a TPU's); then the
+# exponential's form, its precision, rotate's form, cuDNN attention); 2. the train step of every encoding in PES against abs
 # (ViT-B/16, BATCH); 3. a profile of the LieRE64 step (device-busy fraction, kernels and
 # device-to-host copies per step, top kernels); 4. bench expm against torch.matrix_exp; 5. the
 # official step beside ours (with OFFICIAL, a checkout of github.com/StanfordMIMI/LieRE).
@@ -23,7 +23,7 @@ PY=${PY:-python3}
 DEADLINE=${DEADLINE:-570}
 BATCH=${BATCH:-128}
 PES=${PES-liere64 liere8 paper_rope_mixed rope_mixed}
-AB=${AB-blocks pallas squarings swap pairs all expm precision apply attention}
+AB=${AB-blocks pallas squarings swap pairs qkv all expm precision apply attention}
 PROFILE=${PROFILE-1}
 RUNS=${RUNS:-}
 EXPM_ARGS=${EXPM_ARGS---repeats 3 --case imagenet_vitb16_liere64 --case imagenet_vitb16_liere8 --case cifar_vitb_liere64 --impl fast --impl fast_select --impl fast_cond --impl torch}
@@ -93,6 +93,7 @@ for ab in $AB; do
           --impl pallas --impl torch --json
       step ab_pallas pe=liere64 config.model.pe.expm=pallas ;;  # A: select (GPU default)
     pairs) step ab_pairs pe=rope_mixed pairs=swap ;;  # B: on x's layout (CPU, TPU); A: blocks (GPU)
+    qkv) step ab_qkv pe=liere64 qkv=split ;;  # B: q, k, v as three products (a TPU's, rotated)
     swap) step ab_swap pe=rope_mixed pairs=swap,swap=roll ;;  # B: x's layout by roll (the TPU's)
     all) step ab_all pe=liere64 "$OLD_EXPM,$OLD_PREC,attention=xla" ;;
     expm) step ab_expm pe=liere64 "$OLD_EXPM" ;;
