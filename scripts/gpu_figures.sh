@@ -6,8 +6,8 @@
 # multiply-adds (block_products=elementwise, untimed on a GPU), its fused exponential
 # (expm 'pallas': bench expm beside torch.matrix_exp, then the step), its squarings as a loop,
 # RoPE's pair swap and pairs on x's layout, q, k and v as three products (a TPU's); then the
-# exponential's form, its precision, rotate's form, cuDNN attention); 2. the train step of every encoding in PES against abs
-# (ViT-B/16, BATCH); 3. a profile of the LieRE64 step (device-busy fraction, kernels and
+# exponential's form, its precision, rotate's form, cuDNN attention); 2. the train step of every
+# encoding in PES against abs (ViT-B/16, BATCH); 3. a profile of the LieRE64 step (device-busy fraction, kernels and
 # device-to-host copies per step, top kernels); 4. bench expm against torch.matrix_exp; 5. the
 # official step beside ours (with OFFICIAL, a checkout of github.com/StanfordMIMI/LieRE).
 # OUT gets log.txt (everything printed), results.jsonl (each bench's JSON line, tagged) and
