@@ -7,8 +7,9 @@ stands for every GPU. Why each, measured where (docs/benchmarks.md):
 
   platform  exponential  pieces     products ('auto')       attention     rotations      measured on
   cpu       fast_cond    64 KiB     float32                 XLA           swap (matmul)  this CPU
-  tpu       fast_loop    the stack  HIGHEST (6 bf16);       XLA           kernel (b<=8)  TPU compiler
-                                    b <= 8 multiply-adds
+  tpu       fast_loop    the stack  HIGHEST (6 bf16);       XLA           swap (roll);   TPU compiler
+                                    b <= 8 multiply-adds                  b<=8 kernel;
+                                                                          above: 3 qkv products
   cuda      fast_select  16 MiB     bf16 x6 (preset X6)     cuDNN (bf16)  blocks         H100, H200
 
   exponential  model.pe.expm='fast' in this form (liere_jax.expm: fast_loop is one scale for the
@@ -30,14 +31,14 @@ stands for every GPU. Why each, measured where (docs/benchmarks.md):
                roll against 29.1 with matmul (abs 20.1; one v5e chip); on the H200 blocks made
                the rope_mixed step 1.11x faster than swap (matmul), and roll lost to matmul
                (1.09x; docs/benchmarks.md).
-  rotations    on a TPU blocks up to 8 (every RoPE, LieRE8) rotate in one Pallas kernel a pass
-               (`rotation_kernel`; liere_jax.rotate_kernel), and rotated q and k (and v) come
-               from three products, not one (`split_qkv`; liere_jax.model): a 2-layer ViT-B/16
-               step on one v5e chip moved 31.6 GB instead of 35.9 for LieRE8, 24.9 instead of
-               25.6 for rope_mixed (abs 20.1) in the same memory, and LieRE64 (the einsum) 57.6
-               instead of 59.6 with three products. With one product the kernel kept its own
-               copy of q and k (rope_mixed: 25.2 GB, 2.55 GiB against 2.37); the roll without
-               the kernel loses with three (28.7 GB).
+  rotations    on a TPU blocks above 2 up to 8 (LieRE8) rotate in one Pallas kernel a pass
+               (`rotation_kernel`; liere_jax.rotate_kernel), and where the einsum rotates q and k
+               (LieRE64) they come from three products, not one (`split_qkv`; liere_jax.model's
+               qkv). ImageNet ViT-B/16 on v5e-8 at 128 a chip, GB a step (abs 113): LieRE8 186
+               -> 155 with the kernel (160.6 with three products too); LieRE64 222.9 -> 204.7
+               with three products. Blocks of 2 keep the roll and one product: with the kernel
+               146.3 GB (13.95 GiB a chip), with three products too 145.9 (13.04), against 146.8
+               (12.83). A 2-layer step on one chip had ranked LieRE8's three products first.
 The same on every platform (their A/B forms are switches, liere_jax.switches): rotations apply
 blocks above 8 (off a TPU, above 2) by one einsum (liere_jax.rotations). The Pallas exponential
 (model.pe.expm=pallas) is opt-in everywhere: on the H200 its LieRE64 step was 1.05x fast_select's (its forward alone
@@ -59,7 +60,7 @@ class Platform(NamedTuple):
   pair_swap: str  # pairs='swap': 'matmul' or 'roll'
   elementwise_blocks: int = 0  # products of blocks up to this size as multiply-adds, not dots
   rotation_kernel: int = 0  # blocks up to this size rotate by liere_jax.rotate_kernel
-  split_qkv: bool = False  # rotated q and k (and v) from three products, not one (model)
+  split_qkv: bool = False  # q, k (and v) from three products, not one, where the einsum rotates
 
 
 PLATFORMS: Dict[str, Platform] = {

@@ -286,9 +286,9 @@ PAIRS = switches.Switch('pairs', ('auto', 'swap', 'blocks'), "rotate's form for 
                         "'auto' (liere_jax.platforms), 'swap' (on x's own layout), 'blocks' (x "
                         'as [..., k, 2] pairs times [2, 2] blocks) on every platform (A/B).')
 KERNEL = switches.Switch('rotation_kernel', ('auto', 'off', 'on'), "rotate's Pallas kernel "
-                         "for blocks up to 8 (liere_jax.rotate_kernel): 'auto' (liere_jax."
-                         "platforms: a TPU's), 'off' (the XLA forms everywhere), 'on' (also on "
-                         "CPU, in interpret mode: tests).")
+                         "(liere_jax.rotate_kernel): 'auto' (liere_jax.platforms: a TPU's, blocks "
+                         "above 2 up to 8), 'off' (the XLA forms everywhere), 'on' (every block "
+                         "up to 8, also on CPU in interpret mode: tests, A/B).")
 SWAP = switches.Switch('swap', ('auto', 'matmul', 'roll'), "how pairs=swap exchanges each "
                        "pair's dims: 'auto' (liere_jax.platforms: roll on a TPU, matmul "
                        'elsewhere), or one form on every platform (A/B).')
@@ -306,8 +306,9 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
     x rotated (x' = R x per block), in x's dtype, with float32 products and sums (bf16 models
     rotate by bf16-rounded rotations).
 
-  Each platform takes its form (liere_jax.platforms, one `platform_dependent`): on a TPU blocks
-  up to 8 rotate in one Pallas kernel a pass (liere_jax.rotate_kernel). Otherwise blocks of 2
+  Each platform takes its form (`forms`: liere_jax.platforms, one `platform_dependent`): on a
+  TPU blocks above 2 up to 8 rotate in one Pallas kernel a pass (liere_jax.rotate_kernel).
+  Blocks of 2
   (every RoPE) rotate on x's own [B, T, H, d] layout (`_rotate_pairs`; CPU) or as [..., k, 2]
   pairs times [2, 2] blocks (a GPU: 1.11x faster on the H200's rope_mixed step), and blocks
   above 2 by one einsum with the rotations on the left. 'direct' (APPLY) applies blocks up to 8
@@ -315,22 +316,23 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
   (docs/benchmarks.md).
   """
   rot = jnp.swapaxes(rot, 0, 1).astype(x.dtype)  # [T, H or 1, k, b, b]
-  forms = _forms(rot.shape[-1])
+  form = forms(rot.shape[-1])
   fns = {p: functools.partial(_FORMS[f], interpret=p == 'cpu') if f == 'kernel' else _FORMS[f]
-         for p, f in forms.items()}
-  if len(set(forms.values())) == 1:
+         for p, f in form.items()}
+  if len(set(form.values())) == 1:
     return fns['cpu'](x, rot)
   return jax.lax.platform_dependent(x, rot, cpu=fns['cpu'], tpu=fns['tpu'], default=fns['cuda'])
 
 
-def _forms(block: int):
+def forms(block: int):
   """{platform: the form of rotate}: each platform's row (liere_jax.platforms) unless a switch
   (KERNEL, PAIRS, SWAP, APPLY) names one form for all. 'kernel' (rotate_kernel); blocks of 2:
   'blocks' or the swap ('matmul' | 'roll') of the form on x's layout; above 2: APPLY's."""
   kernel, pairs, swap = KERNEL.get(), PAIRS.get(), SWAP.get()
 
   def form(platform, row):
-    on = {'auto': block <= row.rotation_kernel, 'off': False, 'on': platform != 'cuda'}[kernel]
+    on = {'auto': 2 < block <= row.rotation_kernel, 'off': False,
+          'on': platform != 'cuda'}[kernel]
     if on and rotate_kernel.supported(block):
       return 'kernel'
     if block > 2:

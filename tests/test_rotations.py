@@ -293,25 +293,29 @@ def test_pairs_on_x_layout_equal_the_blocks_form_forward_and_backward(heads, d, 
 
 def test_rotate_takes_each_platforms_form():
   """liere_jax.platforms' forms, forward and backward: the program lowered for tpu rotates blocks
-  of 2 and 8 by rotate_kernel's two Pallas calls (16: an einsum); without the kernel a tpu
-  exchanges the dims of pairs without a product (roll), a cpu with one (matmul); a cuda rotates
-  [..., k, 2] blocks, the program PAIRS 'blocks' gives."""
+  of 8 by rotate_kernel's two Pallas calls (16: an einsum; 2 too with rotation_kernel=on) and
+  exchanges the dims of pairs without a product (roll), for cpu with one (matmul); for cuda it
+  rotates [..., k, 2] blocks, the program PAIRS 'blocks' gives."""
   x = jnp.ones((2, 3, 2, 16), jnp.bfloat16)
   lowered = lambda platform, block=2: jax.jit(jax.value_and_grad(  # A new function each time:
       lambda x: jnp.sum(rotations.rotate(x, jnp.ones((2, 3, 16 // block, block, block)))
                         .astype(jnp.float32)))  # switches are read when it is traced.
   ).trace(x).lower(lowering_platforms=(platform,)).as_text()
   kernels = lambda platform, block=2: lowered(platform, block).count('@tpu_custom_call')
-  assert kernels('tpu') == kernels('tpu', 8) == 2 and kernels('tpu', 16) == 0
+  assert kernels('tpu', 8) == 2 and kernels('tpu', 16) == kernels('tpu') == 0
   assert kernels('cpu', 8) == kernels('cuda') == kernels('cuda', 8) == 0
+  assert rotations.forms(8) == {'tpu': 'kernel', 'cpu': 'einsum', 'cuda': 'einsum'}
+  assert rotations.forms(16) == {'tpu': 'einsum', 'cpu': 'einsum', 'cuda': 'einsum'}
   with rotations.KERNEL('on'):
-    assert kernels('cpu', 4) == 0 and kernels('cuda', 4) == 0  # cpu: interpret mode, no call
-  dots = lambda platform: lowered(platform).count('dot_general')
+    assert kernels('tpu') == 2 and kernels('cuda') == 0
+    assert rotations.forms(2) == {'tpu': 'kernel', 'cpu': 'kernel', 'cuda': 'blocks'}
   with rotations.KERNEL('off'):
-    assert kernels('tpu') == 0 and dots('tpu') == 0 and dots('cpu') > 0, (dots('tpu'), dots('cpu'))
+    assert kernels('tpu', 8) == 0
+  dots = lambda platform: lowered(platform).count('dot_general')
+  assert dots('tpu') == 0 and dots('cpu') > 0, (dots('tpu'), dots('cpu'))
   blocks_shape = 'tensor<2x3x2x8x2xbf16>'  # x as [B, T, H, k, 2]
   assert blocks_shape in lowered('cuda') and blocks_shape not in lowered('tpu')
-  with rotations.PAIRS('blocks'), rotations.KERNEL('off'):
+  with rotations.PAIRS('blocks'):
     assert blocks_shape in lowered('tpu')
 
 

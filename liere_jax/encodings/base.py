@@ -13,8 +13,8 @@ A LayerContext is a small pytree that acts inside attention:
   attend(q, k) -> q, k, bias              rotates q, k [B, T, H, d] and / or gives a logit bias
                                           broadcastable to [H, T, T].
   split_qkv() -> platforms                where q, k and v come from three products, not one
-                                          (those whose row says so for rotated q and k:
-                                          liere_jax.platforms' split_qkv).
+                                          (liere_jax.platforms' split_qkv: q and k rotated by
+                                          the einsum).
 Prefix tokens (CLS) sit at position 0: the identity rotation (string_cayley: its P), no ALiBi
 bias.
 
@@ -34,10 +34,6 @@ from liere_jax import rotations
 from liere_jax.platforms import PLATFORMS
 from liere_jax.encodings import registry
 from liere_jax.encodings.registry import Facts
-
-
-# Where rotated q and k (and v) come from three products (liere_jax.platforms' split_qkv).
-ROTATED_QKV_SPLIT = frozenset(p for p, row in PLATFORMS.items() if row.split_qkv)
 
 
 class LayerContext(struct.PyTreeNode):
@@ -62,7 +58,8 @@ class Rotate(LayerContext):
     return rotations.rotate(q, self.rot), rotations.rotate(k, self.rot), None
 
   def split_qkv(self):
-    return ROTATED_QKV_SPLIT
+    forms = rotations.forms(self.rot.shape[-1])
+    return frozenset(p for p, row in PLATFORMS.items() if row.split_qkv and forms[p] == 'einsum')
 
 
 class Bias(LayerContext):

@@ -18,7 +18,7 @@ from flax import nnx
 from flax import struct
 
 from liere_jax import rotations
-from liere_jax.encodings.base import ROTATED_QKV_SPLIT, Encoding, LayerContext, Rotate, register
+from liere_jax.encodings.base import Encoding, LayerContext, Rotate, register
 from liere_jax.encodings.rope import RopeMixed
 
 
@@ -213,9 +213,6 @@ class Projected(LayerContext):
 
   def attend(self, q, k):  # P is in q and k already (project).
     return rotations.rotate(q, self.rot), rotations.rotate(k, self.rot), None
-
-  def split_qkv(self):
-    return ROTATED_QKV_SPLIT
 
 
 @register('string_cayley', label='STRING (Cayley)')
