@@ -308,12 +308,11 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
 
   Each platform takes its form (`forms`: liere_jax.platforms, one `platform_dependent`): on a
   TPU blocks above 2 up to 8 rotate in one Pallas kernel a pass (liere_jax.rotate_kernel).
-  Blocks of 2
-  (every RoPE) rotate on x's own [B, T, H, d] layout (`_rotate_pairs`; CPU) or as [..., k, 2]
-  pairs times [2, 2] blocks (a GPU: 1.11x faster on the H200's rope_mixed step), and blocks
-  above 2 by one einsum with the rotations on the left. 'direct' (APPLY) applies blocks up to 8
-  elementwise: it made the LieRE8 train step 1.2x slower on the CPU and 1.35x slower on an H200
-  (docs/benchmarks.md).
+  Blocks of 2 (every RoPE) rotate on x's own [B, T, H, d] layout (`_rotate_pairs`; CPU and TPU)
+  or as [..., k, 2] pairs times [2, 2] blocks (a GPU: 1.11x faster on the H200's rope_mixed
+  step), other blocks by one einsum with the rotations on the left. 'direct' (APPLY) applies
+  blocks up to 8 elementwise: it made the LieRE8 train step 1.2x slower on the CPU and 1.35x
+  slower on an H200 (docs/benchmarks.md).
   """
   rot = jnp.swapaxes(rot, 0, 1).astype(x.dtype)  # [T, H or 1, k, b, b]
   form = forms(rot.shape[-1])
