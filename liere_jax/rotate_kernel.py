@@ -1,4 +1,6 @@
-"""Small block rotations (b <= 8: every RoPE, LieRE8) as one Pallas TPU kernel a pass.
+"""Small block rotations (b <= 8) as one Pallas TPU kernel a pass: a TPU's form for blocks
+above 2 (LieRE8; liere_jax.platforms). Blocks of 2 keep XLA's lane shifts there: the kernel was
+within 1% of them on the v5e-8 cost cell, in more memory (docs/benchmarks.md).
 
 A rotation of blocks of b contiguous head dims is a band of 2b - 1 diagonals:
 
