@@ -1,4 +1,6 @@
 """Scale features: the exponentials split over the mesh, fused attention, bf16 rotations."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -105,11 +107,11 @@ def test_scanned_blocks_give_the_loop_s_train_step_with_the_same_parameter_tree(
     assert not scan or blocks['attn']['qkv']['kernel'].shape[0] == 3
     inits.append(jax.device_get(param_tree.to_loop_params(state['params'])))
     jaxpr = str(jax.make_jaxpr(trainer._train_step)(state, trainer.global_batch(batch)))
-    scans.append(jaxpr.count('scan['))
+    scans.append(len(re.findall(r'length=3\b', jaxpr)))  # Over the 3 layers (not a kernel's loop).
     for _ in range(2):  # The second step uses new dropout masks in both.
       state, metrics = trainer.train_step(state, trainer.global_batch(batch))
     steps.append((param_tree.to_loop_params(state['params']), metrics))
-  assert scans[1] > scans[0]
+  assert scans[1] > scans[0] == 0
   assert jax.tree.structure(inits[0]) == jax.tree.structure(inits[1])
   for a, b in zip(jax.tree.leaves(inits[0]), jax.tree.leaves(inits[1])):
     np.testing.assert_array_equal(a, b)  # The same initial parameters.
