@@ -37,18 +37,20 @@ def supported(block: int) -> bool:
 
 def diagonals(rot: jax.Array, head_dim: int) -> jax.Array:
   """[T, H, k, b, b] block rotations -> [2b - 1, H, head_dim, T] diagonals D_s (s = -(b-1)
-  .. b-1; module doc), in rot's dtype; dims past k * b pass through (D_0 = 1). One gather."""
+  .. b-1; module doc), in rot's dtype; dims past k * b pass through (D_0 = 1)."""
   t, h, k, b, _ = rot.shape
-  shifts = np.arange(-(b - 1), b)[:, None]
-  cols = np.arange(b) + shifts  # [2b - 1, b]: row i's entry on diagonal s
-  band = rot[..., np.arange(b), np.clip(cols, 0, b - 1)]  # [T, H, k, 2b - 1, b]
-  band = jnp.where((cols >= 0) & (cols < b), band, 0)
-  band = jnp.moveaxis(band, 3, 0).reshape(2 * b - 1, t, h, k * b)
-  if k * b < head_dim:
-    rest = (shifts == 0).astype(rot.dtype)[:, :, None, None]  # D_0 = 1, the others 0
-    band = jnp.concatenate(
-        [band, jnp.broadcast_to(rest, (2 * b - 1, t, h, head_dim - k * b))], axis=-1)
-  return jnp.transpose(band, (0, 2, 3, 1))
+  rows = np.arange(b)
+  out = []
+  for s in range(-(b - 1), b):
+    cols = rows + s
+    ok = (cols >= 0) & (cols < b)
+    band = jnp.where(ok, rot[..., rows, np.clip(cols, 0, b - 1)], 0)  # [T, H, k, b]
+    band = band.reshape(t, h, k * b)
+    if k * b < head_dim:
+      band = jnp.pad(band, ((0, 0), (0, 0), (0, head_dim - k * b)),
+                     constant_values=1 if s == 0 else 0)
+    out.append(jnp.transpose(band, (1, 2, 0)))
+  return jnp.stack(out)
 
 
 def rotate(x: jax.Array, diag: jax.Array, interpret: bool = False) -> jax.Array:
