@@ -266,3 +266,12 @@ def test_q_k_and_v_as_three_products_equal_one_product(pe):
   np.testing.assert_allclose(three, one, rtol=1e-5, atol=1e-5 * float(np.abs(one).max()))
   ctx = vit.pe.layer(vit.pe_context(vit.grid(x.shape)), 0)
   assert ctx.split_qkv() == ({'tpu'} if pe == 'liere64' else set()), ctx.split_qkv()
+
+
+def test_qkv_split_on_a_platform_is_three_products_there_and_one_elsewhere():
+  """model._qkv with split={'tpu'}: the program lowered for tpu has three products, for cpu one."""
+  x, kernel = jnp.ones((2, 5, 16)), jnp.ones((16, 48))
+  dots = lambda platform: jax.jit(lambda x: model_lib._qkv(x, kernel, None, 2, frozenset({'tpu'}))
+                                  ).trace(x).lower(lowering_platforms=(platform,)).as_text(
+                                  ).count('dot_general')
+  assert (dots('tpu'), dots('cpu')) == (3, 1)
