@@ -34,14 +34,16 @@ whose parameters have a leading layer axis, run under one lax.scan); checkpoints
 the port see blocks/<i>/... either way (liere_jax.param_tree.to_loop_params / to_scan_params
 convert at those boundaries).
 """
+import functools
 import math
 from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
-from liere_jax import encodings, param_tree
+from liere_jax import attention_kernel, encodings, param_tree
 from liere_jax.config import model_config
 from liere_jax import positions as positions_lib
 from liere_jax import switches
@@ -101,11 +103,9 @@ class Attention(nnx.Module):
     split = {'auto': ctx.split_qkv(), 'fused': (), 'split': tuple(PLATFORMS)}[QKV.get()]
     q, k, v = _qkv(x.astype(dtype), kernel.astype(dtype),
                    None if bias is None else bias.astype(dtype), self.heads, split)
-    q, k, bias = ctx.attend(q, k)
     if not return_weights:
-      bias = None if bias is None else bias[None].astype(q.dtype)
-      out = _fused_attention(q, k, v, bias)
-      return self.proj(out.reshape(b, t, width)), None
+      return self.proj(_attention(q, k, v, ctx).reshape(b, t, width)), None
+    q, k, bias = ctx.attend(q, k)
     logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(q.shape[-1])
     logits = logits.astype(jnp.float32)
     if bias is not None:
@@ -142,8 +142,67 @@ def _qkv(x, kernel, bias, heads, split=()):
   return jax.lax.platform_dependent(cpu=form['cpu'], tpu=form['tpu'], default=form['cuda'])
 
 
-ATTENTION = switches.Switch('attention', ('auto', 'xla'), "'auto': cuDNN's fused attention "
-                            "on a GPU where it applies, else XLA's; 'xla': XLA's everywhere.")
+ATTENTION = switches.Switch('attention', ('auto', 'xla', 'kernel'), "'auto': "
+                            "liere_jax.platforms' (a TPU's Pallas kernel, cuDNN's on a GPU where "
+                            "it applies, else XLA's); 'xla': XLA's everywhere; 'kernel': the "
+                            "Pallas kernel on CPU (interpret mode: tests) and TPU.")
+
+
+def _attention(q, k, v, ctx):
+  """Attention of q, k, v [B, T, H, d] with the encoding `ctx`, each platform in its form (one
+  platform_dependent): where it takes them, the Pallas kernel (liere_jax.attention_kernel),
+  which rotates q and k itself when the context gives a band (blocks up to 8) and takes them
+  from `ctx.attend` otherwise; elsewhere ctx.attend, then jax.nn.dot_product_attention."""
+
+  def xla(q, k, v):
+    q, k, bias = ctx.attend(q, k)
+    return _fused_attention(q, k, v, None if bias is None else bias[None].astype(q.dtype))
+
+  def kernel(q, k, v, interpret):
+    band = ctx.band(q)
+    if band is None:
+      q, k, _ = ctx.attend(q, k)
+    return _kernel_attention(q, k, v, band, interpret)
+
+  on = _kernel_platforms(q.shape, ctx)
+  if not on:
+    return xla(q, k, v)
+  fns = {p: functools.partial(kernel, interpret=p == 'cpu') if p in on else xla
+         for p in PLATFORMS}
+  return jax.lax.platform_dependent(q, k, v, cpu=fns['cpu'], tpu=fns['tpu'], default=fns['cuda'])
+
+
+def _model_axis():
+  """The context mesh's 'model' axis where it splits the heads, else None."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return 'model' if not mesh.empty and mesh.shape.get('model', 1) > 1 else None
+
+
+def _kernel_platforms(shape, ctx):
+  """The platforms whose attention of q [B, T, H, d] under ctx is the Pallas kernel (ATTENTION)."""
+  _, t, heads, d = shape
+  model = jax.sharding.get_abstract_mesh().shape['model'] if _model_axis() else 1
+  if ctx.biased or heads % model or not attention_kernel.supported(heads // model, d, t):
+    return ()
+  mode = ATTENTION.get()
+  return tuple(p for p, row in PLATFORMS.items()
+               if (mode == 'auto' and row.attention == 'kernel') or (mode == 'kernel' and p != 'cuda'))
+
+
+def _kernel_attention(q, k, v, band, interpret):
+  """attention_kernel.attention; on a mesh each device attends its part of the batch (and of the
+  heads, over 'model'): a Mosaic kernel is not partitioned by XLA."""
+  fn = functools.partial(attention_kernel.attention, interpret=interpret)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return fn(q, k, v, band)
+  model = _model_axis()
+  x = P('data' if 'data' in mesh.axis_names else None, None, model, None)
+  if band is None:
+    return jax.shard_map(lambda q, k, v: fn(q, k, v), in_specs=(x,) * 3, out_specs=x,
+                         check_vma=False)(q, k, v)
+  return jax.shard_map(fn, in_specs=(x,) * 3 + (P(None, None, model),), out_specs=x,
+                       check_vma=False)(q, k, v, band)
 
 
 def _fused_attention(q, k, v, bias):

@@ -55,7 +55,8 @@ class Platform(NamedTuple):
   expm_form: str  # liere_jax.expm.FORMS
   chunk_bytes: int
   products: dots.Dots
-  attention: str  # 'cudnn' (where it takes the shapes, else XLA's) or 'xla'
+  attention: str  # 'kernel' (liere_jax.attention_kernel), 'cudnn' (where it takes the shapes,
+  # else XLA's) or 'xla'
   pairs: str  # 'swap' (on x's layout) or 'blocks'
   pair_swap: str  # pairs='swap': 'matmul' or 'roll'
   elementwise_blocks: int = 0  # products of blocks up to this size as multiply-adds, not dots
@@ -67,7 +68,7 @@ PLATFORMS: Dict[str, Platform] = {
     'cpu': Platform(expm_form='cond', chunk_bytes=2**16, products=dots.CPU, attention='xla',
                     pairs='swap', pair_swap='matmul'),
     'tpu': Platform(expm_form='loop', chunk_bytes=16 * 2**20, products=dots.TPU,
-                    attention='xla', pairs='swap', pair_swap='roll', elementwise_blocks=8,
+                    attention='kernel', pairs='swap', pair_swap='roll', elementwise_blocks=8,
                     rotation_kernel=8, split_qkv=True),
     'cuda': Platform(expm_form='select', chunk_bytes=16 * 2**20, products=dots.GPU,
                      attention='cudnn', pairs='blocks', pair_swap='matmul'),

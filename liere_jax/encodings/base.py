@@ -11,7 +11,11 @@ A LayerContext is a small pytree that acts inside attention:
   project(kernel, bias) -> kernel, bias   a position-free linear map of q and k folded into the
                                           qkv projection [D, 3D] (only when `projects`).
   attend(q, k) -> q, k, bias              rotates q, k [B, T, H, d] and / or gives a logit bias
-                                          broadcastable to [H, T, T].
+                                          broadcastable to [H, T, T] (then
+                                          `biased`).
+  band(q) -> band or None                 the rotation as a TPU attention kernel's band, which
+                                          the kernel applies to q and k itself (blocks up to 8;
+                                          liere_jax.attention_kernel), or None: attend first.
   split_qkv() -> platforms                where q, k and v come from three products, not one
                                           (liere_jax.platforms' split_qkv: q and k rotated by
                                           the einsum).
@@ -27,10 +31,11 @@ as keywords without defaults), and the class's `check` / `check_options` hold it
 from typing import Dict, Mapping, Sequence, Type
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from flax import struct
 
-from liere_jax import rotations
+from liere_jax import attention_kernel, rotations
 from liere_jax.platforms import PLATFORMS
 from liere_jax.encodings import registry
 from liere_jax.encodings.registry import Facts
@@ -39,12 +44,18 @@ from liere_jax.encodings.registry import Facts
 class LayerContext(struct.PyTreeNode):
   """One layer's context; this base acts as no encoding at all."""
   projects = False  # True: attention calls `project` on its qkv kernel and bias.
+  biased = False  # True: `attend` gives a logit bias (XLA's attention on every platform).
 
   def project(self, kernel, bias):
     return kernel, bias
 
   def attend(self, q, k):
     return q, k, None
+
+  def band(self, q):
+    """The rotation of q and k as a TPU attention kernel's band (liere_jax.attention_kernel),
+    where the kernel applies it itself; None: `attend` transforms them first."""
+    return None
 
   def split_qkv(self) -> frozenset:
     return frozenset()
@@ -57,6 +68,14 @@ class Rotate(LayerContext):
   def attend(self, q, k):
     return rotations.rotate(q, self.rot), rotations.rotate(k, self.rot), None
 
+  def band(self, q):
+    b = self.rot.shape[-1]
+    if b > attention_kernel.MAX_BLOCK:
+      return None
+    rot = jnp.swapaxes(self.rot, 0, 1).astype(q.dtype)  # [T, H or 1, k, b, b], as rotate's
+    rot = jnp.broadcast_to(rot, rot.shape[:1] + q.shape[2:3] + rot.shape[2:])
+    return attention_kernel.band(rot, q.shape[-1])
+
   def split_qkv(self):
     forms = rotations.forms(self.rot.shape[-1])
     return frozenset(p for p, row in PLATFORMS.items() if row.split_qkv and forms[p] == 'einsum')
@@ -64,6 +83,7 @@ class Rotate(LayerContext):
 
 class Bias(LayerContext):
   """A logit bias [H, T, T]."""
+  biased = True
   bias: jax.Array
 
   def attend(self, q, k):

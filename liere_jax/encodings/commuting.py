@@ -192,11 +192,10 @@ def cayley_orthogonal(cayley, head_dim: int):
   return jnp.linalg.solve(eye + s, eye - s)
 
 
-class Projected(LayerContext):
+class Projected(Rotate):
   """STRING-Cayley's layer context: P [H, d, d] folded into the q and k projections, then the
-  RoPE-Mixed rotations rot [H, T, d/2, 2, 2]."""
+  RoPE-Mixed rotations rot [H, T, d/2, 2, 2] (attend: P is in q and k already)."""
   projects = True
-  rot: jax.Array
   orth: jax.Array
 
   def project(self, kernel, bias):
@@ -210,9 +209,6 @@ class Projected(LayerContext):
       return jnp.concatenate([qk, w3[..., 2:, :, :]], axis=-3).reshape(w.shape).astype(w.dtype)
 
     return fold(kernel), None if bias is None else fold(bias)
-
-  def attend(self, q, k):  # P is in q and k already (project).
-    return rotations.rotate(q, self.rot), rotations.rotate(k, self.rot), None
 
 
 @register('string_cayley', label='STRING (Cayley)')

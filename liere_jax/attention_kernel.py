@@ -1,0 +1,249 @@
+"""Self-attention with the rotations of q and k inside, one Pallas TPU kernel a pass: a TPU's
+attention (liere_jax.platforms), for every encoding whose attention has no logit bias.
+
+XLA's attention on a TPU writes the logits [B, H, T, T] to HBM and reads them back, forward and
+backward, and a rotary encoding adds its own passes over q and k (reads, shifts, writes; a
+ViT-B/16 step on v5e-8 moved 113 GB for abs, 147 for rope_mixed). Here one grid step holds a
+batch element's q, k, v of 128 lanes (128 // d heads) for all T tokens in VMEM: q and k rotate
+in registers, the logits and softmax never leave the chip, and the backward recomputes them
+(nothing but q, k, v is kept). For a ViT's token counts (T up to ~1,600) a whole row of logits
+fits; no online softmax is needed.
+
+q, k, v are [B, T, H * d] as the qkv projection writes them (no transposes): a grid step reads
+lanes [128 j, 128 (j + 1)) of each, the heads 128 j / d ... Its heads' products run on all 128
+lanes with the other heads' lanes masked to zero (d = 64: twice the MXU work of the logits, not
+of the model; exact).
+
+The rotation is a band of 2b - 1 diagonals along the head dims (blocks of b <= 8; RoPE's pairs
+are b = 2): q'[i] = sum_s D_s[i] q[i + s] (liere_jax.rotate_kernel.diagonals), applied by lane
+shifts (`pltpu.roll`) to q and k as they are read; its gradient, the batch's sum of
+dq' q[. + s] + dk' k[. + s], accumulates on chip across the batch (the batch axis runs in order).
+On CPU the same kernels run in interpret mode (tests).
+"""
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+
+LANES = 128
+MAX_BLOCK = 8  # Rotations of larger blocks are applied before the kernel (an einsum).
+ROW_BYTES = 2**18  # q's bytes a grid step, about: a few batch elements a step.
+
+
+def supported(heads: int, head_dim: int, tokens: int) -> bool:
+  """Whether the kernel takes these shapes: heads of d dividing 128 lanes, H d a multiple of
+  128, and a row of logits that fits VMEM comfortably."""
+  return (LANES % head_dim == 0 and (heads * head_dim) % LANES == 0 and head_dim >= 8
+          and tokens <= 2048)
+
+
+def band(rot: jax.Array, head_dim: int) -> jax.Array:
+  """[T, H, k, b, b] block rotations -> the kernel's band [2b - 1, T, H * d] (D_s, s = -(b-1)
+  .. b-1), in rot's dtype; dims past k * b pass through (D_0 = 1)."""
+  t, h, k, b, _ = rot.shape
+  rows = np.arange(b)
+  out = []
+  for s in range(-(b - 1), b):
+    cols = rows + s
+    ok = (cols >= 0) & (cols < b)
+    diag = jnp.where(ok, rot[..., rows, np.clip(cols, 0, b - 1)], 0).reshape(t, h, k * b)
+    if k * b < head_dim:
+      diag = jnp.pad(diag, ((0, 0), (0, 0), (0, head_dim - k * b)),
+                     constant_values=1 if s == 0 else 0)
+    out.append(diag.reshape(t, h * head_dim))
+  return jnp.stack(out)
+
+
+def attention(q, k, v, diag=None, interpret: bool = False):
+  """softmax(q' k'^T / sqrt(d)) v per head, q' and k' q and k rotated by the band `diag`
+  [2b - 1, T, H d] (`band`; None: not rotated). q, k, v [B, T, H, d] -> [B, T, H, d] in q's
+  dtype; logits and softmax in float32, products of q's dtype. Differentiable in q, k, v and
+  diag."""
+  b, t, h, d = q.shape
+  flat = lambda a: a.reshape(b, t, h * d)
+  out = _attention(interpret, d, flat(q), flat(k), flat(v), diag)
+  return out.reshape(b, t, h, d)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _attention(interpret, d, q, k, v, diag):
+  return _pass(_forward_kernel, interpret, d)(q, k, v, diag)
+
+
+def _attention_fwd(interpret, d, q, k, v, diag):
+  return _attention(interpret, d, q, k, v, diag), (q, k, v, diag)
+
+
+def _attention_bwd(interpret, d, res, g):
+  q, k, v, diag = res
+  grads = _pass(_backward_kernel, interpret, d)(q, k, v, diag, g)
+  dq, dk, dv = grads[:3]
+  return dq, dk, dv, None if diag is None else grads[3].astype(diag.dtype)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+@functools.lru_cache(maxsize=None)
+def _pass(kernel, interpret, d):
+  """The pass as one jitted function: its kernel is traced once a shape, not once a call (every
+  program traced on any platform traces a TPU's branch too: platform_dependent)."""
+  return jax.jit(functools.partial(_call, kernel, interpret, d))
+
+
+def _rows(q):
+  batch, t, _ = q.shape
+  rows = int(np.clip(ROW_BYTES // (t * LANES * q.dtype.itemsize), 1, batch))
+  while batch % rows:
+    rows -= 1
+  return rows
+
+
+def _call(kernel, interpret, d, q, k, v, diag, g=None):
+  """The forward (-> out) or the backward (-> dq, dk, dv[, ddiag float32]) pass."""
+  batch, t, width = q.shape
+  rows = _rows(q)
+  grid = (width // LANES, batch // rows)  # Lane blocks outer: a block's band stays in VMEM.
+  x_spec = pl.BlockSpec((rows, t, LANES), lambda j, i: (i, 0, j))
+  backward = g is not None
+  rotated = diag is not None
+  n = diag.shape[0] if rotated else 1
+  d_spec = pl.BlockSpec((n, t, LANES), lambda j, i: (0, 0, j))
+  ins = [q, k, v] + ([diag] if rotated else []) + ([g] if backward else [])
+  in_specs = [x_spec] * 3 + ([d_spec] if rotated else []) + ([x_spec] if backward else [])
+  outs = [jax.ShapeDtypeStruct(q.shape, q.dtype)] * (3 if backward else 1)
+  out_specs = [x_spec] * len(outs)
+  if backward and rotated:  # The band's gradient sums over the batch: into one tile, in order.
+    outs.append(jax.ShapeDtypeStruct(diag.shape, jnp.float32))
+    out_specs.append(d_spec)
+  heads = q.size // (batch * t * d)
+  matmuls = 8 if backward else 2  # Logits, P v; backward: both again, dv, dp, dq, dk.
+  flops = matmuls * 2 * batch * heads * t * t * LANES  # 128 lanes a head (the mask)
+  moved = sum(a.size * a.dtype.itemsize for a in ins + outs)
+  kw = {'interpret': True} if interpret else {'compiler_params': _tpu_params(backward and rotated)}
+  res = pl.pallas_call(
+      functools.partial(kernel, d, n // 2 if rotated else None, rows, 1 / math.sqrt(d)),
+      out_shape=outs, grid=grid, in_specs=in_specs, out_specs=out_specs,
+      name='attention_' + ('backward' if backward else 'forward'),
+      cost_estimate=pl.CostEstimate(flops=flops, transcendentals=batch * heads * t * t,
+                                    bytes_accessed=moved),
+      **kw)(*ins)
+  return res if backward else res[0]
+
+
+def _tpu_params(accumulates):
+  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+  return pltpu.CompilerParams(
+      dimension_semantics=('parallel', 'arbitrary' if accumulates else 'parallel'),
+      vmem_limit_bytes=64 * 2**20)
+
+
+def _shift(x, s):
+  """y[:, i] = x[:, i + s] (cyclic along the lanes; the band is 0 where it wraps)."""
+  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+  return x if s % LANES == 0 else pltpu.roll(x, (-s) % LANES, 1)
+
+
+def _rotate(x, band, half):
+  """x' = sum_s D_s x[. + s] in float32 (x [T, 128] float32, band(s) [T, 128])."""
+  out = band(0) * x
+  for s in range(1, half + 1):
+    out += band(s) * _shift(x, s) + band(-s) * _shift(x, -s)
+  return out
+
+
+def _unrotate(g, band, half):
+  """The transpose of _rotate: dx = sum_s shift(D_s g, -s)."""
+  out = band(0) * g
+  for s in range(1, half + 1):
+    out += _shift(band(s) * g, -s) + _shift(band(-s) * g, s)
+  return out
+
+
+def _masks(d):
+  lane = jax.lax.broadcasted_iota(jnp.int32, (1, LANES), 1)
+  return [(lane >= h * d) & (lane < (h + 1) * d) for h in range(LANES // d)]
+
+
+def _nt(a, b):
+  """a b^T: [T, 128] x [S, 128] -> [T, S] float32."""
+  return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _tn(a, b):
+  """a^T b: [T, S] x [T, 128] -> [S, 128] float32."""
+  return jax.lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _nn(a, b):
+  return jnp.dot(a, b, preferred_element_type=jnp.float32)
+
+
+def _softmax(s):
+  p = jnp.exp(s - jnp.max(s, axis=1, keepdims=True))
+  return p / jnp.sum(p, axis=1, keepdims=True)
+
+
+def _inputs(d_ref, half, q_ref, k_ref, r):
+  """q and k of batch row r, rotated (float32 rotation, then q's dtype), and the band reader."""
+  q, k = q_ref[r], k_ref[r]
+  if half is None:
+    return q, k, None
+  band = lambda s: d_ref[s + half].astype(jnp.float32)
+  rot = lambda x: _rotate(x.astype(jnp.float32), band, half).astype(x.dtype)
+  return rot(q), rot(k), band
+
+
+def _forward_kernel(d, half, rows, scale, q_ref, k_ref, v_ref, *refs):
+  d_ref, o_ref = refs if half is not None else (None,) + refs
+
+  def row(r, carry):
+    q, k, _ = _inputs(d_ref, half, q_ref, k_ref, r)
+    v = v_ref[r]
+    out = jnp.zeros(q.shape, jnp.float32)
+    for mask in _masks(d):
+      p = _softmax(_nt(jnp.where(mask, q, 0), k) * scale)
+      out = jnp.where(mask, _nn(p.astype(v.dtype), v), out)
+    o_ref[r] = out.astype(o_ref.dtype)
+    return carry
+  jax.lax.fori_loop(0, rows, row, 0)
+
+
+def _backward_kernel(d, half, rows, scale, q_ref, k_ref, v_ref, *refs):
+  if half is None:
+    g_ref, dq_ref, dk_ref, dv_ref = refs
+    d_ref = dd_ref = None
+  else:
+    d_ref, g_ref, dq_ref, dk_ref, dv_ref, dd_ref = refs
+
+    @pl.when(pl.program_id(1) == 0)
+    def _():
+      dd_ref[...] = jnp.zeros_like(dd_ref)
+
+  def row(r, carry):
+    q, k, band = _inputs(d_ref, half, q_ref, k_ref, r)
+    v, g = v_ref[r], g_ref[r]
+    dq = dk = dv = jnp.zeros(q.shape, jnp.float32)
+    for mask in _masks(d):
+      p = _softmax(_nt(jnp.where(mask, q, 0), k) * scale)
+      pc = p.astype(v.dtype)
+      gm = jnp.where(mask, g, 0)
+      # dS = P (dP - rowsum(dO O)); O = P v recomputed (only its head's lanes count).
+      o = _nn(pc, v)
+      dp = _nt(gm, v)
+      ds = (p * (dp - jnp.sum(gm.astype(jnp.float32) * o, axis=1, keepdims=True)) * scale)
+      ds = ds.astype(q.dtype)
+      dv = jnp.where(mask, _tn(pc, g), dv)
+      dq = jnp.where(mask, _nn(ds, k), dq)
+      dk = jnp.where(mask, _tn(ds, q), dk)
+    if half is not None:
+      x_q, x_k = q_ref[r].astype(jnp.float32), k_ref[r].astype(jnp.float32)
+      for s in range(-half, half + 1):
+        dd_ref[s + half] += dq * _shift(x_q, s) + dk * _shift(x_k, s)
+      dq, dk = _unrotate(dq, band, half), _unrotate(dk, band, half)
+    dq_ref[r], dk_ref[r], dv_ref[r] = (a.astype(q_ref.dtype) for a in (dq, dk, dv))
+    return carry
+  jax.lax.fori_loop(0, rows, row, 0)

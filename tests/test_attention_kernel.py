@@ -1,0 +1,98 @@
+"""A TPU's attention kernel (liere_jax.attention_kernel), run here in interpret mode, against
+XLA's attention and the XLA rotations; the model's train step either way; its TPU compile."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from liere_jax import attention_kernel, model as model_lib, rotations
+from liere_jax.encodings.base import Rotate
+from tests.helpers import tiny_model
+
+
+def _close(got, want, rtol=1e-5):
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * float(jnp.max(jnp.abs(b))))
+
+
+@pytest.mark.parametrize('block, heads, d, devices', [(None, 4, 32, 1), (2, 2, 64, 1),
+                                                     (8, 4, 64, 1), (4, 4, 32, 1),
+                                                     (8, 2, 64, 2)])
+def test_the_kernel_equals_xla_attention_after_the_rotation_forward_and_backward(
+    block, heads, d, devices):
+  """softmax(q' k'^T / sqrt(d)) v and its gradients in q, k, v and the rotations, q' = R q by
+  the band inside the kernel, against rotations.rotate then jax.nn.dot_product_attention, to
+  float32 rounding: 128 // d heads a lane block, 13 tokens (not a multiple of 8), rotations per
+  head, pass-through dims (block 8 of 64: 7 blocks of 8); on a mesh each device attends its
+  part of the batch and the rotations' gradient is their sum."""
+  rng = np.random.default_rng(d + (block or 0))
+  shape = (4, 13, heads, d)
+  q, k, v, w = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for _ in range(4))
+  n_blocks = (d - 8) // block if block else 0
+  rot = jnp.asarray(rng.standard_normal((heads, 13, n_blocks, block or 1, block or 1)) / 2)
+  rot = jax.scipy.linalg.expm(rot - jnp.swapaxes(rot, -1, -2)) if block else None
+  mesh = jax.make_mesh((devices,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:devices])
+
+  def xla(q, k, v, rot):
+    if rot is not None:
+      q, k = rotations.rotate(q, rot), rotations.rotate(k, rot)
+    return jax.nn.dot_product_attention(q, k, v)
+
+  def kernel(q, k, v, rot):
+    band = None if rot is None else Rotate(rot=rot).band(q)
+    return model_lib._kernel_attention(q, k, v, band, interpret=True)
+
+  def run(fn):
+    loss = lambda *a: jnp.sum(fn(*a) * w)
+    with jax.set_mesh(mesh):
+      return jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3) if block else (0, 1, 2)))(
+          q, k, v, rot)
+  _close(run(kernel), run(xla))
+
+
+@pytest.mark.parametrize('pe', ['abs', 'rope_mixed', 'liere8', 'liere64', 'alibi'])
+def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe):
+  """The tiny ViT (2 heads of 64) with attention=kernel (the kernel where the encoding allows:
+  rotations up to 8 inside it, LieRE64's einsum before it, ALiBi's bias by XLA) gives XLA's
+  logits and parameter gradients to float32 rounding."""
+  model = tiny_model(pe=pe, width=128, heads=2)
+  model.head.kernel[...] = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+  from flax import nnx
+
+  def run():
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    loss = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2)
+    return jax.jit(jax.value_and_grad(loss))(params)
+  with model_lib.ATTENTION('xla'):
+    want = run()
+  with model_lib.ATTENTION('kernel'):
+    got = run()
+  _close(got, want, rtol=2e-5)
+
+
+def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
+  """The TPU compiler (libtpu, no TPU here) compiles a LieRE8 attention and its gradient on a
+  v5e-8 mesh, the batch split over 'data': two Mosaic calls on q, k, v as the projection lays
+  them out ([B, T, H d], 2 rows a chip), 197 tokens, nothing of [B, H, T, T] in HBM."""
+  pytest.importorskip('libtpu', reason='requirements-tpu.txt')
+  from jax.sharding import NamedSharding
+  from liere_jax.bench import compile as tpu
+  mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=tpu.slice_devices(tpu.parse_slice('v5litepod-8')))
+  x = jax.ShapeDtypeStruct((16, 197, 12, 64), jnp.bfloat16,
+                           sharding=NamedSharding(mesh, P('data')))
+  rot = jax.ShapeDtypeStruct((12, 197, 8, 8, 8), jnp.float32, sharding=NamedSharding(mesh, P()))
+
+  def loss(q, k, v, rot):
+    band = Rotate(rot=rot).band(q)
+    return jnp.sum(model_lib._kernel_attention(q, k, v, band, False).astype(jnp.float32))
+  with jax.set_mesh(mesh):
+    hlo = jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3))).trace(x, x, x, rot).lower().compile(
+    ).as_text()
+  calls = [line for line in hlo.splitlines() if 'tpu_custom_call' in line]
+  assert len(calls) == 2 and any('%attention_backward' in c for c in calls), calls
+  assert 'bf16[2,197,768]' in calls[0] + calls[1]
+  assert not any('197,197]' in line for line in hlo.splitlines())
