@@ -6,7 +6,7 @@ backward, and a rotary encoding adds its own passes over q and k (reads, shifts,
 ViT-B/16 step on v5e-8 moved 113 GB for abs, 147 for rope_mixed). Here one grid step holds a
 batch element's q, k, v of 128 lanes (128 // d heads) for all T tokens in VMEM: q and k rotate
 in registers, the logits and softmax never leave the chip, and the backward recomputes them
-(nothing but q, k, v is kept). For a ViT's token counts (T up to ~1,600) a whole row of logits
+(nothing but q, k, v and the output, which the projection after it keeps anyway). For a ViT's token counts (T up to ~1,600) a whole row of logits
 fits; no online softmax is needed.
 
 q, k, v are [B, T, H * d] as the qkv projection writes them (no transposes): a grid step reads
@@ -64,24 +64,31 @@ def attention(q, k, v, diag=None, interpret: bool = False):
   diag."""
   b, t, h, d = q.shape
   flat = lambda a: a.reshape(b, t, h * d)
-  out = _attention(interpret, d, flat(q), flat(k), flat(v), diag)
-  return out.reshape(b, t, h, d)
+  return _attention(interpret, d, (flat(q), flat(k), flat(v)), diag).reshape(b, t, h, d)
+
+
+def attention_qkv(qkv, diag=None, interpret: bool = False):
+  """`attention` of q, k, v in one array [B, T, 3, H, d] (the qkv projection's output), read in
+  place: no copies of the three, and their gradient one array like qkv."""
+  b, t, _, h, d = qkv.shape
+  return _attention(interpret, d, (qkv.reshape(b, t, 3 * h * d),), diag).reshape(b, t, h, d)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _attention(interpret, d, q, k, v, diag):
-  return _pass(_forward_kernel, interpret, d)(q, k, v, diag)
+def _attention(interpret, d, xs, diag):
+  return _pass(_forward_kernel, interpret, d)(xs, diag)
 
 
-def _attention_fwd(interpret, d, q, k, v, diag):
-  return _attention(interpret, d, q, k, v, diag), (q, k, v, diag)
+def _attention_fwd(interpret, d, xs, diag):
+  out = _attention(interpret, d, xs, diag)
+  return out, (xs, diag, out)
 
 
 def _attention_bwd(interpret, d, res, g):
-  q, k, v, diag = res
-  grads = _pass(_backward_kernel, interpret, d)(q, k, v, diag, g)
-  dq, dk, dv = grads[:3]
-  return dq, dk, dv, None if diag is None else grads[3].astype(diag.dtype)
+  xs, diag, out = res
+  grads = _pass(_backward_kernel, interpret, d)(xs, diag, out, g)
+  dxs = (grads[0],) if len(xs) == 1 else tuple(grads[0])
+  return dxs, None if diag is None else grads[1].astype(diag.dtype)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -94,50 +101,70 @@ def _pass(kernel, interpret, d):
   return jax.jit(functools.partial(_call, kernel, interpret, d))
 
 
-def _rows(q):
-  batch, t, _ = q.shape
-  rows = int(np.clip(ROW_BYTES // (t * LANES * q.dtype.itemsize), 1, batch))
+def _call(kernel, interpret, d, xs, diag, out=None, g=None):
+  """The forward (-> out [B, T, H d]) or the backward (out, g -> dq|dk|dv like xs: one array
+  [B, T, 3 H d] or [3, B, T, H d]; ddiag float32) pass. xs: q, k, v [B, T, H d] each, or
+  one array [B, T, 3 H d] that a grid step reads at three lane offsets."""
+  fused = len(xs) == 1
+  batch, t, width = xs[0].shape
+  width //= 3 if fused else 1
+  blocks, dtype = width // LANES, xs[0].dtype
+  rows = int(np.clip(ROW_BYTES // (t * LANES * dtype.itemsize), 1, batch))
   while batch % rows:
     rows -= 1
-  return rows
-
-
-def _call(kernel, interpret, d, q, k, v, diag, g=None):
-  """The forward (-> out) or the backward (-> dq, dk, dv[, ddiag float32]) pass."""
-  batch, t, width = q.shape
-  rows = _rows(q)
-  grid = (width // LANES, batch // rows)  # Lane blocks outer: a block's band stays in VMEM.
-  x_spec = pl.BlockSpec((rows, t, LANES), lambda j, i: (i, 0, j))
   backward = g is not None
+  # Lane blocks outer (a block's band stays in VMEM), batch tiles; the backward writes q's, k's
+  # and v's gradient in three steps (a third axis), from one computation.
+  grid = (blocks, batch // rows) + ((3,) if backward else ())
+  spec = lambda offset: pl.BlockSpec((rows, t, LANES), lambda j, i, *_: (i, 0, offset + j))
   rotated = diag is not None
   n = diag.shape[0] if rotated else 1
-  d_spec = pl.BlockSpec((n, t, LANES), lambda j, i: (0, 0, j))
-  ins = [q, k, v] + ([diag] if rotated else []) + ([g] if backward else [])
-  in_specs = [x_spec] * 3 + ([d_spec] if rotated else []) + ([x_spec] if backward else [])
-  outs = [jax.ShapeDtypeStruct(q.shape, q.dtype)] * (3 if backward else 1)
-  out_specs = [x_spec] * len(outs)
-  if backward and rotated:  # The band's gradient sums over the batch: into one tile, in order.
-    outs.append(jax.ShapeDtypeStruct(diag.shape, jnp.float32))
-    out_specs.append(d_spec)
-  heads = q.size // (batch * t * d)
-  matmuls = 8 if backward else 2  # Logits, P v; backward: both again, dv, dp, dq, dk.
-  flops = matmuls * 2 * batch * heads * t * t * LANES  # 128 lanes a head (the mask)
-  moved = sum(a.size * a.dtype.itemsize for a in ins + outs)
-  kw = {'interpret': True} if interpret else {'compiler_params': _tpu_params(backward and rotated)}
+  d_spec = pl.BlockSpec((n, t, LANES), lambda j, *_: (0, 0, j))
+  ins = list(xs * 3 if fused else xs) + ([diag] if rotated else [])
+  in_specs = [spec(o * blocks if fused else 0) for o in range(3)] + [d_spec] * rotated
+  outs, out_specs, scratch = [], [], []
+  if not backward:
+    outs.append(jax.ShapeDtypeStruct((batch, t, width), dtype))
+    out_specs.append(spec(0))
+  else:
+    ins += [out, g]
+    in_specs += [spec(0)] * 2
+    if fused:
+      outs.append(jax.ShapeDtypeStruct((batch, t, 3 * width), dtype))
+      out_specs.append(pl.BlockSpec((rows, t, LANES), lambda j, i, p: (i, 0, p * blocks + j)))
+    else:
+      outs.append(jax.ShapeDtypeStruct((3, batch, t, width), dtype))
+      out_specs.append(pl.BlockSpec((None, rows, t, LANES), lambda j, i, p: (p, i, 0, j)))
+    if rotated:  # The band's gradient sums over the batch: into one tile, in order.
+      outs.append(jax.ShapeDtypeStruct(diag.shape, jnp.float32))
+      out_specs.append(d_spec)
+    scratch = [_vmem((2, rows, t, LANES), dtype)]  # dk and dv, until their steps
+  heads = batch * width // d
+  matmuls = 5 if backward else 2  # Logits, P v; backward: the logits again, dv, dp, dq, dk.
+  flops = matmuls * 2 * heads * t * t * LANES  # Each head's on 128 lanes (the mask).
+  moved = sum(a.size * a.dtype.itemsize for a in (xs + tuple(ins[3:]) + tuple(outs)))
+  kw = ({'interpret': True} if interpret else
+        {'compiler_params': _tpu_params(len(grid), backward and rotated)})
   res = pl.pallas_call(
       functools.partial(kernel, d, n // 2 if rotated else None, rows, 1 / math.sqrt(d)),
       out_shape=outs, grid=grid, in_specs=in_specs, out_specs=out_specs,
-      name='attention_' + ('backward' if backward else 'forward'),
-      cost_estimate=pl.CostEstimate(flops=flops, transcendentals=batch * heads * t * t,
+      scratch_shapes=scratch, name='attention_' + ('backward' if backward else 'forward'),
+      cost_estimate=pl.CostEstimate(flops=flops, transcendentals=heads * t * t,
                                     bytes_accessed=moved),
       **kw)(*ins)
   return res if backward else res[0]
 
 
-def _tpu_params(accumulates):
+def _vmem(shape, dtype):
+  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+  return pltpu.VMEM(shape, dtype)
+
+
+def _tpu_params(axes, accumulates):
   from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
   return pltpu.CompilerParams(
-      dimension_semantics=('parallel', 'arbitrary' if accumulates else 'parallel'),
+      dimension_semantics=('parallel', 'arbitrary' if accumulates else 'parallel',
+                           'arbitrary')[:axes],
       vmem_limit_bytes=64 * 2**20)
 
 
@@ -214,36 +241,50 @@ def _forward_kernel(d, half, rows, scale, q_ref, k_ref, v_ref, *refs):
 
 def _backward_kernel(d, half, rows, scale, q_ref, k_ref, v_ref, *refs):
   if half is None:
-    g_ref, dq_ref, dk_ref, dv_ref = refs
+    o_ref, g_ref, dx_ref, stash = refs
     d_ref = dd_ref = None
   else:
-    d_ref, g_ref, dq_ref, dk_ref, dv_ref, dd_ref = refs
+    d_ref, o_ref, g_ref, dx_ref, dd_ref, stash = refs
+  part = pl.program_id(2)  # 0: compute, write dq, keep dk and dv; 1, 2: write them.
+  first = pl.program_id(1) == 0  # (read here: interpret mode has no program_id under a when)
 
-    @pl.when(pl.program_id(1) == 0)
-    def _():
-      dd_ref[...] = jnp.zeros_like(dd_ref)
+  @pl.when(part > 0)
+  def _():
+    dx_ref[...] = stash[part - 1]
 
-  def row(r, carry):
-    q, k, band = _inputs(d_ref, half, q_ref, k_ref, r)
-    v, g = v_ref[r], g_ref[r]
-    dq = dk = dv = jnp.zeros(q.shape, jnp.float32)
-    for mask in _masks(d):
-      p = _softmax(_nt(jnp.where(mask, q, 0), k) * scale)
-      pc = p.astype(v.dtype)
-      gm = jnp.where(mask, g, 0)
-      # dS = P (dP - rowsum(dO O)); O = P v recomputed (only its head's lanes count).
-      o = _nn(pc, v)
-      dp = _nt(gm, v)
-      ds = (p * (dp - jnp.sum(gm.astype(jnp.float32) * o, axis=1, keepdims=True)) * scale)
-      ds = ds.astype(q.dtype)
-      dv = jnp.where(mask, _tn(pc, g), dv)
-      dq = jnp.where(mask, _nn(ds, k), dq)
-      dk = jnp.where(mask, _tn(ds, q), dk)
+  @pl.when(part == 0)
+  def _():
     if half is not None:
-      x_q, x_k = q_ref[r].astype(jnp.float32), k_ref[r].astype(jnp.float32)
-      for s in range(-half, half + 1):
-        dd_ref[s + half] += dq * _shift(x_q, s) + dk * _shift(x_k, s)
-      dq, dk = _unrotate(dq, band, half), _unrotate(dk, band, half)
-    dq_ref[r], dk_ref[r], dv_ref[r] = (a.astype(q_ref.dtype) for a in (dq, dk, dv))
-    return carry
-  jax.lax.fori_loop(0, rows, row, 0)
+      @pl.when(first)
+      def _():
+        dd_ref[...] = jnp.zeros_like(dd_ref)
+    jax.lax.fori_loop(0, rows, functools.partial(_backward_row, d, half, scale, q_ref, k_ref,
+                                                 v_ref, d_ref, o_ref, g_ref, dx_ref, dd_ref,
+                                                 stash), 0)
+
+
+def _backward_row(d, half, scale, q_ref, k_ref, v_ref, d_ref, o_ref, g_ref, dx_ref, dd_ref,
+                  stash, r, carry):
+  q, k, band = _inputs(d_ref, half, q_ref, k_ref, r)
+  v, g = v_ref[r], g_ref[r]
+  dq = dk = dv = jnp.zeros(q.shape, jnp.float32)
+  go = g.astype(jnp.float32) * o_ref[r].astype(jnp.float32)
+  for mask in _masks(d):
+    p = _softmax(_nt(jnp.where(mask, q, 0), k) * scale)
+    pc = p.astype(v.dtype)
+    gm = jnp.where(mask, g, 0)
+    # dS = P (dP - rowsum(dO O)), the sum over the head's lanes.
+    dp = _nt(gm, v)
+    ds = (p * (dp - jnp.sum(jnp.where(mask, go, 0), axis=1, keepdims=True)) * scale)
+    ds = ds.astype(q.dtype)
+    dv = jnp.where(mask, _tn(pc, g), dv)
+    dq = jnp.where(mask, _nn(ds, k), dq)
+    dk = jnp.where(mask, _tn(ds, q), dk)
+  if half is not None:
+    x_q, x_k = q_ref[r].astype(jnp.float32), k_ref[r].astype(jnp.float32)
+    for s in range(-half, half + 1):
+      dd_ref[s + half] += dq * _shift(x_q, s) + dk * _shift(x_k, s)
+    dq, dk = _unrotate(dq, band, half), _unrotate(dk, band, half)
+  dx_ref[r] = dq.astype(dx_ref.dtype)
+  stash[0, r], stash[1, r] = dk.astype(stash.dtype), dv.astype(stash.dtype)
+  return carry

@@ -101,10 +101,10 @@ class Attention(nnx.Module):
       kernel, bias = ctx.project(kernel, bias)
     dtype = self.qkv.dtype or jnp.result_type(x, kernel)
     split = {'auto': ctx.split_qkv(), 'fused': (), 'split': tuple(PLATFORMS)}[QKV.get()]
-    q, k, v = _qkv(x.astype(dtype), kernel.astype(dtype),
-                   None if bias is None else bias.astype(dtype), self.heads, split)
+    args = (x.astype(dtype), kernel.astype(dtype), None if bias is None else bias.astype(dtype))
     if not return_weights:
-      return self.proj(_attention(q, k, v, ctx).reshape(b, t, width)), None
+      return self.proj(_attention(*args, self.heads, ctx, split).reshape(b, t, width)), None
+    q, k, v = _qkv(*args, self.heads, split)
     q, k, bias = ctx.attend(q, k)
     logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(q.shape[-1])
     logits = logits.astype(jnp.float32)
@@ -124,22 +124,32 @@ def _qkv(x, kernel, bias, heads, split=()):
   """q, k, v [B, T, H, d] from x [B, T, D] and the qkv kernel [D, 3D] (bias [3D] or None): one
   product, or on the platforms in `split` three, each its own array (a TPU's rotation then reads
   q and k as they come, without the copies XLA makes to slice them out of one array)."""
+  forms = {p: functools.partial(_project, heads=heads, three=p in split) for p in PLATFORMS}
+  return _per_platform(forms, x, kernel, bias)
+
+
+def _per_platform(forms, *args):
+  """forms[platform](*args) on the platform the program runs on (one platform_dependent over the
+  distinct forms; equal ones are one function)."""
+  if len(set(forms.values())) == 1:
+    return forms['cpu'](*args)
+  return jax.lax.platform_dependent(*args, cpu=forms['cpu'], tpu=forms['tpu'],
+                                    default=forms['cuda'])
+
+
+def _project(x, kernel, bias, heads, three, stacked=False):
+  """The qkv projection: q, k, v [B, T, H, d], from one product or from three (each its own
+  array); `stacked`: the one product's [B, T, 3, H, d]."""
   b, t, width = x.shape
-
-  def fused():
+  if not three:
     qkv = jnp.dot(x, kernel) if bias is None else jnp.dot(x, kernel) + bias
-    return tuple(jnp.moveaxis(qkv.reshape(b, t, 3, heads, -1), 2, 0))
-
-  def three():
-    w = kernel.reshape(width, 3, -1)
-    out = [jnp.dot(x, w[:, i]) for i in range(3)]
-    if bias is not None:
-      out = [y + c for y, c in zip(out, bias.reshape(3, -1))]
-    return tuple(y.reshape(b, t, heads, -1) for y in out)
-  if set(split) >= set(PLATFORMS) or not split:
-    return three() if split else fused()
-  form = {p: three if p in split else fused for p in PLATFORMS}
-  return jax.lax.platform_dependent(cpu=form['cpu'], tpu=form['tpu'], default=form['cuda'])
+    qkv = qkv.reshape(b, t, 3, heads, -1)
+    return qkv if stacked else tuple(jnp.moveaxis(qkv, 2, 0))
+  w = kernel.reshape(width, 3, -1)
+  out = [jnp.dot(x, w[:, i]) for i in range(3)]
+  if bias is not None:
+    out = [y + c for y, c in zip(out, bias.reshape(3, -1))]
+  return tuple(y.reshape(b, t, heads, -1) for y in out)
 
 
 ATTENTION = switches.Switch('attention', ('auto', 'xla', 'kernel'), "'auto': "
@@ -148,28 +158,37 @@ ATTENTION = switches.Switch('attention', ('auto', 'xla', 'kernel'), "'auto': "
                             "Pallas kernel on CPU (interpret mode: tests) and TPU.")
 
 
-def _attention(q, k, v, ctx):
-  """Attention of q, k, v [B, T, H, d] with the encoding `ctx`, each platform in its form (one
-  platform_dependent): where it takes them, the Pallas kernel (liere_jax.attention_kernel),
-  which rotates q and k itself when the context gives a band (blocks up to 8) and takes them
-  from `ctx.attend` otherwise; elsewhere ctx.attend, then jax.nn.dot_product_attention."""
+def _attention(x, kernel, bias, heads, ctx, split=()):
+  """Self-attention of x [B, T, D] -> [B, T, H, d] from the qkv projection (kernel [D, 3D], bias
+  [3D] or None) with the encoding `ctx`, each platform in its form (one platform_dependent):
+  where it takes them, the Pallas kernel (liere_jax.attention_kernel), which rotates q and k
+  itself when the context gives a band (blocks up to 8) and reads them in place from the one
+  product; after ctx.attend otherwise (LieRE64's einsum); elsewhere ctx.attend, then
+  jax.nn.dot_product_attention. `split`: the platforms whose q, k, v come from three products."""
+  b, t, width = x.shape
+  like = jax.ShapeDtypeStruct((b, t, heads, width // heads), x.dtype)
+  on = _kernel_platforms(like.shape, ctx)
+  forms = {p: _attention_form(ctx, heads, three=p in split, kernel=p in on,
+                              interpret=p == 'cpu') for p in PLATFORMS}
+  return _per_platform(forms, x, kernel, bias)
 
-  def xla(q, k, v):
+
+def _attention_form(ctx, heads, three, kernel, interpret):
+  def xla(x, w, bias):
+    q, k, v = _project(x, w, bias, heads, three)
     q, k, bias = ctx.attend(q, k)
     return _fused_attention(q, k, v, None if bias is None else bias[None].astype(q.dtype))
 
-  def kernel(q, k, v, interpret):
-    band = ctx.band(q)
-    if band is None:
+  def pallas(x, w, bias):
+    b, t, width = x.shape
+    band = ctx.band(jax.ShapeDtypeStruct((b, t, heads, width // heads), x.dtype))
+    if band is None and ctx.rotates:  # Rotated before the kernel.
+      q, k, v = _project(x, w, bias, heads, three)
       q, k, _ = ctx.attend(q, k)
-    return _kernel_attention(q, k, v, band, interpret)
-
-  on = _kernel_platforms(q.shape, ctx)
-  if not on:
-    return xla(q, k, v)
-  fns = {p: functools.partial(kernel, interpret=p == 'cpu') if p in on else xla
-         for p in PLATFORMS}
-  return jax.lax.platform_dependent(q, k, v, cpu=fns['cpu'], tpu=fns['tpu'], default=fns['cuda'])
+      return _kernel_attention((q, k, v), None, interpret)
+    qkv = _project(x, w, bias, heads, three, stacked=True)
+    return _kernel_attention(qkv if three else (qkv,), band, interpret)
+  return pallas if kernel else xla
 
 
 def _model_axis():
@@ -189,20 +208,28 @@ def _kernel_platforms(shape, ctx):
                if (mode == 'auto' and row.attention == 'kernel') or (mode == 'kernel' and p != 'cuda'))
 
 
-def _kernel_attention(q, k, v, band, interpret):
-  """attention_kernel.attention; on a mesh each device attends its part of the batch (and of the
-  heads, over 'model'): a Mosaic kernel is not partitioned by XLA."""
-  fn = functools.partial(attention_kernel.attention, interpret=interpret)
+def _kernel_attention(xs, band, interpret):
+  """attention_kernel's attention of xs: (q, k, v) [B, T, H, d] or ([B, T, 3, H, d],); on a mesh
+  each device attends its part of the batch (and of the heads, over 'model'): a Mosaic kernel is
+  not partitioned by XLA."""
+  fn = functools.partial(_kernel_call, interpret=interpret)
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return fn(q, k, v, band)
-  model = _model_axis()
-  x = P('data' if 'data' in mesh.axis_names else None, None, model, None)
+    return fn(xs, band)
+  model, data = _model_axis(), 'data' if 'data' in mesh.axis_names else None
+  x = P(data, None, model, None)
+  in_x = tuple(P(data, None, None, model, None) if a.ndim == 5 else x for a in xs)
   if band is None:
-    return jax.shard_map(lambda q, k, v: fn(q, k, v), in_specs=(x,) * 3, out_specs=x,
-                         check_vma=False)(q, k, v)
-  return jax.shard_map(fn, in_specs=(x,) * 3 + (P(None, None, model),), out_specs=x,
-                       check_vma=False)(q, k, v, band)
+    return jax.shard_map(lambda xs: fn(xs, None), in_specs=(in_x,), out_specs=x,
+                         check_vma=False)(xs)
+  return jax.shard_map(fn, in_specs=(in_x, P(None, None, model)), out_specs=x,
+                       check_vma=False)(xs, band)
+
+
+def _kernel_call(xs, band, interpret):
+  if len(xs) == 1:
+    return attention_kernel.attention_qkv(xs[0], band, interpret=interpret)
+  return attention_kernel.attention(*xs, band, interpret=interpret)
 
 
 def _fused_attention(q, k, v, bias):

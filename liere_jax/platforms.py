@@ -60,7 +60,6 @@ class Platform(NamedTuple):
   pairs: str  # 'swap' (on x's layout) or 'blocks'
   pair_swap: str  # pairs='swap': 'matmul' or 'roll'
   elementwise_blocks: int = 0  # products of blocks up to this size as multiply-adds, not dots
-  rotation_kernel: int = 0  # blocks up to this size rotate by liere_jax.rotate_kernel
   split_qkv: bool = False  # q, k (and v) from three products, not one, where the einsum rotates
 
 
@@ -69,7 +68,7 @@ PLATFORMS: Dict[str, Platform] = {
                     pairs='swap', pair_swap='matmul'),
     'tpu': Platform(expm_form='loop', chunk_bytes=16 * 2**20, products=dots.TPU,
                     attention='kernel', pairs='swap', pair_swap='roll', elementwise_blocks=8,
-                    rotation_kernel=8, split_qkv=True),
+                    split_qkv=True),
     'cuda': Platform(expm_form='select', chunk_bytes=16 * 2**20, products=dots.GPU,
                      attention='cudnn', pairs='blocks', pair_swap='matmul'),
 }

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from liere_jax import expm_kernel, rotate_kernel, switches
+from liere_jax import expm_kernel, switches
 from liere_jax.expm import METHODS as EXPM_METHODS, expm, matmul, per_platform
 from liere_jax.platforms import PLATFORMS
 
@@ -285,10 +285,6 @@ APPLY = switches.Switch('apply', ('einsum', 'direct'), "rotate's form for blocks
 PAIRS = switches.Switch('pairs', ('auto', 'swap', 'blocks'), "rotate's form for blocks of 2: "
                         "'auto' (liere_jax.platforms), 'swap' (on x's own layout), 'blocks' (x "
                         'as [..., k, 2] pairs times [2, 2] blocks) on every platform (A/B).')
-KERNEL = switches.Switch('rotation_kernel', ('auto', 'off', 'on'), "rotate's Pallas kernel "
-                         "(liere_jax.rotate_kernel): 'auto' (liere_jax.platforms: a TPU's, blocks "
-                         "above 2 up to 8), 'off' (the XLA forms everywhere), 'on' (every block "
-                         "up to 8, also on CPU in interpret mode: tests, A/B).")
 SWAP = switches.Switch('swap', ('auto', 'matmul', 'roll'), "how pairs=swap exchanges each "
                        "pair's dims: 'auto' (liere_jax.platforms: roll on a TPU, matmul "
                        'elsewhere), or one form on every platform (A/B).')
@@ -306,9 +302,8 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
     x rotated (x' = R x per block), in x's dtype, with float32 products and sums (bf16 models
     rotate by bf16-rounded rotations).
 
-  Each platform takes its form (`forms`: liere_jax.platforms, one `platform_dependent`): on a
-  TPU blocks above 2 up to 8 rotate in one Pallas kernel a pass (liere_jax.rotate_kernel).
-  Blocks of 2 (every RoPE) rotate on x's own [B, T, H, d] layout (`_rotate_pairs`; CPU and TPU)
+  Each platform takes its form (`forms`: liere_jax.platforms, one `platform_dependent`; a TPU's
+  attention kernel applies blocks up to 8 itself, liere_jax.attention_kernel). Blocks of 2 (every RoPE) rotate on x's own [B, T, H, d] layout (`_rotate_pairs`; CPU and TPU)
   or as [..., k, 2] pairs times [2, 2] blocks (a GPU: 1.11x faster on the H200's rope_mixed
   step), other blocks by one einsum with the rotations on the left. 'direct' (APPLY) applies
   blocks up to 8 elementwise: it made the LieRE8 train step 1.2x slower on the CPU and 1.35x
@@ -316,8 +311,7 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
   """
   rot = jnp.swapaxes(rot, 0, 1).astype(x.dtype)  # [T, H or 1, k, b, b]
   form = forms(rot.shape[-1])
-  fns = {p: functools.partial(_FORMS[f], interpret=p == 'cpu') if f == 'kernel' else _FORMS[f]
-         for p, f in form.items()}
+  fns = {p: _FORMS[f] for p, f in form.items()}
   if len(set(form.values())) == 1:
     return fns['cpu'](x, rot)
   return jax.lax.platform_dependent(x, rot, cpu=fns['cpu'], tpu=fns['tpu'], default=fns['cuda'])
@@ -325,33 +319,17 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
 
 def forms(block: int):
   """{platform: the form of rotate}: each platform's row (liere_jax.platforms) unless a switch
-  (KERNEL, PAIRS, SWAP, APPLY) names one form for all. 'kernel' (rotate_kernel); blocks of 2:
-  'blocks' or the swap ('matmul' | 'roll') of the form on x's layout; above 2: APPLY's."""
-  kernel, pairs, swap = KERNEL.get(), PAIRS.get(), SWAP.get()
+  (PAIRS, SWAP, APPLY) names one form for all. Blocks of 2: 'blocks' or the swap ('matmul' |
+  'roll') of the form on x's layout; above 2: APPLY's."""
+  pairs, swap = PAIRS.get(), SWAP.get()
 
-  def form(platform, row):
-    on = {'auto': 2 < block <= row.rotation_kernel, 'off': False,
-          'on': platform != 'cuda'}[kernel]
-    if on and rotate_kernel.supported(block):
-      return 'kernel'
+  def form(row):
     if block > 2:
       return APPLY.get()
     if (row.pairs if pairs == 'auto' else pairs) == 'blocks':
       return 'blocks'
     return row.pair_swap if swap == 'auto' else swap
-  return {p: form(p, row) for p, row in PLATFORMS.items()}
-
-
-def _rotate_kernel(x, rot, interpret):
-  """rotate by rotate_kernel: x as [B, H, d, T] (the layout a TPU's attention reads it in:
-  tokens on the lanes), rot as its band of diagonals. On a mesh each device rotates its part of
-  the batch (a Mosaic kernel is not partitioned by XLA) and the band's gradient is summed."""
-  rot = jnp.broadcast_to(rot, rot.shape[:1] + x.shape[2:3] + rot.shape[2:])
-  diag = rotate_kernel.diagonals(rot, x.shape[-1])
-  fn = functools.partial(rotate_kernel.rotate, interpret=interpret)
-  if _data_devices() > 1:
-    fn = jax.shard_map(fn, in_specs=(P('data'), P()), out_specs=P('data'), check_vma=False)
-  return jnp.transpose(fn(jnp.transpose(x, (0, 2, 3, 1)), diag), (0, 3, 1, 2))
+  return {p: form(row) for p, row in PLATFORMS.items()}
 
 
 def _rotate_blocks(x, rot, form):
@@ -460,8 +438,7 @@ def _apply_direct(xr, rot):
   return _product('bthkj,thkij->bthki', xr, rot, rot_first=False)
 
 
-_FORMS = {'kernel': _rotate_kernel,
-          'blocks': functools.partial(_rotate_blocks, form='direct'),
+_FORMS = {'blocks': functools.partial(_rotate_blocks, form='direct'),
           'matmul': functools.partial(_rotate_pairs, swap='matmul'),
           'roll': functools.partial(_rotate_pairs, swap='roll'),
           'einsum': functools.partial(_rotate_blocks, form='einsum'),

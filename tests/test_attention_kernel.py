@@ -16,16 +16,17 @@ def _close(got, want, rtol=1e-5):
     np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * float(jnp.max(jnp.abs(b))))
 
 
-@pytest.mark.parametrize('block, heads, d, devices', [(None, 4, 32, 1), (2, 2, 64, 1),
-                                                     (8, 4, 64, 1), (4, 4, 32, 1),
-                                                     (8, 2, 64, 2)])
+@pytest.mark.parametrize('block, heads, d, devices, fused', [
+    (None, 4, 32, 1, False), (2, 2, 64, 1, True), (8, 4, 64, 1, False), (4, 4, 32, 1, True),
+    (8, 2, 64, 2, True), (None, 4, 64, 2, True)])
 def test_the_kernel_equals_xla_attention_after_the_rotation_forward_and_backward(
-    block, heads, d, devices):
+    block, heads, d, devices, fused):
   """softmax(q' k'^T / sqrt(d)) v and its gradients in q, k, v and the rotations, q' = R q by
   the band inside the kernel, against rotations.rotate then jax.nn.dot_product_attention, to
   float32 rounding: 128 // d heads a lane block, 13 tokens (not a multiple of 8), rotations per
   head, pass-through dims (block 8 of 64: 7 blocks of 8); on a mesh each device attends its
-  part of the batch and the rotations' gradient is their sum."""
+  part of the batch and the rotations' gradient is their sum. q, k, v as three arrays or as one
+  [B, T, 3, H, d] (the qkv projection's)."""
   rng = np.random.default_rng(d + (block or 0))
   shape = (4, 13, heads, d)
   q, k, v, w = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for _ in range(4))
@@ -42,21 +43,27 @@ def test_the_kernel_equals_xla_attention_after_the_rotation_forward_and_backward
 
   def kernel(q, k, v, rot):
     band = None if rot is None else Rotate(rot=rot).band(q)
-    return model_lib._kernel_attention(q, k, v, band, interpret=True)
+    if fused:  # one array, read at three lane offsets; its gradient one array too
+      return model_lib._kernel_attention((jnp.stack([q, k, v], 2),), band, interpret=True)
+    return model_lib._kernel_attention((q, k, v), band, interpret=True)
 
-  def run(fn):
-    loss = lambda *a: jnp.sum(fn(*a) * w)
+  def run(fn):  # the output, the gradients
+    loss = lambda *a: (jnp.sum(fn(*a) * w), fn(*a))
     with jax.set_mesh(mesh):
-      return jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3) if block else (0, 1, 2)))(
-          q, k, v, rot)
+      (_, out), grads = jax.jit(jax.value_and_grad(
+          loss, (0, 1, 2, 3) if block else (0, 1, 2), has_aux=True))(q, k, v, rot)
+    return out, grads
   _close(run(kernel), run(xla))
 
 
-@pytest.mark.parametrize('pe', ['abs', 'rope_mixed', 'liere8', 'liere64', 'alibi'])
-def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe):
+@pytest.mark.parametrize('pe, qkv', [('abs', 'fused'), ('rope_mixed', 'fused'),
+                                     ('liere8', 'fused'), ('liere8', 'split'),
+                                     ('liere64', 'fused'), ('liere64', 'split'),
+                                     ('alibi', 'fused')])
+def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe, qkv):
   """The tiny ViT (2 heads of 64) with attention=kernel (the kernel where the encoding allows:
-  rotations up to 8 inside it, LieRE64's einsum before it, ALiBi's bias by XLA) gives XLA's
-  logits and parameter gradients to float32 rounding."""
+  rotations up to 8 inside it, LieRE64's einsum before it, ALiBi's bias by XLA), from one qkv
+  product or three, gives XLA's logits and parameter gradients to float32 rounding."""
   model = tiny_model(pe=pe, width=128, heads=2)
   model.head.kernel[...] = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
   x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
@@ -66,9 +73,9 @@ def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     loss = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2)
     return jax.jit(jax.value_and_grad(loss))(params)
-  with model_lib.ATTENTION('xla'):
+  with model_lib.ATTENTION('xla'), model_lib.QKV(qkv):
     want = run()
-  with model_lib.ATTENTION('kernel'):
+  with model_lib.ATTENTION('kernel'), model_lib.QKV(qkv):
     got = run()
   _close(got, want, rtol=2e-5)
 
@@ -88,7 +95,7 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
 
   def loss(q, k, v, rot):
     band = Rotate(rot=rot).band(q)
-    return jnp.sum(model_lib._kernel_attention(q, k, v, band, False).astype(jnp.float32))
+    return jnp.sum(model_lib._kernel_attention((q, k, v), band, False).astype(jnp.float32))
   with jax.set_mesh(mesh):
     hlo = jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3))).trace(x, x, x, rot).lower().compile(
     ).as_text()

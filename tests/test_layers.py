@@ -123,7 +123,7 @@ TESTED_BY = {
     'liere_jax/dots.py': 'test_expm.py', 'liere_jax/platforms.py': 'test_expm.py',
     'liere_jax/switches.py': 'test_bench_accelerator.py',
     'liere_jax/param_tree.py': 'test_checkpoint.py', 'liere_jax/paths.py': 'test_gcs.py',
-    'liere_jax/torch_vit.py': 'test_convert.py', 'liere_jax/rotate_kernel.py': 'test_rotations.py',
+    'liere_jax/torch_vit.py': 'test_convert.py', 
     'liere_jax/attention_kernel.py': 'test_attention_kernel.py',
     'liere_jax/configs': 'test_user_paths.py',
 }

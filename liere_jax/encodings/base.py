@@ -45,6 +45,7 @@ class LayerContext(struct.PyTreeNode):
   """One layer's context; this base acts as no encoding at all."""
   projects = False  # True: attention calls `project` on its qkv kernel and bias.
   biased = False  # True: `attend` gives a logit bias (XLA's attention on every platform).
+  rotates = False  # True: `attend` transforms q and k.
 
   def project(self, kernel, bias):
     return kernel, bias
@@ -63,6 +64,7 @@ class LayerContext(struct.PyTreeNode):
 
 class Rotate(LayerContext):
   """Block rotations of q and k: rot [H or 1, T, blocks, b, b] (rotations.rotate)."""
+  rotates = True
   rot: jax.Array
 
   def attend(self, q, k):
@@ -76,9 +78,10 @@ class Rotate(LayerContext):
     rot = jnp.broadcast_to(rot, rot.shape[:1] + q.shape[2:3] + rot.shape[2:])
     return attention_kernel.band(rot, q.shape[-1])
 
-  def split_qkv(self):
-    forms = rotations.forms(self.rot.shape[-1])
-    return frozenset(p for p, row in PLATFORMS.items() if row.split_qkv and forms[p] == 'einsum')
+  def split_qkv(self):  # Where the einsum rotates them, not the attention kernel.
+    b, forms = self.rot.shape[-1], rotations.forms(self.rot.shape[-1])
+    return frozenset(p for p, row in PLATFORMS.items() if row.split_qkv and forms[p] == 'einsum'
+                     and not (row.attention == 'kernel' and b <= attention_kernel.MAX_BLOCK))
 
 
 class Bias(LayerContext):

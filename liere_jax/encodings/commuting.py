@@ -239,6 +239,7 @@ class StringCayley(RopeMixed):
 
 class Circulant(LayerContext):
   """STRING-circulant's layer context: phase [H, T, k, block//2 + 1, (cos, sin)]."""
+  rotates = True
   phase: jax.Array
   block: int = struct.field(pytree_node=False)
 
