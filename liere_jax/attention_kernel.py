@@ -2,23 +2,25 @@
 attention (liere_jax.platforms), for every encoding whose attention has no logit bias.
 
 XLA's attention on a TPU writes the logits [B, H, T, T] to HBM and reads them back, forward and
-backward, and a rotary encoding adds its own passes over q and k (reads, shifts, writes; a
-ViT-B/16 step on v5e-8 moved 113 GB for abs, 147 for rope_mixed). Here one grid step holds a
-batch element's q, k, v of 128 lanes (128 // d heads) for all T tokens in VMEM: q and k rotate
-in registers, the logits and softmax never leave the chip, and the backward recomputes them
-(nothing but q, k, v and the output, which the projection after it keeps anyway). For a ViT's token counts (T up to ~1,600) a whole row of logits
-fits; no online softmax is needed.
+backward, and a rotary encoding adds its own passes over q and k (reads, shifts, writes: a
+ViT-B/16 step on v5e-8 moved 113 GB for abs, 147 for rope_mixed). Here a grid step holds a few
+batch elements' q, k, v of 128 lanes (128 // d heads) for all T tokens in VMEM: q and k rotate
+in registers, the logits and softmax never leave the chip. The backward recomputes the logits
+and keeps nothing but q, k, v and the output (which the projection after it keeps anyway). For
+a ViT's token counts (`supported`: up to 512) a whole row of logits fits: no online softmax.
 
-q, k, v are [B, T, H * d] as the qkv projection writes them (no transposes): a grid step reads
-lanes [128 j, 128 (j + 1)) of each, the heads 128 j / d ... Its heads' products run on all 128
-lanes with the other heads' lanes masked to zero (d = 64: twice the MXU work of the logits, not
-of the model; exact).
+q, k, v are read in place, as the qkv projection writes them: [B, T, 3 H d] (`attention_qkv`)
+or three [B, T, H d] (`attention`); a grid step reads lanes [128 j, 128 (j + 1)) of each. Each
+head's products run on all 128 lanes, the other heads' lanes masked to zero (d = 64: the MXU
+does twice the logits' useful work, which a 128-deep MXU would spend on 64-deep products
+anyway; the CostEstimate counts it). The backward writes the gradient of q, k and v as one array
+like theirs, in three grid steps from one computation.
 
 The rotation is a band of 2b - 1 diagonals along the head dims (blocks of b <= 8; RoPE's pairs
-are b = 2): q'[i] = sum_s D_s[i] q[i + s] (liere_jax.rotate_kernel.diagonals), applied by lane
-shifts (`pltpu.roll`) to q and k as they are read; its gradient, the batch's sum of
-dq' q[. + s] + dk' k[. + s], accumulates on chip across the batch (the batch axis runs in order).
-On CPU the same kernels run in interpret mode (tests).
+are b = 2): q'[i] = sum_s D_s[i] q[i + s] (`band`), applied by lane shifts (`pltpu.roll`) to q
+and k as they are read; its gradient, the batch's sum of dq' q[. + s] + dk' k[. + s],
+accumulates on chip across the batch (the batch axis runs in order). On CPU the same kernels
+run in interpret mode (tests).
 """
 import functools
 import math
@@ -30,14 +32,16 @@ from jax.experimental import pallas as pl
 
 LANES = 128
 MAX_BLOCK = 8  # Rotations of larger blocks are applied before the kernel (an einsum).
+MAX_TOKENS = 512
 ROW_BYTES = 2**18  # q's bytes a grid step, about: a few batch elements a step.
 
 
 def supported(heads: int, head_dim: int, tokens: int) -> bool:
   """Whether the kernel takes these shapes: heads of d dividing 128 lanes, H d a multiple of
-  128, and a row of logits that fits VMEM comfortably."""
+  128, and rows of logits that fit VMEM's default scope on every TPU (16 MiB; longer sequences,
+  e.g. UCF101's, keep XLA's attention)."""
   return (LANES % head_dim == 0 and (heads * head_dim) % LANES == 0 and head_dim >= 8
-          and tokens <= 2048)
+          and tokens <= MAX_TOKENS)
 
 
 def band(rot: jax.Array, head_dim: int) -> jax.Array:
@@ -164,8 +168,7 @@ def _tpu_params(axes, accumulates):
   from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
   return pltpu.CompilerParams(
       dimension_semantics=('parallel', 'arbitrary' if accumulates else 'parallel',
-                           'arbitrary')[:axes],
-      vmem_limit_bytes=64 * 2**20)
+                           'arbitrary')[:axes])
 
 
 def _shift(x, s):

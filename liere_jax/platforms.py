@@ -2,15 +2,16 @@
 
 A program takes the row of the platform it is lowered for: the exponential through
 `jax.lax.platform_dependent` (liere_jax.expm.per_platform, so a program lowered here for 'cuda'
-or 'tpu' takes that row), attention by the backend it is traced on (liere_jax.model). 'cuda'
-stands for every GPU. Why each, measured where (docs/benchmarks.md):
+or 'tpu' takes that row), attention and rotations likewise (liere_jax.model), except cuDNN's
+attention, chosen by the backend it is traced on. 'cuda' stands for every GPU. Why each,
+measured where (docs/benchmarks.md):
 
-  platform  exponential  pieces     products ('auto')       attention     rotations      measured on
-  cpu       fast_cond    64 KiB     float32                 XLA           swap (matmul)  this CPU
-  tpu       fast_loop    the stack  HIGHEST (6 bf16);       XLA           swap (roll);   TPU compiler
-                                    b <= 8 multiply-adds                  b<=8 kernel;
-                                                                          above: 3 qkv products
-  cuda      fast_select  16 MiB     bf16 x6 (preset X6)     cuDNN (bf16)  blocks         H100, H200
+  platform  exponential  pieces     products ('auto')       attention       rotations      measured on
+  cpu       fast_cond    64 KiB     float32                 XLA             swap (matmul)  this CPU
+  tpu       fast_loop    the stack  HIGHEST (6 bf16);       Pallas kernel;  b<=8 in the    TPU compiler
+                                    b <= 8 multiply-adds    rotations in    kernel; above:
+                                                            it              3 qkv products
+  cuda      fast_select  16 MiB     bf16 x6 (preset X6)     cuDNN (bf16)    blocks         H100, H200
 
   exponential  model.pe.expm='fast' in this form (liere_jax.expm: fast_loop is one scale for the
                stack and its squarings a loop on the device; on the H200 its LieRE64 step was 1.03x
@@ -23,26 +24,26 @@ stands for every GPU. Why each, measured where (docs/benchmarks.md):
                (`elementwise_blocks`): a 2-layer ViT-B/16 LieRE8 step on one v5e chip moves
                35.9 GB instead of 55.4 (abs 20.1). This CPU lost with them (1.16x the LieRE8
                step); a GPU keeps dots until timed (gpu_figures.sh ab_blocks).
-  pairs        how blocks of 2 (every RoPE) rotate (liere_jax.rotations.rotate): 'swap' on x's
-               own layout, x' = c0 x + c1 swap(x), the pair swap a product with the permutation
-               (matmul) or two lane shifts and a select (roll); 'blocks', x as [..., k, 2] pairs
-               times [2, 2] blocks. On the TPU compiler a 2-layer ViT-B/16 rope_mixed step moved
-               29.6 GB on x's layout against 32.6 with blocks (abs 20.5; v5e-8), and 25.6 with
-               roll against 29.1 with matmul (abs 20.1; one v5e chip); on the H200 blocks made
-               the rope_mixed step 1.11x faster than swap (matmul), and roll lost to matmul
-               (1.09x; docs/benchmarks.md).
-  rotations    on a TPU blocks above 2 up to 8 (LieRE8) rotate in one Pallas kernel a pass
-               (`rotation_kernel`; liere_jax.rotate_kernel), and where the einsum rotates q and k
-               (LieRE64) they come from three products, not one (`split_qkv`; liere_jax.model's
-               qkv). ImageNet ViT-B/16 on v5e-8 at 128 a chip, GB a step (abs 113): LieRE8 186
-               -> 155 with the kernel (160.6 with three products too); LieRE64 222.9 -> 204.7
-               with three products. Blocks of 2 keep the roll and one product: with the kernel
-               146.3 GB (13.95 GiB a chip), with three products too 145.9 (13.04), against 146.8
-               (12.83). A 2-layer step on one chip had ranked LieRE8's three products first.
+  attention    a TPU's is one Pallas kernel a pass (liere_jax.attention_kernel; switch
+               `attention`): the logits never leave the chip, q, k and v are read in place from
+               the qkv product, and rotations of blocks up to 8 (every RoPE, LieRE8) are applied
+               inside it, to q and k as they are read. ImageNet ViT-B/16 on v5e-8 at 128 a chip,
+               GB a step, XLA's attention -> the kernel: abs 113.1 -> 84.2, rope_mixed 146.8 ->
+               88.7, LieRE8 155.3 -> 102.5 (docs/benchmarks.md). An encoding with a logit bias
+               (ALiBi) keeps XLA's.
+  pairs        how blocks of 2 (every RoPE) rotate outside that kernel
+               (liere_jax.rotations.rotate): 'swap' on x's own layout, x' = c0 x + c1 swap(x),
+               the pair swap a product with the permutation (matmul) or two lane shifts and a
+               select (roll); 'blocks', x as [..., k, 2] pairs times [2, 2] blocks. On the H200
+               blocks made the rope_mixed step 1.11x faster than swap (matmul), and roll lost to
+               matmul (1.09x); on the TPU compiler roll won (docs/benchmarks.md).
+  split_qkv    where the einsum rotates q and k (blocks above 8: LieRE64) a TPU takes them from
+               three products, not one (liere_jax.model's qkv): with XLA's attention the v5e-8
+               cell moved 204.7 GB instead of 222.9.
 The same on every platform (their A/B forms are switches, liere_jax.switches): rotations apply
-blocks above 8 (off a TPU, above 2) by one einsum (liere_jax.rotations). The Pallas exponential
-(model.pe.expm=pallas) is opt-in everywhere: on the H200 its LieRE64 step was 1.05x fast_select's (its forward alone
-2.4x faster, forward + backward 1.24x).
+blocks above 8 (outside a TPU's kernel, above 2) by one einsum (liere_jax.rotations). The Pallas
+exponential (model.pe.expm=pallas) is opt-in everywhere: on the H200 its LieRE64 step was 1.05x
+fast_select's (its forward alone 2.4x faster, forward + backward 1.24x).
 """
 from typing import Dict, NamedTuple
 
