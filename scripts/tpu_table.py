@@ -23,11 +23,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ('imagenet', 'cifar100', 'ucf101')
 PES = ('abs', 'rope_mixed', 'liere8', 'liere64')
 TOPOLOGIES = ('v5litepod-8', 'v6e-8', 'v4-8')
-# LieRE's TPU cost (docs/benchmarks.md): ImageNet ViT-B/16 at 128 images a chip on v5e-8; the
-# exponential's form before issue 38 (fast_select) beside it.
+# LieRE's TPU cost (docs/benchmarks.md): ImageNet ViT-B/16 at 128 images a chip on v5e-8. The
+# cells of earlier forms (XLA's attention, fast_select) are in docs/results/tpu/before/.
 COST_CELLS = tuple(f'imagenet:{pe}:v5litepod-8:1024' for pe in PES)
-BEFORE_CELLS = tuple(f'imagenet:{pe}:v5litepod-8:1024:model.pe.expm=fast_select'
-                     for pe in ('liere8', 'liere64'))
 
 
 def paper_cells():  # Every config on the first slice, then on the next.
@@ -103,7 +101,7 @@ def cost_table(out) -> str:
   base = _load(out, COST_CELLS[0])
   lines = ['| pe | GiB a chip | XLA TFLOP | XLA GB accessed | x abs | est. step ms | x abs | '
            'est. MFU | exp. / lattice / rotation % of traffic |', '|---' * 9 + '|']
-  for cell in COST_CELLS + BEFORE_CELLS:
+  for cell in COST_CELLS:
     r = _load(out, cell)
     name = cell.split(':')[1] + ''.join(f' ({o})' for o in cell.split(':')[4:])
     if r is None or not r['fits']:
@@ -146,7 +144,7 @@ def main():
   ap.add_argument('--nowrite', action='store_true', help='print the tables, leave the docs')
   args = ap.parse_args()
   os.makedirs(args.out, exist_ok=True)
-  cells = (list(COST_CELLS) + paper_cells() + list(BEFORE_CELLS) if args.cells is None
+  cells = (list(COST_CELLS) + paper_cells() if args.cells is None
            else args.cells)  # --cells alone: no compile, the tables from what is there.
   cells = [c for c in cells if not args.only or c.startswith(args.only + ':')]
   with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
