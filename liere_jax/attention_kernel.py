@@ -61,6 +61,20 @@ def band(rot: jax.Array, head_dim: int) -> jax.Array:
   return jnp.stack(out)
 
 
+def pair_band(angles: jax.Array, heads: int, head_dim: int, dtype) -> jax.Array:
+  """RoPE's band [3, T, H d] from its angles [T, H or 1, k] (pair j rotated by angle j; dims
+  past 2k pass through): `band` of angle_rotations' blocks, cos and sin rounded to dtype alike,
+  without them."""
+  t, _, k = angles.shape
+  a = jnp.repeat(jnp.broadcast_to(angles, (t, heads, k)), 2, axis=-1)  # [T, H, 2k]: per dim
+  c, s = jnp.cos(a).astype(dtype), jnp.sin(a).astype(dtype)
+  even = np.arange(2 * k) % 2 == 0
+  pad = lambda x, fill: jnp.pad(x, ((0, 0), (0, 0), (0, head_dim - 2 * k)),
+                                constant_values=fill).reshape(t, heads * head_dim)
+  # D_-1 = sin on the odd dims, D_0 = cos, D_1 = -sin on the even dims.
+  return jnp.stack([pad(jnp.where(even, 0, s), 0), pad(c, 1), pad(jnp.where(even, -s, 0), 0)])
+
+
 def attention(q, k, v, diag=None, interpret: bool = False):
   """softmax(q' k'^T / sqrt(d)) v per head, q' and k' q and k rotated by the band `diag`
   [2b - 1, T, H d] (`band`; None: not rotated). q, k, v [B, T, H, d] -> [B, T, H, d] in q's

@@ -103,3 +103,13 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
   assert len(calls) == 2 and any('%attention_backward' in c for c in calls), calls
   assert 'bf16[2,197,768]' in calls[0] + calls[1]
   assert not any('197,197]' in line for line in hlo.splitlines())
+
+
+def test_rope_s_band_from_its_angles_is_the_band_of_its_blocks():
+  """attention_kernel.pair_band (cos and sin, no 2 x 2 blocks) equals `band` of
+  angle_rotations' blocks in float32 and bf16, pass-through dims included, per head or shared."""
+  angles = jax.random.normal(jax.random.key(0), (5, 1, 12)) * 3  # [T, 1, k]: shared by heads
+  for dtype in (jnp.float32, jnp.bfloat16):
+    rot = jnp.broadcast_to(rotations.angle_rotations(angles).astype(dtype), (5, 4, 12, 2, 2))
+    np.testing.assert_array_equal(attention_kernel.pair_band(angles, 4, 32, dtype),
+                                  attention_kernel.band(rot, 32))

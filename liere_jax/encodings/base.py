@@ -84,6 +84,27 @@ class Rotate(LayerContext):
                      and not (row.attention == 'kernel' and b <= attention_kernel.MAX_BLOCK))
 
 
+class Angles(LayerContext):
+  """RoPE's rotations by their angles [H or 1, T, k]: blocks of 2, [[cos, -sin], [sin, cos]]
+  (rotations.angle_rotations), made only where XLA applies them (`rot`); a TPU's attention
+  kernel takes its band straight from cos and sin (attention_kernel.pair_band: no [..., 2, 2]
+  arrays, which a TPU lays out in 8 x 128 tiles)."""
+  rotates = True
+  angles: jax.Array
+
+  @property
+  def rot(self):
+    return rotations.angle_rotations(self.angles)
+
+  def attend(self, q, k):
+    rot = self.rot
+    return rotations.rotate(q, rot), rotations.rotate(k, rot), None
+
+  def band(self, q):
+    return attention_kernel.pair_band(jnp.swapaxes(self.angles, 0, 1), q.shape[2], q.shape[-1],
+                                      q.dtype)
+
+
 class Bias(LayerContext):
   """A logit bias [H, T, T]."""
   biased = True

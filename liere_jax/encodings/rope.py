@@ -5,7 +5,7 @@ import numpy as np
 from flax import nnx
 
 from liere_jax import rotations
-from liere_jax.encodings.base import Bias, Encoding, Rotate, register
+from liere_jax.encodings.base import Angles, Bias, Encoding, register
 
 
 class _Angles(Encoding):
@@ -37,7 +37,7 @@ class RopeAxial(_Angles):
 
   def context(self, pos):
     angles = (pos[:, :, None] * jnp.asarray(self.freqs, jnp.float32)).reshape(pos.shape[0], -1)
-    return Rotate(rotations.angle_rotations(angles)[None, None])  # [1, 1, T, pairs, 2, 2]
+    return Angles(angles[None, None])  # [1, 1, T, pairs]
 
 
 # The official code's [0, 1] positions.
@@ -97,15 +97,18 @@ class RopeMixed(_Angles):
     return cls(depth=spec.depth, heads=spec.heads, head_dim=spec.head_dim, n_dims=spec.n_dims,
                rngs=rngs)
 
-  def rotations(self, pos):
-    """[L, H, T, d/2, 2, 2] rotations by the mixed angles."""
+  def angles(self, pos):
+    """[L, H, T, d/2] the mixed angles."""
     n, depth, _ = self.freqs.shape
     freqs = self.freqs[...].reshape(n, depth, self.heads, -1)
-    angles = jnp.einsum('ta,alhj->lhtj', pos, freqs, precision=jax.lax.Precision.HIGHEST)
-    return rotations.angle_rotations(angles)
+    return jnp.einsum('ta,alhj->lhtj', pos, freqs, precision=jax.lax.Precision.HIGHEST)
+
+  def rotations(self, pos):
+    """[L, H, T, d/2, 2, 2] rotations by the mixed angles."""
+    return rotations.angle_rotations(RopeMixed.angles(self, pos))
 
   def context(self, pos):
-    return Rotate(self.rotations(pos))
+    return Angles(self.angles(pos))
 
 
 @register('alibi', label='2D ALiBi')
