@@ -46,14 +46,18 @@ def supported(heads: int, head_dim: int, tokens: int) -> bool:
 
 def band(rot: jax.Array, head_dim: int) -> jax.Array:
   """[T, H, k, b, b] block rotations -> the kernel's band [2b - 1, T, H * d] (D_s, s = -(b-1)
-  .. b-1), in rot's dtype; dims past k * b pass through (D_0 = 1)."""
+  .. b-1), in rot's dtype; dims past k * b pass through (D_0 = 1). Each diagonal is a strided
+  slice of the blocks' b * b entries in a row (no gathers: a TPU pads [..., b, b] to 8 x 128
+  tiles, so the blocks are read once, as [..., b * b])."""
   t, h, k, b, _ = rot.shape
-  rows = np.arange(b)
+  flat = rot.reshape(t, h, k, b * b)
   out = []
   for s in range(-(b - 1), b):
-    cols = rows + s
-    ok = (cols >= 0) & (cols < b)
-    diag = jnp.where(ok, rot[..., rows, np.clip(cols, 0, b - 1)], 0).reshape(t, h, k * b)
+    # D_s[r] = R[r, r + s] = flat[r (b + 1) + s], for r + s within the block; else 0.
+    start = s if s >= 0 else -s * b
+    diag = flat[..., start:start + (b - abs(s) - 1) * (b + 1) + 1:b + 1]  # b - |s| entries
+    diag = jnp.pad(diag, ((0, 0),) * 3 + (((0, s) if s >= 0 else (-s, 0)),))
+    diag = diag.reshape(t, h, k * b)
     if k * b < head_dim:
       diag = jnp.pad(diag, ((0, 0), (0, 0), (0, head_dim - k * b)),
                      constant_values=1 if s == 0 else 0)

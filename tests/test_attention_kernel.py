@@ -113,3 +113,20 @@ def test_rope_s_band_from_its_angles_is_the_band_of_its_blocks():
     rot = jnp.broadcast_to(rotations.angle_rotations(angles).astype(dtype), (5, 4, 12, 2, 2))
     np.testing.assert_array_equal(attention_kernel.pair_band(angles, 4, 32, dtype),
                                   attention_kernel.band(rot, 32))
+
+
+@pytest.mark.parametrize('block', [2, 4, 8])
+def test_the_band_holds_each_block_s_diagonals(block):
+  """band: D_s[i] = R[i % b, i % b + s] inside a block, 0 across blocks, 1 / 0 on pass-through
+  dims; by an explicit loop over entries."""
+  rot = np.random.default_rng(block).standard_normal((3, 2, 16 // block, block, block))
+  got = np.asarray(attention_kernel.band(jnp.asarray(rot, jnp.float32), 20)).reshape(
+      2 * block - 1, 3, 2, 20)
+  want = np.zeros_like(got)
+  for s in range(-(block - 1), block):
+    want[s + block - 1, ..., 16:] = s == 0
+    for i in range(16):
+      r, c = i % block, i % block + s
+      if 0 <= c < block:
+        want[s + block - 1, :, :, i] = rot[:, :, i // block, r, c]
+  np.testing.assert_allclose(got, want, rtol=1e-6)
