@@ -44,6 +44,7 @@ def supported(heads: int, head_dim: int, tokens: int) -> bool:
           and tokens <= MAX_TOKENS)
 
 
+@jax.named_scope('pe_rotate')  # The rotation's part of a step (bench.compile.SCOPES).
 def band(rot: jax.Array, head_dim: int) -> jax.Array:
   """[T, H, k, b, b] block rotations -> the kernel's band [2b - 1, T, H * d] (D_s, s = -(b-1)
   .. b-1), in rot's dtype; dims past k * b pass through (D_0 = 1). Each diagonal is a strided
@@ -65,6 +66,7 @@ def band(rot: jax.Array, head_dim: int) -> jax.Array:
   return jnp.stack(out)
 
 
+@jax.named_scope('pe_rotate')
 def pair_band(angles: jax.Array, heads: int, head_dim: int, dtype) -> jax.Array:
   """RoPE's band [3, T, H d] from its angles [T, H or 1, k] (pair j rotated by angle j; dims
   past 2k pass through): `band` of angle_rotations' blocks, cos and sin rounded to dtype alike,
