@@ -47,23 +47,23 @@ def supported(heads: int, head_dim: int, tokens: int) -> bool:
 @jax.named_scope('pe_rotate')  # The rotation's part of a step (bench.compile.SCOPES).
 def band(rot: jax.Array, head_dim: int) -> jax.Array:
   """[T, H, k, b, b] block rotations -> the kernel's band [2b - 1, T, H * d] (D_s, s = -(b-1)
-  .. b-1), in rot's dtype; dims past k * b pass through (D_0 = 1). Each diagonal is a strided
-  slice of the blocks' b * b entries in a row (no gathers: a TPU pads [..., b, b] to 8 x 128
-  tiles, so the blocks are read once, as [..., b * b])."""
+  .. b-1), in rot's dtype; dims past k * b pass through (D_0 = 1). One product of each block's
+  b * b entries with a 0 / 1 selection (exact), so nothing of [..., b, b] is copied or sliced (a
+  TPU pads such minor dimensions to 8 x 128 tiles)."""
   t, h, k, b, _ = rot.shape
-  flat = rot.reshape(t, h, k, b * b)
-  out = []
+  sel = np.zeros((b * b, 2 * b - 1, b), np.float32)  # entry (r, r + s) -> D_s[r]
   for s in range(-(b - 1), b):
-    # D_s[r] = R[r, r + s] = flat[r (b + 1) + s], for r + s within the block; else 0.
-    start = s if s >= 0 else -s * b
-    diag = flat[..., start:start + (b - abs(s) - 1) * (b + 1) + 1:b + 1]  # b - |s| entries
-    diag = jnp.pad(diag, ((0, 0),) * 3 + (((0, s) if s >= 0 else (-s, 0)),))
-    diag = diag.reshape(t, h, k * b)
-    if k * b < head_dim:
-      diag = jnp.pad(diag, ((0, 0), (0, 0), (0, head_dim - k * b)),
-                     constant_values=1 if s == 0 else 0)
-    out.append(diag.reshape(t, h * head_dim))
-  return jnp.stack(out)
+    for r in range(max(0, -s), min(b, b - s)):
+      sel[r * b + r + s, s + b - 1, r] = 1
+  precision = jax.lax.Precision.HIGHEST if rot.dtype == jnp.float32 else None
+  out = jnp.einsum('thke,esr->sthkr', rot.reshape(t, h, k, b * b), jnp.asarray(sel, rot.dtype),
+                   precision=precision).reshape(2 * b - 1, t, h, k * b)
+  if k * b < head_dim:
+    rest = np.zeros((2 * b - 1, 1, 1, head_dim - k * b), np.float32)
+    rest[b - 1] = 1
+    out = jnp.concatenate([out, jnp.broadcast_to(jnp.asarray(rest, out.dtype),
+                                                 (2 * b - 1, t, h, head_dim - k * b))], -1)
+  return out.reshape(2 * b - 1, t, h * head_dim)
 
 
 @jax.named_scope('pe_rotate')
