@@ -28,8 +28,8 @@ measured where (docs/benchmarks.md):
                `attention`): the logits never leave the chip, q, k and v are read in place from
                the qkv product, and rotations of blocks up to 8 (every RoPE, LieRE8) are applied
                inside it, to q and k as they are read. ImageNet ViT-B/16 on v5e-8 at 128 a chip,
-               GB a step, XLA's attention -> the kernel: abs 113.1 -> 84.2, rope_mixed 146.8 ->
-               88.7, LieRE8 155.3 -> 102.5 (docs/benchmarks.md). An encoding with a logit bias
+               GB a step, XLA's attention -> the kernel: abs 113.1 -> 68.6, rope_mixed 146.8 ->
+               69.1, LieRE8 155.3 -> 82.6 (docs/benchmarks.md). An encoding with a logit bias
                (ALiBi) keeps XLA's.
   pairs        how blocks of 2 (every RoPE) rotate outside that kernel
                (liere_jax.rotations.rotate): 'swap' on x's own layout, x' = c0 x + c1 swap(x),
