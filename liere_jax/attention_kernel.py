@@ -44,34 +44,26 @@ def supported(heads: int, head_dim: int, tokens: int) -> bool:
           and tokens <= MAX_TOKENS)
 
 
-def block_band(rot: jax.Array) -> jax.Array:
-  """[..., k, b, b] block rotations -> their diagonals [..., 2b - 1, k b] (D_s[i] = R[i % b,
-  i % b + s] inside a block, else 0; s = -(b-1) .. b-1), in rot's dtype: one product of each
-  block's b * b entries with a 0 / 1 selection (exact), so nothing of [..., b, b] is copied or
-  sliced (a TPU pads such minor dimensions to 8 x 128 tiles)."""
-  *lead, k, b, _ = rot.shape
+@jax.named_scope('pe_rotate')  # The rotation's part of a step (bench.compile.SCOPES).
+def band(rot: jax.Array, head_dim: int) -> jax.Array:
+  """[T, H, k, b, b] block rotations -> the kernel's band [2b - 1, T, H * d] (D_s, s = -(b-1)
+  .. b-1), in rot's dtype; dims past k * b pass through (D_0 = 1). One product of each block's
+  b * b entries with a 0 / 1 selection (exact), so nothing of [..., b, b] is copied or sliced (a
+  TPU pads such minor dimensions to 8 x 128 tiles)."""
+  t, h, k, b, _ = rot.shape
   sel = np.zeros((b * b, 2 * b - 1, b), np.float32)  # entry (r, r + s) -> D_s[r]
   for s in range(-(b - 1), b):
     for r in range(max(0, -s), min(b, b - s)):
       sel[r * b + r + s, s + b - 1, r] = 1
   precision = jax.lax.Precision.HIGHEST if rot.dtype == jnp.float32 else None
-  out = jnp.einsum('...ke,esr->...skr', rot.reshape(*lead, k, b * b),
-                   jnp.asarray(sel, rot.dtype), precision=precision)
-  return out.reshape(*lead, 2 * b - 1, k * b)
-
-
-@jax.named_scope('pe_rotate')  # The rotation's part of a step (bench.compile.SCOPES).
-def band(diag: jax.Array, heads: int, head_dim: int, dtype) -> jax.Array:
-  """Per-token diagonals [T, H or 1, 2b - 1, k b] (`block_band`) -> the kernel's band
-  [2b - 1, T, H * d] in dtype; dims past k * b pass through (D_0 = 1)."""
-  t, _, n, kb = diag.shape
-  out = jnp.broadcast_to(jnp.swapaxes(diag.astype(dtype), 1, 2), (t, n, heads, kb))
-  if kb < head_dim:
-    rest = np.zeros((1, n, 1, head_dim - kb), np.float32)
-    rest[:, n // 2] = 1
-    out = jnp.concatenate([out, jnp.broadcast_to(jnp.asarray(rest, dtype),
-                                                 (t, n, heads, head_dim - kb))], -1)
-  return jnp.swapaxes(out, 0, 1).reshape(n, t, heads * head_dim)
+  out = jnp.einsum('thke,esr->sthkr', rot.reshape(t, h, k, b * b), jnp.asarray(sel, rot.dtype),
+                   precision=precision).reshape(2 * b - 1, t, h, k * b)
+  if k * b < head_dim:
+    rest = np.zeros((2 * b - 1, 1, 1, head_dim - k * b), np.float32)
+    rest[b - 1] = 1
+    out = jnp.concatenate([out, jnp.broadcast_to(jnp.asarray(rest, out.dtype),
+                                                 (2 * b - 1, t, h, head_dim - k * b))], -1)
+  return out.reshape(2 * b - 1, t, h * head_dim)
 
 
 @jax.named_scope('pe_rotate')

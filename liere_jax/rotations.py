@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from liere_jax import attention_kernel, expm_kernel, switches
+from liere_jax import expm_kernel, switches
 from liere_jax.expm import METHODS as EXPM_METHODS, expm, matmul, per_platform
 from liere_jax.platforms import PLATFORMS
 
@@ -48,7 +48,7 @@ def skew(params: jax.Array, block: int) -> jax.Array:
 
 def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
                     method: Union[str, Callable] = 'fast', lattice: bool = True,
-                    precision='auto', diagonals: bool = False):
+                    precision='auto') -> jax.Array:
   """R(p) per layer, head and token.
 
   Positions known at trace time (numpy, a concrete array, or a constant under jit) that lie on
@@ -67,18 +67,14 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
       [..., b, b] (e.g. expm.fast_expm with another Taylor scheme).
     lattice: take the lattice path where the positions allow it.
     precision: of the exponential's and the lattice table's products (expm.per_platform).
-    diagonals: also their diagonals (attention_kernel.block_band), taken on the lattice path
-      from the table's (per slot, not per token: no per-token [..., b, b] array is read).
   Returns:
-    [L, H, T, n_blocks, b, b] float32 rotations; with `diagonals`, and [L, H, T, 2b - 1,
-    n_blocks b].
+    [L, H, T, n_blocks, b, b] float32 rotations.
   """
   exp = method if callable(method) else lambda a: exponential(a, method, precision)
   plan = lattice_plan(positions) if lattice and block > 2 else None
   if plan is None:
-    rot = split_over_data(exp, liere_generators(generators, positions, block))
-    return (rot, attention_kernel.block_band(rot)) if diagonals else rot
-  return _lattice_rotations(generators, plan, block, exp, precision, diagonals)
+    return split_over_data(exp, liere_generators(generators, positions, block))
+  return _lattice_rotations(generators, plan, block, exp, precision)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +179,7 @@ def _data_devices():
   return 1 if mesh.empty or 'data' not in mesh.axis_names else mesh.shape['data']
 
 
-def _lattice_rotations(generators, plan: LatticePlan, block: int, exp, precision, diagonals):
+def _lattice_rotations(generators, plan: LatticePlan, block: int, exp, precision):
   """The lattice path of liere_rotations. On a mesh both stages split over 'data': each device
   computes 1/n of the exponentials at the primitive points (matrix by matrix, as the general
   path), then 1/n of the (layer, head) tables of powers."""
@@ -214,18 +210,11 @@ def _lattice_rotations(generators, plan: LatticePlan, block: int, exp, precision
   def powers(rot):
     return per_platform(lambda _: table, precision, rot)
 
-  table = split_over_data(powers, rot, item_dims=4)
-  out = take_static(table, plan.token_slot)  # [G, T, ...]
+  out = take_static(split_over_data(powers, rot, item_dims=4), plan.token_slot)  # [G, T, ...]
   if np.any(plan.transpose):
     flip = jnp.asarray(plan.transpose)[None, :, None, None, None]
     out = jnp.where(flip, jnp.swapaxes(out, -1, -2), out)
-  out = out.reshape(l, h, len(plan.token_slot), k, block, block)
-  if not diagonals:
-    return out
-  # The diagonals of the table and of its transposes, then each token's slot.
-  both = attention_kernel.block_band(jnp.concatenate([table, jnp.swapaxes(table, -1, -2)], 1))
-  diag = take_static(both, plan.token_slot + table.shape[1] * plan.transpose.astype(np.int64))
-  return out, diag.reshape(l, h, len(plan.token_slot), *diag.shape[2:])
+  return out.reshape(l, h, len(plan.token_slot), k, block, block)
 
 
 @jax.named_scope('liere_lattice')  # Reading the table: the lattice path's traffic.

@@ -112,8 +112,7 @@ def test_rope_s_band_from_its_angles_is_the_band_of_its_blocks():
   for dtype in (jnp.float32, jnp.bfloat16):
     rot = jnp.broadcast_to(rotations.angle_rotations(angles).astype(dtype), (5, 4, 12, 2, 2))
     np.testing.assert_array_equal(attention_kernel.pair_band(angles, 4, 32, dtype),
-                                  attention_kernel.band(attention_kernel.block_band(rot), 4, 32,
-                                                        dtype))
+                                  attention_kernel.band(rot, 32))
 
 
 @pytest.mark.parametrize('block', [2, 4, 8])
@@ -121,8 +120,7 @@ def test_the_band_holds_each_block_s_diagonals(block):
   """band: D_s[i] = R[i % b, i % b + s] inside a block, 0 across blocks, 1 / 0 on pass-through
   dims; by an explicit loop over entries."""
   rot = np.random.default_rng(block).standard_normal((3, 2, 16 // block, block, block))
-  diag = attention_kernel.block_band(jnp.asarray(rot, jnp.float32))
-  got = np.asarray(attention_kernel.band(diag, 2, 20, jnp.float32)).reshape(
+  got = np.asarray(attention_kernel.band(jnp.asarray(rot, jnp.float32), 20)).reshape(
       2 * block - 1, 3, 2, 20)
   want = np.zeros_like(got)
   for s in range(-(block - 1), block):
@@ -132,16 +130,3 @@ def test_the_band_holds_each_block_s_diagonals(block):
       if 0 <= c < block:
         want[s + block - 1, :, :, i] = rot[:, :, i // block, r, c]
   np.testing.assert_allclose(got, want, rtol=1e-6)
-
-
-@pytest.mark.parametrize('lattice', [True, False])
-def test_liere_s_diagonals_are_those_of_its_rotations(lattice):
-  """liere_rotations' diagonals (on the lattice path from the table's slots and their
-  transposes, no per-token blocks) equal block_band of its rotations, token by token, on a grid
-  with negative coordinates (transposed slots) and a CLS token at the origin."""
-  pos = np.concatenate([[[0., 0.]], np.stack(np.meshgrid(np.arange(-2, 3), np.arange(-1, 3)),
-                                             -1).reshape(-1, 2)]).astype(np.float32)
-  gen = jax.random.normal(jax.random.key(0), (2, 3, 2, 4, 28)) * 0.3
-  rot, diag = rotations.liere_rotations(gen, pos, 8, lattice=lattice, diagonals=True)
-  assert diag.shape == (2, 3, len(pos), 15, 32)
-  np.testing.assert_allclose(diag, attention_kernel.block_band(rot), atol=1e-6)

@@ -34,7 +34,7 @@ from liere_jax.encodings.registry import (ALIASES, FAMILIES, NAMES, Facts, Optio
 # need no jax; the first of these imports every encoding (they register).
 _LAZY = {
     # The interface and the builder.
-    'base': ('Angles', 'Banded', 'Bias', 'Encoding', 'LayerContext', 'Rotate', 'build', 'families', 'layer',
+    'base': ('Angles', 'Bias', 'Encoding', 'LayerContext', 'Rotate', 'build', 'families', 'layer',
              'register', 'validate'),
     # The encodings, and their math for tests and the port's parity checks.
     'absolute': ('NoPE', 'Absolute', 'SinCos', 'sincos_table'),

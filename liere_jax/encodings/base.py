@@ -71,27 +71,17 @@ class Rotate(LayerContext):
     return rotations.rotate(q, self.rot), rotations.rotate(k, self.rot), None
 
   def band(self, q):
-    if self.rot.shape[-1] > attention_kernel.MAX_BLOCK:
+    b = self.rot.shape[-1]
+    if b > attention_kernel.MAX_BLOCK:
       return None
-    # In q's dtype before the selection, as rotate's: a bf16 model's bf16-rounded rotations.
-    diag = attention_kernel.block_band(self.rot.astype(q.dtype))  # [H or 1, T, 2b - 1, k b]
-    return attention_kernel.band(jnp.swapaxes(diag, 0, 1), q.shape[2], q.shape[-1], q.dtype)
+    rot = jnp.swapaxes(self.rot, 0, 1).astype(q.dtype)  # [T, H or 1, k, b, b], as rotate's
+    rot = jnp.broadcast_to(rot, rot.shape[:1] + q.shape[2:3] + rot.shape[2:])
+    return attention_kernel.band(rot, q.shape[-1])
 
   def split_qkv(self):  # Where the einsum rotates them, not the attention kernel.
     b, forms = self.rot.shape[-1], rotations.forms(self.rot.shape[-1])
     return frozenset(p for p, row in PLATFORMS.items() if row.split_qkv and forms[p] == 'einsum'
                      and not (row.attention == 'kernel' and b <= attention_kernel.MAX_BLOCK))
-
-
-class Banded(Rotate):
-  """Rotate with the rotations' diagonals made alongside them, diag [H or 1, T, 2b - 1, k b]
-  (rotations.liere_rotations' `diagonals`): a TPU's attention kernel reads them, and XLA drops
-  whichever of rot and diag a program does not use."""
-  diag: jax.Array
-
-  def band(self, q):
-    return attention_kernel.band(jnp.swapaxes(self.diag, 0, 1), q.shape[2], q.shape[-1],
-                                 q.dtype)
 
 
 class Angles(LayerContext):

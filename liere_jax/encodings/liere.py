@@ -6,8 +6,8 @@ column ran the official code's LieRE with 2 x 2 blocks; its Table 10's b = 2 row
 import jax
 from flax import nnx
 
-from liere_jax import attention_kernel, rotations
-from liere_jax.encodings.base import Banded, Encoding, Rotate, register
+from liere_jax import rotations
+from liere_jax.encodings.base import Encoding, Rotate, register
 from liere_jax.encodings.registry import Option
 from liere_jax.expm import PRECISIONS
 from liere_jax.rotations import METHODS
@@ -65,9 +65,6 @@ class LieRE(Encoding):
                n_dims=spec.n_dims, rngs=rngs, **pe.options)
 
   def context(self, pos):
-    """Rotations [layers, heads, T, head_dim // b, b, b] (layers / heads 1 when shared), and
-    for blocks a TPU's attention kernel applies, their diagonals (Banded)."""
-    banded = self.block <= attention_kernel.MAX_BLOCK
-    out = rotations.liere_rotations(self.generators[...], pos, self.block, self.expm,
-                                    precision=self.expm_precision, diagonals=banded)
-    return Banded(*out) if banded else Rotate(out)
+    """Rotations [layers, heads, T, head_dim // b, b, b] (layers / heads 1 when shared)."""
+    return Rotate(rotations.liere_rotations(self.generators[...], pos, self.block, self.expm,
+                                            precision=self.expm_precision))
