@@ -104,6 +104,8 @@ def _jax_run(model, x, positions=None):
   grid = tuple(s // p for s, p in zip(x.shape[1:-1], model.patch))
   logits, ctx = _forward(*nnx.split(model), jnp.asarray(x), grid, positions)
   arrays = jax.tree.leaves(ctx)  # string_cayley: (rotations, P); the rotations come first.
+  if hasattr(ctx, 'rot'):  # RoPE's contexts hold angles: their rotations are made from them.
+    arrays = [ctx.rot]
   return np.asarray(logits), np.asarray(arrays[0]) if arrays else None
 
 
