@@ -39,7 +39,7 @@ measured where (docs/benchmarks.md):
                matmul (1.09x); on the TPU compiler roll won (docs/benchmarks.md).
   split_qkv    where the einsum rotates q and k (blocks above 8: LieRE64) a TPU takes them from
                three products, not one (liere_jax.model's qkv): with XLA's attention the v5e-8
-               cell moved 204.7 GB instead of 222.9.
+               cell moved 204.7 GB instead of 222.9 (not measured again with the kernel).
 The same on every platform (their A/B forms are switches, liere_jax.switches): rotations apply
 blocks above 8 (outside a TPU's kernel, above 2) by one einsum (liere_jax.rotations). The Pallas
 exponential (model.pe.expm=pallas) is opt-in everywhere: on the H200 its LieRE64 step was 1.05x
