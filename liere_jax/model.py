@@ -168,9 +168,9 @@ def _attention(x, kernel, bias, heads, ctx, split=()):
   b, t, width = x.shape
   like = jax.ShapeDtypeStruct((b, t, heads, width // heads), x.dtype)
   on = _kernel_platforms(like.shape, ctx)
-  forms = {p: _attention_form(ctx, heads, three=p in split, kernel=p in on,
-                              interpret=p == 'cpu') for p in PLATFORMS}
-  return _per_platform(forms, x, kernel, bias)
+  keys = {p: (p in split, p in on, p in on and p == 'cpu') for p in PLATFORMS}
+  made = {key: _attention_form(ctx, heads, *key) for key in set(keys.values())}  # equal: one
+  return _per_platform({p: made[key] for p, key in keys.items()}, x, kernel, bias)
 
 
 def _attention_form(ctx, heads, three, kernel, interpret):
