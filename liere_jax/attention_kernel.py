@@ -81,11 +81,13 @@ def pair_band(angles: jax.Array, heads: int, head_dim: int, dtype) -> jax.Array:
   return jnp.stack([pad(jnp.where(even, 0, s), 0), pad(c, 1), pad(jnp.where(even, -s, 0), 0)])
 
 
-def attention(q, k, v, diag=None, interpret: bool = False):
+def attention(q, k, v, diag=None, interpret: bool = False, head_dim=None):
   """softmax(q' k'^T / sqrt(d)) v per head, q' and k' q and k rotated by the band `diag`
-  [2b - 1, T, H d] (`band`; None: not rotated). q, k, v [B, T, H, d] -> [B, T, H, d] in q's
-  dtype; logits and softmax in float32, products of q's dtype. Differentiable in q, k, v and
-  diag."""
+  [2b - 1, T, H d] (`band`; None: not rotated). q, k, v [B, T, H, d] -> [B, T, H, d], or
+  [B, T, H d] (heads of `head_dim`) -> [B, T, H d], in q's dtype; logits and softmax in float32,
+  products of q's dtype. Differentiable in q, k, v and diag."""
+  if head_dim is not None:
+    return _attention(interpret, head_dim, (q, k, v), diag)
   b, t, h, d = q.shape
   flat = lambda a: a.reshape(b, t, h * d)
   return _attention(interpret, d, (flat(q), flat(k), flat(v)), diag).reshape(b, t, h, d)

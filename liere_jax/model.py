@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from liere_jax import attention_kernel, encodings, param_tree
+from liere_jax import attention_kernel, encodings, param_tree, rotation_kernel
 from liere_jax.config import model_config
 from liere_jax import positions as positions_lib
 from liere_jax import switches
@@ -137,19 +137,23 @@ def _per_platform(forms, *args):
                                     default=forms['cuda'])
 
 
-def _project(x, kernel, bias, heads, three, stacked=False):
-  """The qkv projection: q, k, v [B, T, H, d], from one product or from three (each its own
-  array); `stacked`: the one product's [B, T, 3, H, d]."""
+def _project(x, kernel, bias, heads, three, stacked=False, flat=False):
+  """The qkv projection: q, k, v [B, T, H, d] (`flat`: [B, T, H d], as the product lays them
+  out), from one product or from three (each its own array); `stacked`: the one product's
+  [B, T, 3, H, d]."""
   b, t, width = x.shape
+  shape = (b, t, width) if flat else (b, t, heads, width // heads)
   if not three:
     qkv = jnp.dot(x, kernel) if bias is None else jnp.dot(x, kernel) + bias
+    if flat:
+      return tuple(jnp.split(qkv, 3, axis=-1))
     qkv = qkv.reshape(b, t, 3, heads, -1)
     return qkv if stacked else tuple(jnp.moveaxis(qkv, 2, 0))
   w = kernel.reshape(width, 3, -1)
   out = [jnp.dot(x, w[:, i]) for i in range(3)]
   if bias is not None:
     out = [y + c for y, c in zip(out, bias.reshape(3, -1))]
-  return tuple(y.reshape(b, t, heads, -1) for y in out)
+  return tuple(y.reshape(shape) for y in out)
 
 
 ATTENTION = switches.Switch('attention', ('auto', 'xla', 'kernel'), "'auto': "
@@ -181,7 +185,13 @@ def _attention_form(ctx, heads, three, kernel, interpret):
 
   def pallas(x, w, bias):
     b, t, width = x.shape
-    band = ctx.band(jax.ShapeDtypeStruct((b, t, heads, width // heads), x.dtype))
+    like = jax.ShapeDtypeStruct((b, t, heads, width // heads), x.dtype)
+    band = ctx.band(like)
+    tiles = ctx.tiles(like) if band is None else None
+    if tiles is not None:  # Rotated by the rotation kernel, q, k, v as the products lay them out.
+      out = _kernel_attention(_project(x, w, bias, heads, three, flat=True), None, interpret,
+                              tiles, like.shape[-1])
+      return out.reshape(like.shape)
     if band is None and ctx.rotates:  # Rotated before the kernel.
       q, k, v = _project(x, w, bias, heads, three)
       q, k, _ = ctx.attend(q, k)
@@ -208,28 +218,31 @@ def _kernel_platforms(shape, ctx):
                if (mode == 'auto' and row.attention == 'kernel') or (mode == 'kernel' and p != 'cuda'))
 
 
-def _kernel_attention(xs, band, interpret):
-  """attention_kernel's attention of xs: (q, k, v) [B, T, H, d] or ([B, T, 3, H, d],); on a mesh
-  each device attends its part of the batch (and of the heads, over 'model'): a Mosaic kernel is
-  not partitioned by XLA."""
-  fn = functools.partial(_kernel_call, interpret=interpret)
+def _kernel_attention(xs, band, interpret, tiles=None, head_dim=None):
+  """attention_kernel's attention of xs: (q, k, v) [B, T, H, d] or ([B, T, 3, H, d],), or with
+  `head_dim` (q, k, v) [B, T, H d] -> [B, T, H d], q and k first rotated by rotation_kernel's
+  `tiles` where given; on a mesh each device attends its part of the batch (and of the heads,
+  over 'model'): a Mosaic kernel is not partitioned by XLA."""
+  fn = functools.partial(_kernel_call, interpret=interpret, head_dim=head_dim)
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return fn(xs, band)
+    return fn(xs, band, tiles)
   model, data = _model_axis(), 'data' if 'data' in mesh.axis_names else None
-  x = P(data, None, model, None)
-  in_x = tuple(P(data, None, None, model, None) if a.ndim == 5 else x for a in xs)
-  if band is None:
-    return jax.shard_map(lambda xs: fn(xs, None), in_specs=(in_x,), out_specs=x,
-                         check_vma=False)(xs)
-  return jax.shard_map(fn, in_specs=(in_x, P(None, None, model)), out_specs=x,
-                       check_vma=False)(xs, band)
+  spec = {3: P(data, None, model), 4: P(data, None, model, None),
+          5: P(data, None, None, model, None)}
+  return jax.shard_map(fn, in_specs=(tuple(spec[a.ndim] for a in xs), P(None, None, model),
+                                     P(None, model)),
+                       out_specs=spec[xs[0].ndim - (xs[0].ndim == 5)],
+                       check_vma=False)(xs, band, tiles)
 
 
-def _kernel_call(xs, band, interpret):
+def _kernel_call(xs, band, tiles, interpret, head_dim):
   if len(xs) == 1:
     return attention_kernel.attention_qkv(xs[0], band, interpret=interpret)
-  return attention_kernel.attention(*xs, band, interpret=interpret)
+  q, k, v = xs
+  if tiles is not None:
+    q, k = rotation_kernel.rotate(q, k, tiles, interpret=interpret)
+  return attention_kernel.attention(q, k, v, band, interpret=interpret, head_dim=head_dim)
 
 
 def _fused_attention(q, k, v, bias):

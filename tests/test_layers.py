@@ -125,6 +125,7 @@ TESTED_BY = {
     'liere_jax/param_tree.py': 'test_checkpoint.py', 'liere_jax/paths.py': 'test_gcs.py',
     'liere_jax/torch_vit.py': 'test_convert.py', 
     'liere_jax/attention_kernel.py': 'test_attention_kernel.py',
+    'liere_jax/rotation_kernel.py': 'test_rotation_kernel.py',
     'liere_jax/configs': 'test_user_paths.py',
 }
 

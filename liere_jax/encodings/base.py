@@ -16,6 +16,9 @@ A LayerContext is a small pytree that acts inside attention:
   band(q) -> band or None                 the rotation as a TPU attention kernel's band, which
                                           the kernel applies to q and k itself (blocks up to 8;
                                           liere_jax.attention_kernel), or None: attend first.
+  tiles(q) -> tiles or None               larger blocks as the TPU rotation kernel's tiles
+                                          (liere_jax.rotation_kernel: before the attention
+                                          kernel), or None: attend.
   split_qkv() -> platforms                where q, k and v come from three products, not one
                                           (liere_jax.platforms' split_qkv: q and k rotated by
                                           the einsum).
@@ -35,7 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax import struct
 
-from liere_jax import attention_kernel, rotations
+from liere_jax import attention_kernel, rotation_kernel, rotations
 from liere_jax.platforms import PLATFORMS
 from liere_jax.encodings import registry
 from liere_jax.encodings.registry import Facts
@@ -58,6 +61,11 @@ class LayerContext(struct.PyTreeNode):
     where the kernel applies it itself; None: `attend` transforms them first."""
     return None
 
+  def tiles(self, q):
+    """The rotation of q and k as the TPU rotation kernel's tiles (liere_jax.rotation_kernel),
+    where it takes the blocks; None: `attend` transforms them."""
+    return None
+
   def split_qkv(self) -> frozenset:
     return frozenset()
 
@@ -71,12 +79,19 @@ class Rotate(LayerContext):
     return rotations.rotate(q, self.rot), rotations.rotate(k, self.rot), None
 
   def band(self, q):
-    b = self.rot.shape[-1]
-    if b > attention_kernel.MAX_BLOCK:
+    if self.rot.shape[-1] > attention_kernel.MAX_BLOCK:
       return None
-    rot = jnp.swapaxes(self.rot, 0, 1).astype(q.dtype)  # [T, H or 1, k, b, b], as rotate's
-    rot = jnp.broadcast_to(rot, rot.shape[:1] + q.shape[2:3] + rot.shape[2:])
-    return attention_kernel.band(rot, q.shape[-1])
+    return attention_kernel.band(self._per_token(q), q.shape[-1])
+
+  def tiles(self, q):
+    if not rotation_kernel.supported(self.rot.shape[-1], q.shape[-1], q.shape[2]):
+      return None
+    return rotation_kernel.tiles(self._per_token(q), q.shape[-1])
+
+  def _per_token(self, q):
+    """rot as rotate takes it, [T, H, k, b, b] in q's dtype (H broadcast where shared)."""
+    rot = jnp.swapaxes(self.rot, 0, 1).astype(q.dtype)
+    return jnp.broadcast_to(rot, rot.shape[:1] + q.shape[2:3] + rot.shape[2:])
 
   def split_qkv(self):  # Where the einsum rotates them, not the attention kernel.
     b, forms = self.rot.shape[-1], rotations.forms(self.rot.shape[-1])

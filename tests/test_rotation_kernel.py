@@ -1,0 +1,151 @@
+"""A TPU's rotation kernel for large blocks (liere_jax.rotation_kernel), run here in interpret
+mode, against the einsum rotation; its tiles; the model's path through it; its TPU compile."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from liere_jax import model as model_lib, rotation_kernel, rotations
+from liere_jax.encodings.base import Rotate
+from tests.helpers import tiny_model
+
+
+def _close(got, want, rtol=1e-5):
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * float(jnp.max(jnp.abs(b))))
+
+
+def _rotations(rng, heads, t, k, b):
+  a = jnp.asarray(rng.standard_normal((heads, t, k, b, b)) / 2, jnp.float32)
+  return jax.scipy.linalg.expm(a - jnp.swapaxes(a, -1, -2))
+
+
+@pytest.mark.parametrize('batch, t, heads, d, block, k, shared, devices', [
+    (2, 13, 4, 64, 64, 1, False, 1),  # LieRE64: two heads a tile; 13 tokens (8 a grid step)
+    (3, 9, 2, 64, 16, 3, False, 1),  # pass-through dims (48 of 64 rotate)
+    (2, 11, 2, 256, 32, 8, True, 1),  # heads wider than a tile; rotations shared by heads
+    (4, 5, 8, 16, 16, 1, False, 2),  # eight heads a tile; the batch over two devices
+])
+def test_the_kernel_equals_the_einsum_rotation_forward_and_backward(batch, t, heads, d, block, k,
+                                                                    shared, devices):
+  """q' = R q and k' = R k, and the gradients in q, k and the rotations, by the kernel on q and k
+  as [B, T, H d] and the tiles, against rotations.rotate (the einsum), to float32 rounding."""
+  rng = np.random.default_rng(d + block)
+  q, kk, gq, gk = (jnp.asarray(rng.standard_normal((batch, t, heads, d)), jnp.float32)
+                   for _ in range(4))
+  rot = _rotations(rng, 1 if shared else heads, t, k, block)
+  mesh = jax.make_mesh((devices,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:devices])
+
+  def einsum(q, kk, rot):
+    return rotations.rotate(q, rot), rotations.rotate(kk, rot)
+
+  def kernel(q, kk, rot):
+    flat = lambda a: a.reshape(batch, t, heads * d)
+    tiles = Rotate(rot=rot).tiles(q)
+    run = lambda q, kk, tiles: rotation_kernel.rotate(q, kk, tiles, interpret=True)
+    out = jax.shard_map(run, in_specs=(P('data'), P('data'), P()), out_specs=P('data'),
+                        check_vma=False)(flat(q), flat(kk), tiles)
+    return tuple(a.reshape(q.shape) for a in out)
+
+  def grads(fn):
+    loss = lambda *a: (jnp.sum(fn(*a)[0] * gq) + jnp.sum(fn(*a)[1] * gk), fn(*a))
+    with jax.set_mesh(mesh):
+      (_, out), grad = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, kk, rot)
+    return out, grad  # (the loss sums terms of both signs: its rounding is not relative)
+  _close(grads(kernel), grads(einsum))
+
+
+def test_the_tiles_hold_each_block_transposed_on_the_diagonal():
+  """tiles: tile c of a token holds dims [128 c, 128 (c + 1)): R^T of each block on the
+  diagonal, 1 on pass-through dims, 0 elsewhere; by an explicit loop over dims."""
+  rng = np.random.default_rng(0)
+  t, heads, d, b, k = 3, 4, 64, 16, 3  # 48 of each head's 64 dims rotate
+  rot = rng.standard_normal((t, heads, k, b, b)).astype(np.float32)
+  got = np.asarray(rotation_kernel.tiles(jnp.asarray(rot), d))
+  assert got.shape == (t, heads * d // 128, 128, 128)
+  want = np.zeros((t, heads * d, heads * d), np.float32)  # the whole x' = x M, M = blockdiag R^T
+  for h in range(heads):
+    for i in range(d):
+      for j in range(d):
+        if i < k * b and j < k * b and i // b == j // b:
+          want[:, h * d + i, h * d + j] = rot[:, h, i // b, j % b, i % b]
+        elif i >= k * b:
+          want[:, h * d + i, h * d + j] = i == j
+  for c in range(heads * d // 128):
+    np.testing.assert_array_equal(got[:, c], want[:, 128 * c:128 * (c + 1), 128 * c:128 * (c + 1)])
+  off = want.copy()
+  for c in range(heads * d // 128):
+    off[:, 128 * c:128 * (c + 1), 128 * c:128 * (c + 1)] = 0
+  assert not off.any()  # nothing of M lies outside the diagonal tiles
+
+
+@pytest.mark.parametrize('block, d, heads, takes', [
+    (64, 64, 12, True), (16, 64, 2, True), (128, 256, 1, True), (8, 64, 2, False),
+    (48, 48, 8, False), (256, 256, 2, False), (64, 64, 1, False)])
+def test_the_kernel_takes_blocks_that_divide_a_tile(block, d, heads, takes):
+  """Blocks of 16 to 128 dividing 128 lanes on whole tiles of H d; others attend (the einsum),
+  blocks up to 8 go to the attention kernel's band."""
+  assert rotation_kernel.supported(block, d, heads) is takes
+  rot = jnp.zeros((heads, 3, d // block, block, block))
+  q = jax.ShapeDtypeStruct((2, 3, heads, d), jnp.float32)
+  assert (Rotate(rot=rot).tiles(q) is not None) is takes
+
+
+@pytest.mark.parametrize('model_parallel', [1, 2])
+def test_the_model_rotates_liere64_by_the_kernel_before_the_attention_kernel(model_parallel):
+  """The tiny ViT's LieRE64 with attention=kernel runs the rotation kernel (forward and
+  backward) and then the attention kernel, with no einsum rotation; on a ('data', 'model')
+  mesh each device rotates its heads' tiles. Loss and gradients equal XLA's attention after the
+  einsum rotation."""
+  model = tiny_model(pe='liere64', width=256, heads=4)
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  loss = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2)
+  mesh = jax.make_mesh((1, model_parallel), ('data', 'model'),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2,
+                       devices=jax.devices()[:model_parallel])
+
+  def run(mode):
+    with model_lib.ATTENTION(mode), jax.set_mesh(mesh):
+      text = str(jax.make_jaxpr(jax.grad(loss))(params))
+      return jax.jit(jax.value_and_grad(loss))(params), text
+  got, text = run('kernel')
+  want, xla_text = run('xla')
+  assert 'rotate_forward' in text and 'rotate_backward' in text
+  assert 'thkij,bthkj->bthki' not in text and 'rotate_forward' not in xla_text
+  if model_parallel > 1:  # each device's kernel rotates 2 heads of 64: one tile
+    assert 'f32[1,1,128,128]' in text or ',1,128,128]' in text
+  _close(got, want, rtol=2e-5)
+
+
+def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
+  """The TPU compiler (libtpu, no TPU here) compiles LieRE64's rotation and attention and their
+  gradients on a v5e-8 mesh, the batch split over 'data': four Mosaic calls (rotation and
+  attention, forward and backward) on q and k as the projection lays them out ([B, T, H d],
+  2 rows a chip), no per-token 64 x 64 product left to XLA."""
+  pytest.importorskip('libtpu', reason='requirements-tpu.txt')
+  from jax.sharding import NamedSharding
+  from liere_jax.bench import compile as tpu
+  mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=tpu.slice_devices(tpu.parse_slice('v5litepod-8')))
+  x = jax.ShapeDtypeStruct((16, 197, 12, 64), jnp.bfloat16,
+                           sharding=NamedSharding(mesh, P('data')))
+  rot = jax.ShapeDtypeStruct((12, 197, 1, 64, 64), jnp.float32,
+                             sharding=NamedSharding(mesh, P()))
+
+  def loss(q, k, v, rot):
+    tiles = Rotate(rot=rot).tiles(q)
+    flat = lambda a: a.reshape(16, 197, 768)
+    out = model_lib._kernel_attention((flat(q), flat(k), flat(v)), None, False, tiles, 64)
+    return jnp.sum(out.astype(jnp.float32))
+  with jax.set_mesh(mesh):
+    hlo = jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3))).trace(x, x, x, rot).lower().compile(
+    ).as_text()
+  calls = [line for line in hlo.splitlines() if 'tpu_custom_call' in line]
+  names = sorted(n for n in ('rotate_forward', 'rotate_backward', 'attention_forward',
+                             'attention_backward') if any(f'%{n}' in c for c in calls))
+  assert len(calls) == 4 and len(names) == 4, calls
+  assert all('bf16[2,197,768]' in c for c in calls if 'rotate_' in c)
