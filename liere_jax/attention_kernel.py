@@ -139,9 +139,9 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
   while batch % rows:
     rows -= 1
   backward = g is not None
-  # Lane blocks outer (a block's band stays in VMEM), batch tiles; the backward writes q's, k's
-  # and v's gradient in three steps (a third axis), from one computation.
-  grid = (blocks, batch // rows) + ((3,) if backward else ())
+  # Lane blocks outer (a block's band stays in VMEM), batch tiles; the backward of one array
+  # writes q's, k's and v's gradient in three steps (a third axis), from one computation.
+  grid = (blocks, batch // rows) + ((3,) if backward and fused else ())
   spec = lambda offset: pl.BlockSpec((rows, t, LANES), lambda j, i, *_: (i, 0, offset + j))
   rotated = diag is not None
   n = diag.shape[0] if rotated else 1
@@ -158,13 +158,13 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
     if fused:
       outs.append(jax.ShapeDtypeStruct((batch, t, 3 * width), dtype))
       out_specs.append(pl.BlockSpec((rows, t, LANES), lambda j, i, p: (i, 0, p * blocks + j)))
-    else:
-      outs.append(jax.ShapeDtypeStruct((3, batch, t, width), dtype))
-      out_specs.append(pl.BlockSpec((None, rows, t, LANES), lambda j, i, p: (p, i, 0, j)))
+      scratch = [_vmem((2, rows, t, LANES), dtype)]  # dk and dv, until their steps
+    else:  # Three arrays, written in one step.
+      outs += [jax.ShapeDtypeStruct((batch, t, width), dtype)] * 3
+      out_specs += [spec(0)] * 3
     if rotated:  # The band's gradient sums over the batch: into one tile, in order.
       outs.append(jax.ShapeDtypeStruct(diag.shape, jnp.float32))
       out_specs.append(d_spec)
-    scratch = [_vmem((2, rows, t, LANES), dtype)]  # dk and dv, until their steps
   heads = batch * width // d
   matmuls = 5 if backward else 2  # Logits, P v; backward: the logits again, dv, dp, dq, dk.
   flops = matmuls * 2 * heads * t * t * LANES  # Each head's on 128 lanes (the mask).
@@ -172,13 +172,16 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
   kw = ({'interpret': True} if interpret else
         {'compiler_params': _tpu_params(len(grid), backward and rotated)})
   res = pl.pallas_call(
-      functools.partial(kernel, d, n // 2 if rotated else None, rows, 1 / math.sqrt(d)),
+      functools.partial(kernel, d, n // 2 if rotated else None, rows, 1 / math.sqrt(d),
+                        **({'fused': fused} if backward else {})),
       out_shape=outs, grid=grid, in_specs=in_specs, out_specs=out_specs,
       scratch_shapes=scratch, name='attention_' + ('backward' if backward else 'forward'),
       cost_estimate=pl.CostEstimate(flops=flops, transcendentals=heads * t * t,
                                     bytes_accessed=moved),
       **kw)(*ins)
-  return res if backward else res[0]
+  if not backward:
+    return res[0]
+  return (res[0] if fused else tuple(res[:3]),) + tuple(res[1 if fused else 3:])
 
 
 def _vmem(shape, dtype):
@@ -264,32 +267,50 @@ def _forward_kernel(d, half, rows, scale, q_ref, k_ref, v_ref, *refs):
   jax.lax.fori_loop(0, rows, row, 0)
 
 
-def _backward_kernel(d, half, rows, scale, q_ref, k_ref, v_ref, *refs):
+def _backward_kernel(d, half, rows, scale, q_ref, k_ref, v_ref, *refs, fused):
+  """One array: grid step 0 computes, writes dq and keeps dk and dv (`stash`) for steps 1, 2;
+  three arrays: one step writes all three."""
   if half is None:
-    o_ref, g_ref, dx_ref, stash = refs
-    d_ref = dd_ref = None
+    d_ref, (o_ref, g_ref, *refs) = None, refs
   else:
-    d_ref, o_ref, g_ref, dx_ref, dd_ref, stash = refs
-  part = pl.program_id(2)  # 0: compute, write dq, keep dk and dv; 1, 2: write them.
+    d_ref, o_ref, g_ref, *refs = refs
+  outs, refs = (refs[:1], refs[1:]) if fused else (refs[:3], refs[3:])
+  dd_ref = refs.pop(0) if half is not None else None
+  stash = refs[0] if fused else None
+  write = functools.partial(_write_fused, outs[0], stash) if fused else functools.partial(
+      _write, outs)
+  def compute():
+    jax.lax.fori_loop(0, rows, functools.partial(_backward_row, d, half, scale, q_ref, k_ref,
+                                                 v_ref, d_ref, o_ref, g_ref, dd_ref, write), 0)
   first = pl.program_id(1) == 0  # (read here: interpret mode has no program_id under a when)
+  if half is not None:
+    @pl.when(first & (pl.program_id(2) == 0 if fused else True))
+    def _():
+      dd_ref[...] = jnp.zeros_like(dd_ref)
+  if not fused:
+    compute()
+    return
+  part = pl.program_id(2)  # 0: compute, write dq, keep dk and dv; 1, 2: write them.
 
   @pl.when(part > 0)
   def _():
-    dx_ref[...] = stash[part - 1]
+    outs[0][...] = stash[part - 1]
 
-  @pl.when(part == 0)
-  def _():
-    if half is not None:
-      @pl.when(first)
-      def _():
-        dd_ref[...] = jnp.zeros_like(dd_ref)
-    jax.lax.fori_loop(0, rows, functools.partial(_backward_row, d, half, scale, q_ref, k_ref,
-                                                 v_ref, d_ref, o_ref, g_ref, dx_ref, dd_ref,
-                                                 stash), 0)
+  pl.when(part == 0)(compute)
 
 
-def _backward_row(d, half, scale, q_ref, k_ref, v_ref, d_ref, o_ref, g_ref, dx_ref, dd_ref,
-                  stash, r, carry):
+def _write_fused(dx_ref, stash, r, dq, dk, dv):
+  dx_ref[r] = dq.astype(dx_ref.dtype)
+  stash[0, r], stash[1, r] = dk.astype(stash.dtype), dv.astype(stash.dtype)
+
+
+def _write(refs, r, *grads):
+  for ref, g in zip(refs, grads):
+    ref[r] = g.astype(ref.dtype)
+
+
+def _backward_row(d, half, scale, q_ref, k_ref, v_ref, d_ref, o_ref, g_ref, dd_ref, write, r,
+                  carry):
   q, k, band = _inputs(d_ref, half, q_ref, k_ref, r)
   v, g = v_ref[r], g_ref[r]
   dq = dk = dv = jnp.zeros(q.shape, jnp.float32)
@@ -310,6 +331,5 @@ def _backward_row(d, half, scale, q_ref, k_ref, v_ref, d_ref, o_ref, g_ref, dx_r
     for s in range(-half, half + 1):
       dd_ref[s + half] += dq * _shift(x_q, s) + dk * _shift(x_k, s)
     dq, dk = _unrotate(dq, band, half), _unrotate(dk, band, half)
-  dx_ref[r] = dq.astype(dx_ref.dtype)
-  stash[0, r], stash[1, r] = dk.astype(stash.dtype), dv.astype(stash.dtype)
+  write(r, dq, dk, dv)
   return carry
