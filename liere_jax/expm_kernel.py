@@ -169,34 +169,42 @@ def _apply(body, n_in, *refs):
 
 
 def _tiled(body, n_in, tile, *refs):
-  """A tile of matrices [tile, b, b], one after another, each with its own squarings."""
-  def one(i, carry):
-    for ref, x in zip(refs[n_in:], body(*(r[i] for r in refs[:n_in]))):
-      ref[i] = x
-    return carry
-  jax.lax.fori_loop(0, tile, one, 0)
+  """A tile of matrices [tile, b, b] at once: each product one batched product of the tile (the
+  MXU streams its matrices one after another), each matrix with its own squarings."""
+  del tile
+  for ref, x in zip(refs[n_in:], body(*(r[...] for r in refs[:n_in]))):
+    ref[...] = x
 
 
 def squarings(powers, theta):
-  """expm._squarings for one matrix [b, b] inside a kernel, as an int32 scalar: the squarings
-  that take the spectral-radius bound ||a^k||_1^(1/k) (||a||_1 where that is not finite) to at
-  most theta, no cap; 0 for a non-finite matrix. Reductions keep a [1, 1] vector until the end
-  and the power is taken in logarithms (Mosaic has no scalar pow)."""
+  """expm._squarings for each matrix of a stack [..., b, b] inside a kernel, int32 [..., 1, 1]:
+  the squarings that take the spectral-radius bound ||a^k||_1^(1/k) (||a||_1 where that is not
+  finite) to at most theta, no cap; 0 for a non-finite matrix. Reductions keep their dims and
+  the power is taken in logarithms (Mosaic has no scalar pow)."""
   k = max(powers)
-  norm = lambda p: jnp.max(jnp.sum(jnp.abs(p), axis=0, keepdims=True), axis=1, keepdims=True)
+  norm = lambda p: jnp.max(jnp.sum(jnp.abs(p), axis=-2, keepdims=True), axis=-1, keepdims=True)
   log_k = jnp.log2(norm(powers[k])) / k  # -inf for a = 0: no squarings.
   log_bound = jnp.where(jnp.isfinite(log_k) | (log_k < 0), log_k, jnp.log2(norm(powers[1])))
   s = jnp.ceil(jnp.maximum(log_bound - np.float32(np.log2(theta)), -1.0))
-  return jnp.max(jnp.where(jnp.isfinite(s), jnp.maximum(s, 0.0), 0.0)).astype(jnp.int32)
+  return jnp.where(jnp.isfinite(s), jnp.maximum(s, 0.0), 0.0).astype(jnp.int32)
+
+
+def _squared(powers, s):
+  """p(a 2^-s)^(2^s) for a stack's powers, s [..., 1, 1] its own per matrix: the loop runs to
+  the stack's largest s, each matrix's square kept by select up to its own."""
+  scale = jnp.exp2(-s.astype(jnp.float32))
+  y = TAYLOR.polynomial({k: p * scale**k for k, p in powers.items()})
+  return jax.lax.fori_loop(0, jnp.max(s), lambda i, y: jnp.where(
+      i < s, expm_lib.matmul(y, y), y), y)
 
 
 def _exp_one(mm, residual, a):
-  """(exp(a),) of one matrix [b, b], fast_loop's program with the matrix's own squarings; with
-  `residual` also R0, the rotation before the Newton-Schulz step (the backward's residual)."""
+  """(exp(a),) of a stack [m, b, b], fast_loop's program with each matrix's own squarings;
+  with `residual` also R0, the rotation before the Newton-Schulz step (the backward's
+  residual)."""
   with expm_lib._products(mm):  # pylint: disable=protected-access
     powers = TAYLOR.powers(a)
-    s = squarings(powers, TAYLOR.theta)
-    r0 = expm_lib._taylor_squared(TAYLOR, powers, s)  # pylint: disable=protected-access
+    r0 = _squared(powers, squarings(powers, TAYLOR.theta))
     r = expm_lib._newton_schulz(r0)  # pylint: disable=protected-access
   return (r, r0) if residual else (r,)
 
@@ -206,11 +214,11 @@ def _grad_one(mm, a, r0, g):
   the Newton-Schulz step's adjoint at R0 (at R0, not at an orthogonal R: that keeps the
   gradient's error at the XLA path's, 2.5e-6 against 6e-6 on LieRE64's largest matrices), then
   L(a^T, g) as the polynomial and squarings at a^T differentiated forward in direction g."""
+  t = lambda x: jnp.swapaxes(x, -1, -2)
   with expm_lib._products(mm):  # pylint: disable=protected-access
     # NS(r) = 1.5 r - 0.5 r r^T r; its adjoint: 1.5 g - 0.5 (g r^T r + r g^T r + r r^T g).
-    p = mm(r0.T, g)
-    g = 1.5 * g - 0.5 * (mm(g, mm(r0.T, r0)) + mm(r0, p.T) + mm(r0, p))
-    powers, tangents = jax.jvp(TAYLOR.powers, (a.T,), (g,))
+    p = mm(t(r0), g)
+    g = 1.5 * g - 0.5 * (mm(g, mm(t(r0), r0)) + mm(r0, t(p)) + mm(r0, p))
+    powers, tangents = jax.jvp(TAYLOR.powers, (t(a),), (g,))
     s = squarings(powers, TAYLOR.theta)
-    poly = lambda x: expm_lib._taylor_squared(TAYLOR, x, s)  # pylint: disable=protected-access
-    return jax.jvp(poly, (powers,), (tangents,))[1],
+    return jax.jvp(lambda x: _squared(x, s), (powers,), (tangents,))[1],
