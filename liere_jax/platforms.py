@@ -8,14 +8,17 @@ measured where (docs/benchmarks.md):
 
   platform  exponential  pieces     products ('auto')       attention       rotations      measured on
   cpu       fast_cond    64 KiB     float32                 XLA             swap (matmul)  this CPU
-  tpu       fast_loop    the stack  HIGHEST (6 bf16);       Pallas kernel;  b<=8 in the    TPU compiler
-                                    b <= 8 multiply-adds    rotations in    kernel; above:
-                                                            it              3 qkv products
+  tpu       Pallas       the stack  HIGHEST (6 bf16);       Pallas kernel;  b<=8 in the    TPU compiler
+            (b>=16);                b <= 8 multiply-adds    rotations in    kernel; 16-128:
+            fast_loop                                       it              rotation kernel
   cuda      fast_select  16 MiB     bf16 x6 (preset X6)     cuDNN (bf16)    blocks         H100, H200
 
   exponential  model.pe.expm='fast' in this form (liere_jax.expm: fast_loop is one scale for the
                stack and its squarings a loop on the device; on the H200 its LieRE64 step was 1.03x
-               fast_select's, so a GPU keeps fast_select).
+               fast_select's, so a GPU keeps fast_select). On a TPU, blocks of 16 to 256 take the
+               Pallas kernel (`expm_kernel`; liere_jax.expm_kernel: each matrix read once, its
+               squarings its own): the 2-layer v5e-8 ImageNet LieRE64 proxy moved 22.96 GB a step
+               instead of 25.32 (docs/benchmarks.md).
   pieces       fast_cond's chunks of one scale each and remat's chunks (fast_select,
                scipy_remat), in bytes of matrices; fast_loop chunks only on CPU.
   products     the exponential's and the lattice table's products at expm_precision='auto'
@@ -27,7 +30,8 @@ measured where (docs/benchmarks.md):
   attention    a TPU's is one Pallas kernel a pass (liere_jax.attention_kernel; switch
                `attention`): the logits never leave the chip, q, k and v are read in place from
                the qkv product, and rotations of blocks up to 8 (every RoPE, LieRE8) are applied
-               inside it, to q and k as they are read. ImageNet ViT-B/16 on v5e-8 at 128 a chip,
+               inside it, to q and k as they are read; blocks of 16 to 128 dividing 128 (LieRE64)
+               by the rotation kernel before it (liere_jax.rotation_kernel: the batch as M). ImageNet ViT-B/16 on v5e-8 at 128 a chip,
                GB a step, XLA's attention -> the kernel: abs 113.1 -> 68.6, rope_mixed 146.8 ->
                69.1, LieRE8 155.3 -> 82.6 (docs/benchmarks.md). An encoding with a logit bias
                (ALiBi) keeps XLA's.
@@ -37,13 +41,13 @@ measured where (docs/benchmarks.md):
                select (roll); 'blocks', x as [..., k, 2] pairs times [2, 2] blocks. On the H200
                blocks made the rope_mixed step 1.11x faster than swap (matmul), and roll lost to
                matmul (1.09x); on the TPU compiler roll won (docs/benchmarks.md).
-  split_qkv    where the einsum rotates q and k (blocks above 8: LieRE64) a TPU takes them from
-               three products, not one (liere_jax.model's qkv): with XLA's attention the v5e-8
-               cell moved 204.7 GB instead of 222.9 (not measured again with the kernel).
+  split_qkv    where q and k rotate before attention (blocks above 8: LieRE64) a TPU takes them
+               from three products, not one (liere_jax.model's qkv): with XLA's attention the
+               v5e-8 cell moved 204.7 GB instead of 222.9 (not measured again with the kernels).
 The same on every platform (their A/B forms are switches, liere_jax.switches): rotations apply
-blocks above 8 (outside a TPU's kernel, above 2) by one einsum (liere_jax.rotations). The Pallas
-exponential (model.pe.expm=pallas) is opt-in everywhere: on the H200 its LieRE64 step was 1.05x
-fast_select's (its forward alone 2.4x faster, forward + backward 1.24x).
+blocks above 8 (outside a TPU's kernels, above 2) by one einsum (liere_jax.rotations). The Pallas
+exponential is opt-in elsewhere (model.pe.expm=pallas): on the H200 its LieRE64 step was 1.05x
+fast_select's (its forward alone 2.4x faster, forward + backward 1.24x; one matrix a program).
 """
 from typing import Dict, NamedTuple
 
@@ -62,6 +66,7 @@ class Platform(NamedTuple):
   pair_swap: str  # pairs='swap': 'matmul' or 'roll'
   elementwise_blocks: int = 0  # products of blocks up to this size as multiply-adds, not dots
   split_qkv: bool = False  # q, k (and v) from three products, not one, where the einsum rotates
+  expm_kernel: bool = False  # model.pe.expm='fast' is the Pallas kernel where it takes the blocks
 
 
 PLATFORMS: Dict[str, Platform] = {
@@ -69,7 +74,7 @@ PLATFORMS: Dict[str, Platform] = {
                     pairs='swap', pair_swap='matmul'),
     'tpu': Platform(expm_form='loop', chunk_bytes=16 * 2**20, products=dots.TPU,
                     attention='kernel', pairs='swap', pair_swap='roll', elementwise_blocks=8,
-                    split_qkv=True),
+                    split_qkv=True, expm_kernel=True),
     'cuda': Platform(expm_form='select', chunk_bytes=16 * 2**20, products=dots.GPU,
                      attention='cudnn', pairs='blocks', pair_swap='matmul'),
 }

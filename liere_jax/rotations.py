@@ -28,10 +28,18 @@ METHODS = EXPM_METHODS + ('pallas',)
 
 def exponential(a: jax.Array, method: str = 'fast', precision='auto') -> jax.Array:
   """exp(a) for a: [..., b, b] skew-symmetric by `method` (METHODS): 'pallas' is
-  expm_kernel.expm_pallas, every other name liere_jax.expm.expm."""
+  expm_kernel.expm_pallas, every other name liere_jax.expm.expm, but 'fast' on a platform whose
+  row takes the kernel (liere_jax.platforms' expm_kernel: a TPU) is the kernel where it takes the
+  blocks (fast_loop, by name, keeps XLA's there)."""
+  pallas = lambda a: expm_kernel.expm_pallas(a, precision)
   if method == 'pallas':
-    return expm_kernel.expm_pallas(a, precision)
-  return expm(a, method, precision)
+    return pallas(a)
+  on = [p for p, row in PLATFORMS.items()
+        if row.expm_kernel and expm_kernel.supported(a.shape[-1], p)]
+  if method != 'fast' or not on:
+    return expm(a, method, precision)
+  forms = {p: pallas if p in on else (lambda a: expm(a, method, precision)) for p in PLATFORMS}
+  return jax.lax.platform_dependent(a, cpu=forms['cpu'], tpu=forms['tpu'], default=forms['cuda'])
 
 
 def num_free(block: int) -> int:

@@ -12,6 +12,7 @@ import scipy.linalg
 
 from liere_jax import dots, expm, expm_kernel, rotations
 from liere_jax.bench import expm as bench_expm
+from liere_jax.platforms import PLATFORMS
 
 B = 64
 
@@ -173,3 +174,19 @@ def test_blocks_a_platform_s_kernel_does_not_take_run_the_xla_program(monkeypatc
   np.testing.assert_allclose(grad, gx, atol=1e-5 * np.abs(gx).max())
   assert set(kinds) == {'forward', 'forward_res', 'backward'}, kinds
   expm_kernel._stack_fn.cache_clear()  # pylint: disable=protected-access
+
+
+def test_fast_is_the_kernel_on_a_tpu_and_xla_elsewhere():
+  """model.pe.expm='fast' (the default) lowers to the Mosaic kernel for a TPU (platforms' TPU row:
+  expm_kernel), to XLA's forms for cpu and cuda; fast_loop keeps XLA's on a TPU too; blocks under
+  MIN_BLOCK never reach the kernel."""
+  x = jax.ShapeDtypeStruct((4, 64, 64), jnp.float32)
+  lower = lambda fn, p, x=x: jax.jit(jax.grad(lambda y: jnp.sum(fn(y)))).trace(x).lower(
+      lowering_platforms=(p,)).as_text()
+  fast = lambda y: rotations.exponential(y, 'fast')
+  assert PLATFORMS['tpu'].expm_kernel and not PLATFORMS['cpu'].expm_kernel
+  assert lower(fast, 'tpu').count('tpu_custom_call') == 2  # forward and backward kernels
+  assert 'tpu_custom_call' not in lower(lambda y: rotations.exponential(y, 'fast_loop'), 'tpu')
+  assert 'tpu_custom_call' not in lower(fast, 'tpu', jax.ShapeDtypeStruct((4, 8, 8),
+                                                                          jnp.float32))
+  assert 'pallas' not in lower(fast, 'cpu') and 'xla.gpu.triton' not in lower(fast, 'cuda')
