@@ -227,17 +227,19 @@ def _lattice_rotations(generators, plan: LatticePlan, block: int, exp, precision
 
 @jax.named_scope('liere_lattice')  # Reading the table: the lattice path's traffic.
 def take_static(x: jax.Array, idx: np.ndarray) -> jax.Array:
-  """x[:, idx] for static numpy indices, whose backward is gathers, not XLA's scatter-add (a
-  serial loop on CPU)."""
+  """x[:, idx] for static numpy indices, whose backward is gathers (not XLA's scatter-add, a
+  serial loop on CPU): one of every slot's first reader, masked where none reads it (no padded
+  copy of the cotangent); further readers (a slot read twice: the identity by CLS and the
+  origin) by a gather of those alone, added at their slots, where they are few."""
   idx = np.asarray(idx, np.int64)
   n = x.shape[1]
-  # inv[c, s]: the c-th index position reading slot s, or len(idx) (a zero row) if none.
+  # inv[c, s]: the c-th index position reading slot s, or -1 if none.
   order = np.argsort(idx, kind='stable')
   rank = np.empty_like(order)
   counts = np.bincount(idx, minlength=n)
   starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
   rank[order] = np.arange(len(idx)) - starts[idx[order]]
-  inv = np.full((max(int(counts.max(initial=0)), 1), n), len(idx), np.int64)
+  inv = np.full((max(int(counts.max(initial=0)), 1), n), -1, np.int64)
   inv[rank, idx] = np.arange(len(idx))
 
   @jax.custom_vjp
@@ -245,8 +247,19 @@ def take_static(x: jax.Array, idx: np.ndarray) -> jax.Array:
     return jnp.take(x, idx, axis=1)
 
   def bwd(_, g):
-    g = jnp.concatenate([g, jnp.zeros_like(g[:, :1])], axis=1)
-    return (sum(jnp.take(g, row, axis=1) for row in inv),)
+    def gather(row):  # [G, n, ...]: g at row's positions, 0 where -1
+      got = jnp.take(g, np.maximum(row, 0), axis=1)
+      if np.any(row < 0):
+        got = jnp.where((row >= 0).reshape((1, n) + (1,) * (g.ndim - 2)), got, 0)
+      return got
+    out = gather(inv[0])
+    for row in inv[1:]:
+      cols = np.flatnonzero(row >= 0)
+      if 4 * len(cols) < n:
+        out = out.at[:, cols].add(jnp.take(g, row[cols], axis=1))
+      else:
+        out = out + gather(row)
+    return (out,)
 
   take.defvjp(lambda x: (take(x), None), bwd)
   return take(x)

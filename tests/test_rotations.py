@@ -335,3 +335,17 @@ def test_rotate_applies_r_to_each_block_of_each_token(block):
   want = np.einsum('htkij,bthkj->bthki', q, xr).reshape(2, tokens, heads, k * block)
   np.testing.assert_allclose(out[..., :-1], want, atol=1e-5)
   np.testing.assert_array_equal(out[..., -1], x[..., -1])
+
+
+def test_take_static_gradient_is_jnp_take_s():
+  """take_static's backward (gathers: first readers masked, further readers added where few or
+  gathered where many) equals autodiff of jnp.take, with slots read by none, one, two (a few
+  and many of them) and five readers."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((3, 40, 2, 2)), jnp.float32)
+  idx = np.concatenate([np.arange(0, 30), [0, 0, 0, 0, 5, 7], np.arange(10, 30)])  # 30..39: none
+  g = jnp.asarray(rng.standard_normal((3, len(idx), 2, 2)), jnp.float32)
+  got = jax.grad(lambda x: jnp.sum(rotations.take_static(x, idx) * g))(x)
+  want = jax.grad(lambda x: jnp.sum(jnp.take(x, idx, axis=1) * g))(x)
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(rotations.take_static(x, idx), jnp.take(x, idx, axis=1))
