@@ -31,7 +31,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 LANES = 128
-MAX_BLOCK = 8  # Rotations of larger blocks are applied before the kernel (an einsum).
+MAX_BLOCK = 8  # Larger blocks rotate before the kernel (liere_jax.rotation_kernel or an einsum).
 MAX_TOKENS = 512
 ROW_BYTES = 2**18  # q's bytes a grid step, about: a few batch elements a step.
 

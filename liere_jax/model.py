@@ -167,7 +167,8 @@ def _attention(x, kernel, bias, heads, ctx, split=()):
   [3D] or None) with the encoding `ctx`, each platform in its form (one platform_dependent):
   where it takes them, the Pallas kernel (liere_jax.attention_kernel), which rotates q and k
   itself when the context gives a band (blocks up to 8) and reads them in place from the one
-  product; after ctx.attend otherwise (LieRE64's einsum); elsewhere ctx.attend, then
+  product; after the rotation kernel (liere_jax.rotation_kernel) where the context gives its
+  tiles (LieRE64), after ctx.attend otherwise; elsewhere ctx.attend, then
   jax.nn.dot_product_attention. `split`: the platforms whose q, k, v come from three products."""
   b, t, width = x.shape
   like = jax.ShapeDtypeStruct((b, t, heads, width // heads), x.dtype)

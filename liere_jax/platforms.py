@@ -65,7 +65,7 @@ class Platform(NamedTuple):
   pairs: str  # 'swap' (on x's layout) or 'blocks'
   pair_swap: str  # pairs='swap': 'matmul' or 'roll'
   elementwise_blocks: int = 0  # products of blocks up to this size as multiply-adds, not dots
-  split_qkv: bool = False  # q, k (and v) from three products, not one, where the einsum rotates
+  split_qkv: bool = False  # q, k (and v) from three products, not one, where q, k rotate first
   expm_kernel: bool = False  # model.pe.expm='fast' is the Pallas kernel where it takes the blocks
 
 

@@ -62,7 +62,7 @@ def test_the_kernel_equals_xla_attention_after_the_rotation_forward_and_backward
                                      ('alibi', 'fused')])
 def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe, qkv):
   """The tiny ViT (2 heads of 64) with attention=kernel (the kernel where the encoding allows:
-  rotations up to 8 inside it, LieRE64's einsum before it, ALiBi's bias by XLA), from one qkv
+  rotations up to 8 inside it, LieRE64's by the rotation kernel before it, ALiBi's bias by XLA), from one qkv
   product or three, gives XLA's logits and parameter gradients to float32 rounding."""
   model = tiny_model(pe=pe, width=128, heads=2)
   model.head.kernel[...] = jax.random.normal(jax.random.key(1), model.head.kernel.shape)

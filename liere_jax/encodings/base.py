@@ -93,7 +93,7 @@ class Rotate(LayerContext):
     rot = jnp.swapaxes(self.rot, 0, 1).astype(q.dtype)
     return jnp.broadcast_to(rot, rot.shape[:1] + q.shape[2:3] + rot.shape[2:])
 
-  def split_qkv(self):  # Where the einsum rotates them, not the attention kernel.
+  def split_qkv(self):  # Where they rotate before attention (einsum or rotation kernel).
     b, forms = self.rot.shape[-1], rotations.forms(self.rot.shape[-1])
     return frozenset(p for p, row in PLATFORMS.items() if row.split_qkv and forms[p] == 'einsum'
                      and not (row.attention == 'kernel' and b <= attention_kernel.MAX_BLOCK))
