@@ -289,8 +289,11 @@ def split_over_data(fn, a: jax.Array, item_dims: int = 2) -> jax.Array:
   flat = a.reshape((-1,) + a.shape[a.ndim - item_dims:])
   pad = -flat.shape[0] % n
   flat = jnp.pad(flat, ((0, pad),) + ((0, 0),) * item_dims)  # expm(0) = I: a few products.
-  out = jax.shard_map(lambda x: jax.lax.all_gather(fn(x), 'data', tiled=True),
-                      in_specs=P('data'), out_specs=P(), check_vma=False)(flat)
+  out = jax.shard_map(fn, in_specs=P('data'), out_specs=P('data'), check_vma=False)(flat)
+  # Replicated by a sharding constraint, not an all_gather in the shard_map: its transpose hands
+  # each device its rows of the cotangent (an all_gather to a replicated output transposes to a
+  # pass dividing the whole cotangent by n, then a reduce-scatter of n equal copies).
+  out = jax.lax.with_sharding_constraint(out, P())
   return out[:out.shape[0] - pad].reshape(lead + out.shape[1:])
 
 
