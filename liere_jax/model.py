@@ -100,7 +100,8 @@ class Attention(nnx.Module):
     if ctx.projects:  # A linear map of q and k folded into the projection, once per step.
       kernel, bias = ctx.project(kernel, bias)
     dtype = self.qkv.dtype or jnp.result_type(x, kernel)
-    split = {'auto': ctx.split_qkv(), 'fused': (), 'split': tuple(PLATFORMS)}[QKV.get()]
+    like = jax.ShapeDtypeStruct((b, t, self.heads, width // self.heads), x.dtype)
+    split = {'auto': ctx.split_qkv(like), 'fused': (), 'split': tuple(PLATFORMS)}[QKV.get()]
     args = (x.astype(dtype), kernel.astype(dtype), None if bias is None else bias.astype(dtype))
     if not return_weights:
       return self.proj(_attention(*args, self.heads, ctx, split).reshape(b, t, width)), None

@@ -41,9 +41,11 @@ measured where (docs/benchmarks.md):
                select (roll); 'blocks', x as [..., k, 2] pairs times [2, 2] blocks. On the H200
                blocks made the rope_mixed step 1.11x faster than swap (matmul), and roll lost to
                matmul (1.09x); on the TPU compiler roll won (docs/benchmarks.md).
-  split_qkv    where q and k rotate before attention (blocks above 8: LieRE64) a TPU takes them
-               from three products, not one (liere_jax.model's qkv): with XLA's attention the
-               v5e-8 cell moved 204.7 GB instead of 222.9 (not measured again with the kernels).
+  split_qkv    where the einsum rotates q and k before XLA's attention (blocks above 8 past the
+               kernels: LieRE64 on UCF101's 785 tokens) a TPU takes them from three products,
+               not one (liere_jax.model's qkv): the v5e-8 cell moved 204.7 GB instead of 222.9.
+               Before the rotation kernel one product, then split, moves less (2-layer v5e-8
+               proxy: 20.57 GB against 21.45).
 The same on every platform (their A/B forms are switches, liere_jax.switches): rotations apply
 blocks above 8 (outside a TPU's kernels, above 2) by one einsum (liere_jax.rotations). The Pallas
 exponential is opt-in elsewhere (model.pe.expm=pallas): on the H200 its LieRE64 step was 1.05x

@@ -254,7 +254,8 @@ def test_bfloat16_computes_in_bf16_with_float32_parameters_and_rotations():
 def test_q_k_and_v_as_three_products_equal_one_product(pe):
   """model's qkv: three products (a TPU's where the einsum rotates q and k) give the model one
   product gives, to float32 rounding, and the encodings ask for them exactly there
-  (LayerContext.split_qkv, liere_jax.platforms): LieRE64 on a TPU, no other here."""
+  (LayerContext.split_qkv, liere_jax.platforms): LieRE64 on a TPU where its rotation cannot go
+  to the rotation kernel (785 tokens: XLA's attention), no other here."""
   cfg = tiny_model_config(pe=pe, width=128)  # 2 heads of 64 dims
   cfg.qkv_bias = True
   vit = ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0))
@@ -265,7 +266,9 @@ def test_q_k_and_v_as_three_products_equal_one_product(pe):
     three = vit(x)
   np.testing.assert_allclose(three, one, rtol=1e-5, atol=1e-5 * float(np.abs(one).max()))
   ctx = vit.pe.layer(vit.pe_context(vit.grid(x.shape)), 0)
-  assert ctx.split_qkv() == ({'tpu'} if pe == 'liere64' else set()), ctx.split_qkv()
+  like = lambda t: jax.ShapeDtypeStruct((2, t, 2, 64), jnp.float32)
+  assert ctx.split_qkv(like(17)) == set(), ctx.split_qkv(like(17))  # the TPU's kernels
+  assert ctx.split_qkv(like(785)) == ({'tpu'} if pe == 'liere64' else set())
 
 
 def test_qkv_split_on_a_platform_is_three_products_there_and_one_elsewhere():
