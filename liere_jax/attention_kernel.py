@@ -13,8 +13,8 @@ q, k, v are read in place, as the qkv projection writes them: [B, T, 3 H d] (`at
 or three [B, T, H d] (`attention`); a grid step reads lanes [128 j, 128 (j + 1)) of each. Each
 head's products run on all 128 lanes, the other heads' lanes masked to zero (d = 64: the MXU
 does twice the logits' useful work, which a 128-deep MXU would spend on 64-deep products
-anyway; the CostEstimate counts it). The backward writes the gradient of q, k and v as one array
-like theirs, in three grid steps from one computation.
+anyway; the CostEstimate counts it). The backward writes the gradient of q, k and v like them:
+one array in three grid steps from one computation, or three arrays in one step.
 
 The rotation is a band of 2b - 1 diagonals along the head dims (blocks of b <= 8; RoPE's pairs
 are b = 2): q'[i] = sum_s D_s[i] q[i + s] (`band`), applied by lane shifts (`pltpu.roll`) to q
@@ -270,20 +270,19 @@ def _forward_kernel(d, half, rows, scale, q_ref, k_ref, v_ref, *refs):
 def _backward_kernel(d, half, rows, scale, q_ref, k_ref, v_ref, *refs, fused):
   """One array: grid step 0 computes, writes dq and keeps dk and dv (`stash`) for steps 1, 2;
   three arrays: one step writes all three."""
-  if half is None:
-    d_ref, (o_ref, g_ref, *refs) = None, refs
-  else:
-    d_ref, o_ref, g_ref, *refs = refs
-  outs, refs = (refs[:1], refs[1:]) if fused else (refs[:3], refs[3:])
-  dd_ref = refs.pop(0) if half is not None else None
-  stash = refs[0] if fused else None
-  write = functools.partial(_write_fused, outs[0], stash) if fused else functools.partial(
-      _write, outs)
+  rotated = half is not None
+  d_ref = refs[0] if rotated else None
+  o_ref, g_ref, *refs = refs[rotated:]
+  outs, refs = refs[:1 if fused else 3], refs[1 if fused else 3:]
+  dd_ref = refs.pop(0) if rotated else None
+  write = (functools.partial(_write_fused, outs[0], refs[0]) if fused else
+           functools.partial(_write, outs))
+
   def compute():
     jax.lax.fori_loop(0, rows, functools.partial(_backward_row, d, half, scale, q_ref, k_ref,
                                                  v_ref, d_ref, o_ref, g_ref, dd_ref, write), 0)
   first = pl.program_id(1) == 0  # (read here: interpret mode has no program_id under a when)
-  if half is not None:
+  if rotated:
     @pl.when(first & (pl.program_id(2) == 0 if fused else True))
     def _():
       dd_ref[...] = jnp.zeros_like(dd_ref)
@@ -294,7 +293,7 @@ def _backward_kernel(d, half, rows, scale, q_ref, k_ref, v_ref, *refs, fused):
 
   @pl.when(part > 0)
   def _():
-    outs[0][...] = stash[part - 1]
+    outs[0][...] = refs[0][part - 1]
 
   pl.when(part == 0)(compute)
 
