@@ -7,7 +7,8 @@ memory on a GPU),
   1. a, a^2, a^3 and the spectral-radius bound rho(a) <= ||a^3||_1^(1/3) (as expm._squarings,
      in logarithms: the vector units have no scalar pow);
   2. the matrix's OWN number of squarings s (no cap: a loop of dynamic trip count, so a small
-     matrix pays for no large one and a large one stays exact);
+     matrix is not squared for a large one (on a TPU: within its tile, a select) and a large one
+     stays exact);
   3. the degree-12 Bader-Blanes-Casas polynomial at a 2^-s (expm.TAYLOR12: its coefficients,
      theta and evaluation are imported, not copied), the s squarings and expm's Newton-Schulz
      step.
@@ -19,12 +20,14 @@ forward (`jax.jvp` inside the kernel), the pairs (x^2, x e + e x), ..., (y^2, y 
 on chip, 3 products a product, after the Newton-Schulz step's adjoint at R0. That is the XLA
 path's gradient (fast_loop: autodiff through Newton-Schulz, then its VJP runs the program forward
 on a^T, `expm._squared_taylor`), the whole matrix, not only its skew part
-(tests/test_expm_kernel.py).
+(tests/test_expm_kernel.py; to 3e-5 of it, its skew part to 1e-5).
 
 Per platform (`expm.per_platform`: `jax.lax.platform_dependent`, decided when lowered):
   cpu   Pallas interpret mode (for tests), the TPU's tiling.
   tpu   Mosaic: a grid over tiles of `tile_matrices(b)` matrices (about 128 KiB a tile), each
-        matrix of the tile in turn with its own s; products at HIGHEST (six bf16 passes).
+        product one batched product of the tile, each matrix with its own s (the tile's loop
+        runs to its largest, a matrix's square kept by select up to its own); products at
+        HIGHEST (six bf16 passes). A TPU's model.pe.expm='fast' (liere_jax.platforms).
   cuda  Triton: one matrix a program (b a power of 2, at most GPU_MAX_BLOCK), GPU_WARPS warps;
         products at the platform's preset (bf16 x6 for 'auto', float32 for 'highest').
 b < MIN_BLOCK (LieRE8's 8x8, RoPE's 2x2) or b > MAX_BLOCK: expm.fast_expm, as 'fast'. A block
@@ -154,7 +157,7 @@ def _pallas(kind, platform, d, *args):
   cost = pl.CostEstimate(flops=2 * b**3 * products * n * tile, transcendentals=0,
                          bytes_accessed=4 * b * -(-b // 128) * 128 * n * tile * (len(args) + n_out))
   res = pl.pallas_call(
-      functools.partial(_tiled, body, len(args), tile), out_shape=(out,) * n_out, grid=(n,),
+      functools.partial(_apply, body, len(args)), out_shape=(out,) * n_out, grid=(n,),
       in_specs=[spec] * len(args), out_specs=(spec,) * n_out, name=name, cost_estimate=cost,
       **kw)(*args)
   res = tuple(x[:m] for x in res) if n * tile != m else tuple(res)
@@ -171,15 +174,9 @@ def _products(d):
 
 
 def _apply(body, n_in, *refs):
-  """One matrix: the input refs' blocks [b, b] in, body's results to the output refs."""
-  for ref, x in zip(refs[n_in:], body(*(r[...] for r in refs[:n_in]))):
-    ref[...] = x
-
-
-def _tiled(body, n_in, tile, *refs):
-  """A tile of matrices [tile, b, b] at once: each product one batched product of the tile (the
-  MXU streams its matrices one after another), each matrix with its own squarings."""
-  del tile
+  """The input refs' blocks in, body's results to the output refs: one matrix [b, b] (Triton) or
+  a tile [tile, b, b] at once (TPU: each product one batched product of the tile, which the MXU
+  streams; each matrix with its own squarings)."""
   for ref, x in zip(refs[n_in:], body(*(r[...] for r in refs[:n_in]))):
     ref[...] = x
 
