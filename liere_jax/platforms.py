@@ -17,7 +17,7 @@ measured where (docs/benchmarks.md):
                stack and its squarings a loop on the device; on the H200 its LieRE64 step was 1.03x
                fast_select's, so a GPU keeps fast_select). On a TPU, blocks of 16 to 256 take the
                Pallas kernel (`expm_kernel`; liere_jax.expm_kernel: each matrix read once, its
-               squarings its own): the 2-layer v5e-8 ImageNet LieRE64 proxy moved 22.96 GB a step
+               squarings its own): the 2-layer v5e-8 ImageNet LieRE64 proxy moved 23.02 GB a step
                instead of 25.32 (docs/benchmarks.md).
   pieces       fast_cond's chunks of one scale each and remat's chunks (fast_select,
                scipy_remat), in bytes of matrices; fast_loop chunks only on CPU.
@@ -31,7 +31,9 @@ measured where (docs/benchmarks.md):
                `attention`): the logits never leave the chip, q, k and v are read in place from
                the qkv product, and rotations of blocks up to 8 (every RoPE, LieRE8) are applied
                inside it, to q and k as they are read; blocks of 16 to 128 dividing 128 (LieRE64)
-               by the rotation kernel before it (liere_jax.rotation_kernel: the batch as M). ImageNet ViT-B/16 on v5e-8 at 128 a chip,
+               by the rotation kernel before it (liere_jax.rotation_kernel: the batch as M).
+               With both and the Pallas exponential the v5e-8 cell's LieRE64 moved 123.4 GB
+               (154.4 before), 1.80x abs. ImageNet ViT-B/16 on v5e-8 at 128 a chip,
                GB a step, XLA's attention -> the kernel: abs 113.1 -> 68.6, rope_mixed 146.8 ->
                69.1, LieRE8 155.3 -> 82.6 (docs/benchmarks.md). An encoding with a logit bias
                (ALiBi) keeps XLA's.
