@@ -327,8 +327,10 @@ def rotate(x: jax.Array, rot: jax.Array) -> jax.Array:
     rotate by bf16-rounded rotations).
 
   Each platform takes its form (`forms`: liere_jax.platforms, one `platform_dependent`; a TPU's
-  attention kernel applies blocks up to 8 itself, liere_jax.attention_kernel). Blocks of 2 (every RoPE) rotate on x's own [B, T, H, d] layout (`_rotate_pairs`; CPU and TPU)
-  or as [..., k, 2] pairs times [2, 2] blocks (a GPU: 1.11x faster on the H200's rope_mixed
+  attention kernel applies blocks up to 8 itself, liere_jax.attention_kernel, and its rotation
+  kernel blocks of 16 to 128 before it, liere_jax.rotation_kernel). Blocks of 2 (every RoPE)
+  rotate on x's own [B, T, H, d] layout (`_rotate_pairs`; CPU and TPU) or as [..., k, 2] pairs
+  times [2, 2] blocks (a GPU: 1.11x faster on the H200's rope_mixed
   step), other blocks by one einsum with the rotations on the left. 'direct' (APPLY) applies
   blocks up to 8 elementwise: it made the LieRE8 train step 1.2x slower on the CPU and 1.35x
   slower on an H200 (docs/benchmarks.md).
