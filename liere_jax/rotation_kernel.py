@@ -26,8 +26,9 @@ ROW_BYTES = 2**18  # x's bytes a grid step, about: the batch is split above this
 
 def supported(block: int, head_dim: int, heads: int) -> bool:
   """Whether the kernel takes blocks of b on heads of d: b divides 128 (no block crosses a
-  tile) and H d is whole tiles."""
-  return MIN_BLOCK <= block <= LANES and LANES % block == 0 and (heads * head_dim) % LANES == 0
+  tile), d divides 128 or 128 divides d (no head crosses one), and H d is whole tiles."""
+  return (MIN_BLOCK <= block <= LANES and LANES % block == 0 and (heads * head_dim) % LANES == 0
+          and (LANES % head_dim == 0 or head_dim % LANES == 0))
 
 
 @jax.named_scope('pe_rotate')  # The rotation's part of a step (bench.compile.SCOPES).

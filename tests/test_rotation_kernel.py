@@ -84,10 +84,11 @@ def test_the_tiles_hold_each_block_transposed_on_the_diagonal():
 
 @pytest.mark.parametrize('block, d, heads, takes', [
     (64, 64, 12, True), (16, 64, 2, True), (128, 256, 1, True), (8, 64, 2, False),
-    (48, 48, 8, False), (256, 256, 2, False), (64, 64, 1, False)])
+    (48, 48, 8, False), (256, 256, 2, False), (64, 64, 1, False), (32, 96, 4, False),
+    (64, 192, 2, False)])
 def test_the_kernel_takes_blocks_that_divide_a_tile(block, d, heads, takes):
-  """Blocks of 16 to 128 dividing 128 lanes on whole tiles of H d; others attend (the einsum),
-  blocks up to 8 go to the attention kernel's band."""
+  """Blocks of 16 to 128 dividing 128 lanes, on heads that divide a tile or are whole tiles, H d
+  whole tiles; others attend (the einsum), blocks up to 8 go to the attention kernel's band."""
   assert rotation_kernel.supported(block, d, heads) is takes
   rot = jnp.zeros((heads, 3, d // block, block, block))
   q = jax.ShapeDtypeStruct((2, 3, heads, d), jnp.float32)
