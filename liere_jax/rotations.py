@@ -227,10 +227,10 @@ def _lattice_rotations(generators, plan: LatticePlan, block: int, exp, precision
 
 @jax.named_scope('liere_lattice')  # Reading the table: the lattice path's traffic.
 def take_static(x: jax.Array, idx: np.ndarray) -> jax.Array:
-  """x[:, idx] for static numpy indices, whose backward is gathers (not XLA's scatter-add, a
-  serial loop on CPU): one of every slot's first reader, masked where none reads it (no padded
-  copy of the cotangent); further readers (a slot read twice: the identity by CLS and the
-  origin) by a gather of those alone, added at their slots, where they are few."""
+  """x[:, idx] for static numpy indices, whose backward is gathers, not one scatter-add over
+  every index (a serial loop on CPU): one of every slot's first reader, masked where none reads
+  it (no padded copy of the cotangent); further readers (a slot read twice: the identity by CLS
+  and the origin) by a gather of those alone, added at their few slots."""
   idx = np.asarray(idx, np.int64)
   n = x.shape[1]
   # inv[c, s]: the c-th index position reading slot s, or -1 if none.
