@@ -35,7 +35,7 @@ def main():
         f'jax {jax.__version__}')
   print(f"{'method':<12} {'pass':<8} {'GFLOP':>8} {'GB accessed':>12} {'temp MiB':>9} "
         f"{'code KiB':>9} {'compile s':>9}")
-  for method in args.method or ['pallas', 'fast', 'fast_select']:
+  for method in args.method or ['pallas', 'fast_loop', 'fast_select']:
     fwd = lambda a, method=method: rotations.exponential(a, method)
     both = jax.grad(lambda a, g, method=method: jnp.sum(rotations.exponential(a, method) * g))
     for name, fn, ins in (('fwd', fwd, (x,)), ('fwd+bwd', both, (x, x))):
