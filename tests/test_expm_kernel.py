@@ -129,7 +129,9 @@ def _loss(x):
 
 def test_compiles_for_a_tpu_v5e_deviceless():
   """The TPU compiler (libtpu, no TPU here) compiles the forward and the gradient: one Mosaic
-  custom call each way, no XLA while loop left (the squarings run inside the kernel)."""
+  custom call each way, no XLA while loop left (the squarings run inside the kernel), and the
+  compiler counts the kernels' products (their CostEstimate, at COUNTED_SQUARINGS): at least
+  (6 + s) products a matrix forward, 2 b^3 FLOPs each, over its tiles (padded)."""
   pytest.importorskip('libtpu', reason='requirements-tpu.txt')
   from jax.sharding import SingleDeviceSharding
   from liere_jax.bench import compile as tpu
@@ -137,7 +139,11 @@ def test_compiles_for_a_tpu_v5e_deviceless():
   x = jax.ShapeDtypeStruct((20, B, B), jnp.float32, sharding=SingleDeviceSharding(dev))
   for fn, kernels in ((lambda y: rotations.exponential(y, 'pallas'), ['liere_expm_forward']),
                       (jax.grad(_loss), ['liere_expm_forward_res', 'liere_expm_backward'])):
-    hlo = jax.jit(fn).trace(x).lower().compile().as_text()
+    compiled = jax.jit(fn).trace(x).lower().compile()
+    hlo = compiled.as_text()
+    n = -(-20 // expm_kernel.tile_matrices(B)) * expm_kernel.tile_matrices(B)
+    assert compiled.cost_analysis().get('flops', 0) >= (
+        2 * B**3 * (6 + expm_kernel.COUNTED_SQUARINGS) * n), compiled.cost_analysis()
     calls = [line for line in hlo.splitlines() if 'tpu_custom_call' in line]
     assert [k for k in kernels if any(f'%{k}' in c for c in calls)] == kernels, calls
     assert len(calls) == len(kernels) and ' while(' not in hlo
