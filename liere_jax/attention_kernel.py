@@ -10,7 +10,8 @@ and keeps nothing but q, k, v and the output (which the projection after it keep
 a ViT's token counts (`supported`: up to 512) a whole row of logits fits: no online softmax.
 
 q, k, v are read in place, as the qkv projection writes them: [B, T, 3 H d] (`attention_qkv`)
-or three [B, T, H d] (`attention`); a grid step reads lanes [128 j, 128 (j + 1)) of each. Each
+or three [B, T, H d] (`attention`), or q and k rotated by liere_jax.rotation_kernel and v from
+the projection's array; a grid step reads lanes [128 j, 128 (j + 1)) of each. Each
 head's products run on all 128 lanes, the other heads' lanes masked to zero (d = 64: the MXU
 does twice the logits' useful work, which a 128-deep MXU would spend on 64-deep products
 anyway; the CostEstimate counts it). The backward writes the gradient of q, k and v like them:
@@ -81,13 +82,11 @@ def pair_band(angles: jax.Array, heads: int, head_dim: int, dtype) -> jax.Array:
   return jnp.stack([pad(jnp.where(even, 0, s), 0), pad(c, 1), pad(jnp.where(even, -s, 0), 0)])
 
 
-def attention(q, k, v, diag=None, interpret: bool = False, head_dim=None):
+def attention(q, k, v, diag=None, interpret: bool = False):
   """softmax(q' k'^T / sqrt(d)) v per head, q' and k' q and k rotated by the band `diag`
-  [2b - 1, T, H d] (`band`; None: not rotated). q, k, v [B, T, H, d] -> [B, T, H, d], or
-  [B, T, H d] (heads of `head_dim`) -> [B, T, H d], in q's dtype; logits and softmax in float32,
-  products of q's dtype. Differentiable in q, k, v and diag."""
-  if head_dim is not None:
-    return _attention(interpret, head_dim, (q, k, v), diag)
+  [2b - 1, T, H d] (`band`; None: not rotated). q, k, v [B, T, H, d] -> [B, T, H, d] in q's
+  dtype; logits and softmax in float32, products of q's dtype. Differentiable in q, k, v and
+  diag."""
   b, t, h, d = q.shape
   flat = lambda a: a.reshape(b, t, h * d)
   return _attention(interpret, d, (flat(q), flat(k), flat(v)), diag).reshape(b, t, h, d)
@@ -100,9 +99,20 @@ def attention_qkv(qkv, diag=None, interpret: bool = False):
   return _attention(interpret, d, (qkv.reshape(b, t, 3 * h * d),), diag).reshape(b, t, h, d)
 
 
+def forward(xs, diag, head_dim: int, interpret: bool = False):
+  """The forward pass alone (for a composition's own VJP: liere_jax.rotation_kernel): xs as
+  `_call` reads them -> out [B, T, H d]."""
+  return _pass(_forward_kernel, interpret, head_dim)(xs, diag)
+
+
+def backward(xs, diag, out, g, head_dim: int, interpret: bool = False):
+  """The backward pass alone: (the gradient of q, k, v as `_call` writes it, the band's)."""
+  return _pass(_backward_kernel, interpret, head_dim)(xs, diag, out, g)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _attention(interpret, d, xs, diag):
-  return _pass(_forward_kernel, interpret, d)(xs, diag)
+  return forward(xs, diag, d, interpret)
 
 
 def _attention_fwd(interpret, d, xs, diag):
@@ -112,7 +122,7 @@ def _attention_fwd(interpret, d, xs, diag):
 
 def _attention_bwd(interpret, d, res, g):
   xs, diag, out = res
-  grads = _pass(_backward_kernel, interpret, d)(xs, diag, out, g)
+  grads = backward(xs, diag, out, g, d, interpret)
   dxs = (grads[0],) if len(xs) == 1 else tuple(grads[0])
   return dxs, None if diag is None else grads[1].astype(diag.dtype)
 
@@ -127,27 +137,37 @@ def _pass(kernel, interpret, d):
   return jax.jit(functools.partial(_call, kernel, interpret, d))
 
 
+def _sources(n, blocks):
+  """Where q, k and v lie in the n arrays xs: (array, first lane tile) each."""
+  return {1: ((0, 0), (0, blocks), (0, 2 * blocks)),  # one [B, T, 3 W]
+          2: ((0, 0), (0, blocks), (1, 2 * blocks)),  # q', k' [B, T, 2 W]; v in [B, T, 3 W]
+          3: ((0, 0), (1, 0), (2, 0))}[n]  # three [B, T, W]
+
+
 def _call(kernel, interpret, d, xs, diag, out=None, g=None):
-  """The forward (-> out [B, T, H d]) or the backward (out, g -> dq|dk|dv like xs: one array
-  [B, T, 3 H d] or [3, B, T, H d]; ddiag float32) pass. xs: q, k, v [B, T, H d] each, or
-  one array [B, T, 3 H d] that a grid step reads at three lane offsets."""
-  fused = len(xs) == 1
-  batch, t, width = xs[0].shape
-  width //= 3 if fused else 1
+  """The forward (-> out [B, T, H d]) or the backward (out, g -> dq|dk|dv: one array
+  [B, T, 3 H d] from one or two arrays xs, three [B, T, H d] from three; ddiag float32) pass.
+  xs: q, k, v [B, T, H d] each; one array [B, T, 3 H d] that a grid step reads at three lane
+  offsets; or rotated q and k [B, T, 2 H d] and v in place in the projection's [B, T, 3 H d]
+  (liere_jax.rotation_kernel)."""
+  one_grad = len(xs) < 3
+  batch, t, _ = xs[0].shape
+  width = xs[-1].shape[-1] // (3 if one_grad else 1)
   blocks, dtype = width // LANES, xs[0].dtype
   rows = int(np.clip(ROW_BYTES // (t * LANES * dtype.itemsize), 1, batch))
   while batch % rows:
     rows -= 1
   backward = g is not None
-  # Lane blocks outer (a block's band stays in VMEM), batch tiles; the backward of one array
+  # Lane blocks outer (a block's band stays in VMEM), batch tiles; the backward into one array
   # writes q's, k's and v's gradient in three steps (a third axis), from one computation.
-  grid = (blocks, batch // rows) + ((3,) if backward and fused else ())
+  grid = (blocks, batch // rows) + ((3,) if backward and one_grad else ())
   spec = lambda offset: pl.BlockSpec((rows, t, LANES), lambda j, i, *_: (i, 0, offset + j))
   rotated = diag is not None
   n = diag.shape[0] if rotated else 1
   d_spec = pl.BlockSpec((n, t, LANES), lambda j, *_: (0, 0, j))
-  ins = list(xs * 3 if fused else xs) + ([diag] if rotated else [])
-  in_specs = [spec(o * blocks if fused else 0) for o in range(3)] + [d_spec] * rotated
+  sources = _sources(len(xs), blocks)
+  ins = [xs[a] for a, _ in sources] + ([diag] if rotated else [])
+  in_specs = [spec(o) for _, o in sources] + [d_spec] * rotated
   outs, out_specs, scratch = [], [], []
   if not backward:
     outs.append(jax.ShapeDtypeStruct((batch, t, width), dtype))
@@ -155,7 +175,7 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
   else:
     ins += [out, g]
     in_specs += [spec(0)] * 2
-    if fused:
+    if one_grad:
       outs.append(jax.ShapeDtypeStruct((batch, t, 3 * width), dtype))
       out_specs.append(pl.BlockSpec((rows, t, LANES), lambda j, i, p: (i, 0, p * blocks + j)))
       scratch = [_vmem((2, rows, t, LANES), dtype)]  # dk and dv, until their steps
@@ -168,12 +188,13 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
   heads = batch * width // d
   matmuls = 5 if backward else 2  # Logits, P v; backward: the logits again, dv, dp, dq, dk.
   flops = matmuls * 2 * heads * t * t * LANES  # Each head's on 128 lanes (the mask).
-  moved = sum(a.size * a.dtype.itemsize for a in (xs + tuple(ins[3:]) + tuple(outs)))
+  moved = (3 * batch * t * width * dtype.itemsize
+           + sum(a.size * a.dtype.itemsize for a in (tuple(ins[3:]) + tuple(outs))))
   kw = ({'interpret': True} if interpret else
         {'compiler_params': _tpu_params(len(grid), backward and rotated)})
   res = pl.pallas_call(
       functools.partial(kernel, d, n // 2 if rotated else None, rows, 1 / math.sqrt(d),
-                        **({'fused': fused} if backward else {})),
+                        **({'fused': one_grad} if backward else {})),
       out_shape=outs, grid=grid, in_specs=in_specs, out_specs=out_specs,
       scratch_shapes=scratch, name='attention_' + ('backward' if backward else 'forward'),
       cost_estimate=pl.CostEstimate(flops=flops, transcendentals=heads * t * t,
@@ -181,7 +202,7 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
       **kw)(*ins)
   if not backward:
     return res[0]
-  return (res[0] if fused else tuple(res[:3]),) + tuple(res[1 if fused else 3:])
+  return (res[0] if one_grad else tuple(res[:3]),) + tuple(res[1 if one_grad else 3:])
 
 
 def _vmem(shape, dtype):

@@ -118,7 +118,8 @@ class Attention(nnx.Module):
 
 QKV = switches.Switch('qkv', ('auto', 'fused', 'split'), "the qkv projection: 'auto' (three "
                       "products where the encoding asks, LayerContext.split_qkv), 'fused' (one "
-                      "product) or 'split' (three) on every platform (A/B).")
+                      "product) or 'split' (three) on every platform (A/B; a TPU's rotation kernel "
+                      "reads one product always).")
 
 
 def _qkv(x, kernel, bias, heads, split=()):
@@ -138,23 +139,19 @@ def _per_platform(forms, *args):
                                     default=forms['cuda'])
 
 
-def _project(x, kernel, bias, heads, three, stacked=False, flat=False):
-  """The qkv projection: q, k, v [B, T, H, d] (`flat`: [B, T, H d], as the product lays them
-  out), from one product or from three (each its own array); `stacked`: the one product's
-  [B, T, 3, H, d]."""
+def _project(x, kernel, bias, heads, three, stacked=False):
+  """The qkv projection: q, k, v [B, T, H, d], from one product or from three (each its own
+  array); `stacked`: the one product's [B, T, 3, H, d]."""
   b, t, width = x.shape
-  shape = (b, t, width) if flat else (b, t, heads, width // heads)
   if not three:
     qkv = jnp.dot(x, kernel) if bias is None else jnp.dot(x, kernel) + bias
-    if flat:
-      return tuple(jnp.split(qkv, 3, axis=-1))
     qkv = qkv.reshape(b, t, 3, heads, -1)
     return qkv if stacked else tuple(jnp.moveaxis(qkv, 2, 0))
   w = kernel.reshape(width, 3, -1)
   out = [jnp.dot(x, w[:, i]) for i in range(3)]
   if bias is not None:
     out = [y + c for y, c in zip(out, bias.reshape(3, -1))]
-  return tuple(y.reshape(shape) for y in out)
+  return tuple(y.reshape(b, t, heads, -1) for y in out)
 
 
 ATTENTION = switches.Switch('attention', ('auto', 'xla', 'kernel'), "'auto': "
@@ -190,10 +187,9 @@ def _attention_form(ctx, heads, three, kernel, interpret):
     like = jax.ShapeDtypeStruct((b, t, heads, width // heads), x.dtype)
     band = ctx.band(like)
     tiles = ctx.tiles(like) if band is None else None
-    if tiles is not None:  # Rotated by the rotation kernel, q, k, v as the products lay them out.
-      out = _kernel_attention(_project(x, w, bias, heads, three, flat=True), None, interpret,
-                              tiles, like.shape[-1])
-      return out.reshape(like.shape)
+    if tiles is not None:  # Rotated by the rotation kernel, which reads the one product.
+      return _kernel_attention((_project(x, w, bias, heads, False, stacked=True),), None,
+                               interpret, tiles)
     if band is None and ctx.rotates:  # Rotated before the kernel.
       q, k, v = _project(x, w, bias, heads, three)
       q, k, _ = ctx.attend(q, k)
@@ -220,31 +216,31 @@ def _kernel_platforms(shape, ctx):
                if (mode == 'auto' and row.attention == 'kernel') or (mode == 'kernel' and p != 'cuda'))
 
 
-def _kernel_attention(xs, band, interpret, tiles=None, head_dim=None):
-  """attention_kernel's attention of xs: (q, k, v) [B, T, H, d] or ([B, T, 3, H, d],), or with
-  `head_dim` (q, k, v) [B, T, H d] -> [B, T, H d], q and k first rotated by rotation_kernel's
-  `tiles` where given; on a mesh each device attends its part of the batch (and of the heads,
-  over 'model'): a Mosaic kernel is not partitioned by XLA."""
-  fn = functools.partial(_kernel_call, interpret=interpret, head_dim=head_dim)
+def _kernel_attention(xs, band, interpret, tiles=None):
+  """attention_kernel's attention of xs: (q, k, v) [B, T, H, d] or ([B, T, 3, H, d],), the
+  latter's q and k first rotated by rotation_kernel's `tiles` where given; on a mesh each device
+  attends its part of the batch (and of the heads, over 'model'): a Mosaic kernel is not
+  partitioned by XLA."""
+  fn = functools.partial(_kernel_call, interpret=interpret)
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
     return fn(xs, band, tiles)
   model, data = _model_axis(), 'data' if 'data' in mesh.axis_names else None
-  spec = {3: P(data, None, model), 4: P(data, None, model, None),
-          5: P(data, None, None, model, None)}
+  spec = {4: P(data, None, model, None), 5: P(data, None, None, model, None)}
   return jax.shard_map(fn, in_specs=(tuple(spec[a.ndim] for a in xs), P(None, None, model),
                                      P(None, model)),
-                       out_specs=spec[xs[0].ndim - (xs[0].ndim == 5)],
-                       check_vma=False)(xs, band, tiles)
+                       out_specs=spec[4], check_vma=False)(xs, band, tiles)
 
 
-def _kernel_call(xs, band, tiles, interpret, head_dim):
+def _kernel_call(xs, band, tiles, interpret):
+  if tiles is not None:
+    (qkv,) = xs
+    b, t, _, h, d = qkv.shape
+    out = rotation_kernel.attention(qkv.reshape(b, t, 3 * h * d), tiles, d, interpret=interpret)
+    return out.reshape(b, t, h, d)
   if len(xs) == 1:
     return attention_kernel.attention_qkv(xs[0], band, interpret=interpret)
-  q, k, v = xs
-  if tiles is not None:
-    q, k = rotation_kernel.rotate(q, k, tiles, interpret=interpret)
-  return attention_kernel.attention(q, k, v, band, interpret=interpret, head_dim=head_dim)
+  return attention_kernel.attention(*xs, band, interpret=interpret)
 
 
 def _fused_attention(q, k, v, bias):

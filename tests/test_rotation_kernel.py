@@ -25,35 +25,37 @@ def _rotations(rng, heads, t, k, b):
 @pytest.mark.parametrize('batch, t, heads, d, block, k, shared, devices', [
     (2, 13, 4, 64, 64, 1, False, 1),  # LieRE64: two heads a tile; 13 tokens (8 a grid step)
     (3, 9, 2, 64, 16, 3, False, 1),  # pass-through dims (48 of 64 rotate)
-    (2, 11, 2, 256, 32, 8, True, 1),  # heads wider than a tile; rotations shared by heads
+    (2, 11, 8, 32, 16, 2, True, 1),  # four heads a tile; rotations shared by heads
     (4, 5, 8, 16, 16, 1, False, 2),  # eight heads a tile; the batch over two devices
 ])
-def test_the_kernel_equals_the_einsum_rotation_forward_and_backward(batch, t, heads, d, block, k,
-                                                                    shared, devices):
-  """q' = R q and k' = R k, and the gradients in q, k and the rotations, by the kernel on q and k
-  as [B, T, H d] and the tiles, against rotations.rotate (the einsum), to float32 rounding."""
+def test_the_kernels_equal_the_einsum_rotation_then_attention(batch, t, heads, d, block, k,
+                                                              shared, devices):
+  """Attention of q' = R q, k' = R k and v, read from one [B, T, 3 H d] array by the rotation and
+  attention kernels, and its gradients in qkv and the rotations, against rotations.rotate (the
+  einsum) then jax.nn.dot_product_attention, to float32 rounding. The backward's gradient of v
+  stays where the attention kernel wrote it (the rotation's backward writes in place)."""
   rng = np.random.default_rng(d + block)
-  q, kk, gq, gk = (jnp.asarray(rng.standard_normal((batch, t, heads, d)), jnp.float32)
-                   for _ in range(4))
+  qkv = jnp.asarray(rng.standard_normal((batch, t, 3, heads, d)), jnp.float32)
+  g = jnp.asarray(rng.standard_normal((batch, t, heads, d)), jnp.float32)
   rot = _rotations(rng, 1 if shared else heads, t, k, block)
   mesh = jax.make_mesh((devices,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
                        devices=jax.devices()[:devices])
 
-  def einsum(q, kk, rot):
-    return rotations.rotate(q, rot), rotations.rotate(kk, rot)
+  def einsum(qkv, rot):
+    q, kk, v = (qkv[:, :, i] for i in range(3))
+    return jax.nn.dot_product_attention(rotations.rotate(q, rot), rotations.rotate(kk, rot), v)
 
-  def kernel(q, kk, rot):
-    flat = lambda a: a.reshape(batch, t, heads * d)
-    tiles = Rotate(rot=rot).tiles(q)
-    run = lambda q, kk, tiles: rotation_kernel.rotate(q, kk, tiles, interpret=True)
-    out = jax.shard_map(run, in_specs=(P('data'), P('data'), P()), out_specs=P('data'),
-                        check_vma=False)(flat(q), flat(kk), tiles)
-    return tuple(a.reshape(q.shape) for a in out)
+  def kernel(qkv, rot):
+    tiles = Rotate(rot=rot).tiles(qkv[:, :, 0])
+    run = lambda qkv, tiles: rotation_kernel.attention(qkv, tiles, d, interpret=True)
+    out = jax.shard_map(run, in_specs=(P('data'), P()), out_specs=P('data'),
+                        check_vma=False)(qkv.reshape(batch, t, -1), tiles)
+    return out.reshape(g.shape)
 
   def grads(fn):
-    loss = lambda *a: (jnp.sum(fn(*a)[0] * gq) + jnp.sum(fn(*a)[1] * gk), fn(*a))
+    loss = lambda *a: (jnp.sum(fn(*a) * g), fn(*a))
     with jax.set_mesh(mesh):
-      (_, out), grad = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, kk, rot)
+      (_, out), grad = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(qkv, rot)
     return out, grad  # (the loss sums terms of both signs: its rounding is not relative)
   _close(grads(kernel), grads(einsum))
 
@@ -83,12 +85,13 @@ def test_the_tiles_hold_each_block_transposed_on_the_diagonal():
 
 
 @pytest.mark.parametrize('block, d, heads, takes', [
-    (64, 64, 12, True), (16, 64, 2, True), (128, 256, 1, True), (8, 64, 2, False),
-    (48, 48, 8, False), (256, 256, 2, False), (64, 64, 1, False), (32, 96, 4, False),
-    (64, 192, 2, False)])
+    (64, 64, 12, True), (16, 64, 2, True), (16, 32, 4, True), (128, 256, 1, False),
+    (8, 64, 2, False), (48, 48, 8, False), (256, 256, 2, False), (64, 64, 1, False),
+    (32, 96, 4, False), (64, 192, 2, False)])
 def test_the_kernel_takes_blocks_that_divide_a_tile(block, d, heads, takes):
-  """Blocks of 16 to 128 dividing 128 lanes, on heads that divide a tile or are whole tiles, H d
-  whole tiles; others attend (the einsum), blocks up to 8 go to the attention kernel's band."""
+  """Blocks of 16 to 128 dividing 128 lanes, on heads that divide a tile (the attention kernel's),
+  H d whole tiles; others attend (the einsum), blocks up to 8 go to the attention kernel's
+  band."""
   assert rotation_kernel.supported(block, d, heads) is takes
   rot = jnp.zeros((heads, 3, d // block, block, block))
   q = jax.ShapeDtypeStruct((2, 3, heads, d), jnp.float32)
@@ -125,28 +128,26 @@ def test_the_model_rotates_liere64_by_the_kernel_before_the_attention_kernel(mod
 def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
   """The TPU compiler (libtpu, no TPU here) compiles LieRE64's rotation and attention and their
   gradients on a v5e-8 mesh, the batch split over 'data': four Mosaic calls (rotation and
-  attention, forward and backward) on q and k as the projection lays them out ([B, T, H d],
-  2 rows a chip), no per-token 64 x 64 product left to XLA."""
+  attention, forward and backward), the rotation's on the projection's one array
+  ([B, T, 3 H d], 2 rows a chip), no per-token 64 x 64 product left to XLA."""
   pytest.importorskip('libtpu', reason='requirements-tpu.txt')
   from jax.sharding import NamedSharding
   from liere_jax.bench import compile as tpu
   mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
                        devices=tpu.slice_devices(tpu.parse_slice('v5litepod-8')))
-  x = jax.ShapeDtypeStruct((16, 197, 12, 64), jnp.bfloat16,
+  x = jax.ShapeDtypeStruct((16, 197, 3, 12, 64), jnp.bfloat16,
                            sharding=NamedSharding(mesh, P('data')))
   rot = jax.ShapeDtypeStruct((12, 197, 1, 64, 64), jnp.float32,
                              sharding=NamedSharding(mesh, P()))
 
-  def loss(q, k, v, rot):
-    tiles = Rotate(rot=rot).tiles(q)
-    flat = lambda a: a.reshape(16, 197, 768)
-    out = model_lib._kernel_attention((flat(q), flat(k), flat(v)), None, False, tiles, 64)
+  def loss(qkv, rot):
+    tiles = Rotate(rot=rot).tiles(qkv[:, :, 0])
+    out = model_lib._kernel_attention((qkv,), None, False, tiles)
     return jnp.sum(out.astype(jnp.float32))
   with jax.set_mesh(mesh):
-    hlo = jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3))).trace(x, x, x, rot).lower().compile(
-    ).as_text()
+    hlo = jax.jit(jax.value_and_grad(loss, (0, 1))).trace(x, rot).lower().compile().as_text()
   calls = [line for line in hlo.splitlines() if 'tpu_custom_call' in line]
   names = sorted(n for n in ('rotate_forward', 'rotate_backward', 'attention_forward',
                              'attention_backward') if any(f'%{n}' in c for c in calls))
   assert len(calls) == 4 and len(names) == 4, calls
-  assert all('bf16[2,197,768]' in c for c in calls if 'rotate_' in c)
+  assert all('bf16[2,197,2304]' in c for c in calls if 'rotate_' in c)
