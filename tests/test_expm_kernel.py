@@ -196,3 +196,23 @@ def test_fast_is_the_kernel_on_a_tpu_and_xla_elsewhere():
   assert 'tpu_custom_call' not in lower(fast, 'tpu', jax.ShapeDtypeStruct((4, 8, 8),
                                                                           jnp.float32))
   assert 'pallas' not in lower(fast, 'cpu') and 'xla.gpu.triton' not in lower(fast, 'cuda')
+
+
+@pytest.mark.parametrize('expm_method', ['fast', 'pallas'])
+def test_a_tpu_exponentiates_every_token_where_the_kernel_runs_them(expm_method):
+  """On a grid the lattice path exponentiates the primitive points only (9 of a 4 x 4 grid's 16)
+  and multiplies the rest from a table; where a TPU's exponential is the Pallas kernel, the
+  TPU's program exponentiates every token instead (it moves less: docs/benchmarks.md), the
+  same rotations (CPU: the general path against the lattice, to float32 rounding)."""
+  from liere_jax import positions
+  pos = positions.grid_positions((4, 4), (4, 4), 'normalized')
+  assert len(rotations.lattice_plan(pos).primitives) == 9
+  gens = jnp.asarray(np.random.default_rng(0).standard_normal((1, 2, 2, 1, 2016)) / 16,
+                     jnp.float32)
+  fn = lambda g, lattice=True: rotations.liere_rotations(g, pos, 64, expm_method,
+                                                         lattice=lattice)
+  text = jax.jit(fn).trace(gens).lower(lowering_platforms=('tpu',)).as_text()
+  calls = [line for line in text.splitlines() if 'tpu_custom_call' in line]
+  # L H T = 32 matrices (the lattice's 2 x 9 would be padded to 24: 8 a grid step)
+  assert len(calls) == 1 and '(tensor<32x64x64xf32>)' in calls[0], calls
+  np.testing.assert_allclose(fn(gens), fn(gens, lattice=False), atol=2e-5)
