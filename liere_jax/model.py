@@ -166,7 +166,7 @@ def _attention(x, kernel, bias, heads, ctx, split=()):
   where it takes them, the Pallas kernel (liere_jax.attention_kernel), which rotates q and k
   itself when the context gives a band (blocks up to 8) and reads them in place from the one
   product; after the rotation kernel (liere_jax.rotation_kernel) where the context gives its
-  tiles (LieRE64), after ctx.attend otherwise; elsewhere ctx.attend, then
+  rows (LieRE64), after ctx.attend otherwise; elsewhere ctx.attend, then
   jax.nn.dot_product_attention. `split`: the platforms whose q, k, v come from three products."""
   b, t, width = x.shape
   like = jax.ShapeDtypeStruct((b, t, heads, width // heads), x.dtype)
@@ -186,10 +186,10 @@ def _attention_form(ctx, heads, three, kernel, interpret):
     b, t, width = x.shape
     like = jax.ShapeDtypeStruct((b, t, heads, width // heads), x.dtype)
     band = ctx.band(like)
-    tiles = ctx.tiles(like) if band is None else None
-    if tiles is not None:  # Rotated by the rotation kernel, which reads the one product.
+    rows = ctx.kernel_rows(like) if band is None else None
+    if rows is not None:  # Rotated by the rotation kernel, which reads the one product.
       return _kernel_attention((_project(x, w, bias, heads, False, stacked=True),), None,
-                               interpret, tiles)
+                               interpret, rows)
     if band is None and ctx.rotates:  # Rotated before the kernel.
       q, k, v = _project(x, w, bias, heads, three)
       q, k, _ = ctx.attend(q, k)
@@ -216,27 +216,27 @@ def _kernel_platforms(shape, ctx):
                if (mode == 'auto' and row.attention == 'kernel') or (mode == 'kernel' and p != 'cuda'))
 
 
-def _kernel_attention(xs, band, interpret, tiles=None):
+def _kernel_attention(xs, band, interpret, rot=None):
   """attention_kernel's attention of xs: (q, k, v) [B, T, H, d] or ([B, T, 3, H, d],), the
-  latter's q and k first rotated by rotation_kernel's `tiles` where given; on a mesh each device
-  attends its part of the batch (and of the heads, over 'model'): a Mosaic kernel is not
-  partitioned by XLA."""
+  latter's q and k first rotated by rotation_kernel's rows `rot` [H, T, d, b] where given; on a
+  mesh each device attends its part of the batch (and of the heads, over 'model'): a Mosaic
+  kernel is not partitioned by XLA."""
   fn = functools.partial(_kernel_call, interpret=interpret)
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return fn(xs, band, tiles)
+    return fn(xs, band, rot)
   model, data = _model_axis(), 'data' if 'data' in mesh.axis_names else None
   spec = {4: P(data, None, model, None), 5: P(data, None, None, model, None)}
   return jax.shard_map(fn, in_specs=(tuple(spec[a.ndim] for a in xs), P(None, None, model),
-                                     P(None, model)),
-                       out_specs=spec[4], check_vma=False)(xs, band, tiles)
+                                     P(model)),
+                       out_specs=spec[4], check_vma=False)(xs, band, rot)
 
 
-def _kernel_call(xs, band, tiles, interpret):
-  if tiles is not None:
+def _kernel_call(xs, band, rot, interpret):
+  if rot is not None:
     (qkv,) = xs
     b, t, _, h, d = qkv.shape
-    out = rotation_kernel.attention(qkv.reshape(b, t, 3 * h * d), tiles, d, interpret=interpret)
+    out = rotation_kernel.attention(qkv.reshape(b, t, 3 * h * d), rot, interpret=interpret)
     return out.reshape(b, t, h, d)
   if len(xs) == 1:
     return attention_kernel.attention_qkv(xs[0], band, interpret=interpret)

@@ -16,7 +16,7 @@ A LayerContext is a small pytree that acts inside attention:
   band(q) -> band or None                 the rotation as a TPU attention kernel's band, which
                                           the kernel applies to q and k itself (blocks up to 8;
                                           liere_jax.attention_kernel), or None: attend first.
-  tiles(q) -> tiles or None               larger blocks as the TPU rotation kernel's tiles
+  kernel_rows(q) -> rows or None          larger blocks as the TPU rotation kernel reads them
                                           (liere_jax.rotation_kernel: before the attention
                                           kernel), or None: attend.
   split_qkv(q) -> platforms               where q, k and v come from three products, not one
@@ -61,8 +61,8 @@ class LayerContext(struct.PyTreeNode):
     where the kernel applies it itself; None: `attend` transforms them first."""
     return None
 
-  def tiles(self, q):
-    """The rotation of q and k as the TPU rotation kernel's tiles (liere_jax.rotation_kernel),
+  def kernel_rows(self, q):
+    """The rotation of q and k as the TPU rotation kernel reads it (liere_jax.rotation_kernel),
     where it takes the blocks; None: `attend` transforms them."""
     return None
 
@@ -83,10 +83,12 @@ class Rotate(LayerContext):
       return None
     return attention_kernel.band(self._per_token(q), q.shape[-1])
 
-  def tiles(self, q):
-    if not rotation_kernel.supported(self.rot.shape[-1], q.shape[-1], q.shape[2]):
+  def kernel_rows(self, q):
+    _, _, heads, d = q.shape
+    k, b = self.rot.shape[-3], self.rot.shape[-1]
+    if k * b != d or not rotation_kernel.supported(b, d, heads):
       return None
-    return rotation_kernel.tiles(self._per_token(q), q.shape[-1])
+    return rotation_kernel.rows(jnp.broadcast_to(self.rot, (heads,) + self.rot.shape[1:]))
 
   def _per_token(self, q):
     """rot as rotate takes it, [T, H, k, b, b] in q's dtype (H broadcast where shared)."""
