@@ -43,13 +43,6 @@ measured where (docs/benchmarks.md):
                select (roll); 'blocks', x as [..., k, 2] pairs times [2, 2] blocks. On the H200
                blocks made the rope_mixed step 1.11x faster than swap (matmul), and roll lost to
                matmul (1.09x); on the TPU compiler roll won (docs/benchmarks.md).
-  lattice      rotations on a patch grid: the exponentials of the primitive points, then a table
-               of their powers (liere_jax.rotations' lattice path), or every token's
-               exponential. A TPU takes every token's: its exponential reads and writes each
-               matrix once (the Pallas kernel, b 16-256) or runs on the vector units (b <= 8),
-               while the table's products and reads pad [..., b, b] to 8 x 128 tiles. 2-layer
-               v5e-8 ImageNet proxy, GB a step, lattice -> every token: LieRE64 18.82 -> 17.91,
-               LieRE8 15.48 -> 14.24 (abs 12.65; blocks of 9-15 unmeasured).
   split_qkv    where the einsum rotates q and k before XLA's attention (blocks above 8 past the
                kernels: LieRE64 on UCF101's 785 tokens) a TPU takes them from three products,
                not one (liere_jax.model's qkv): the v5e-8 cell moved 204.7 GB instead of 222.9.
@@ -78,7 +71,6 @@ class Platform(NamedTuple):
   elementwise_blocks: int = 0  # products of blocks up to this size as multiply-adds, not dots
   split_qkv: bool = False  # q, k (and v) from three products, not one, where q, k rotate first
   expm_kernel: bool = False  # model.pe.expm='fast' is the Pallas kernel where it takes the blocks
-  lattice: bool = True  # rotations on a grid from a table of powers (liere_rotations)
 
 
 PLATFORMS: Dict[str, Platform] = {
@@ -86,7 +78,7 @@ PLATFORMS: Dict[str, Platform] = {
                     pairs='swap', pair_swap='matmul'),
     'tpu': Platform(expm_form='loop', chunk_bytes=16 * 2**20, products=dots.TPU,
                     attention='kernel', pairs='swap', pair_swap='roll', elementwise_blocks=8,
-                    split_qkv=True, expm_kernel=True, lattice=False),
+                    split_qkv=True, expm_kernel=True),
     'cuda': Platform(expm_form='select', chunk_bytes=16 * 2**20, products=dots.GPU,
                      attention='cudnn', pairs='blocks', pair_swap='matmul'),
 }

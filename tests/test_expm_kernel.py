@@ -199,15 +199,14 @@ def test_fast_is_the_kernel_on_a_tpu_and_xla_elsewhere():
 
 
 @pytest.mark.parametrize('expm_method', ['fast', 'pallas'])
-def test_a_tpu_exponentiates_every_token_on_a_grid(expm_method):
+def test_a_tpu_exponentiates_every_token_where_the_kernel_runs_them(expm_method):
   """On a grid the lattice path exponentiates the primitive points only (9 of a 4 x 4 grid's 16)
-  and multiplies the rest from a table; a TPU (platforms' lattice) exponentiates every token
-  instead (it moves less: docs/benchmarks.md), the same rotations (CPU: the general path against
-  the lattice, to float32 rounding)."""
+  and multiplies the rest from a table; where a TPU's exponential is the Pallas kernel, the
+  TPU's program exponentiates every token instead (it moves less: docs/benchmarks.md), the
+  same rotations (CPU: the general path against the lattice, to float32 rounding)."""
   from liere_jax import positions
   pos = positions.grid_positions((4, 4), (4, 4), 'normalized')
   assert len(rotations.lattice_plan(pos).primitives) == 9
-  assert not PLATFORMS['tpu'].lattice and PLATFORMS['cpu'].lattice and PLATFORMS['cuda'].lattice
   gens = jnp.asarray(np.random.default_rng(0).standard_normal((1, 2, 2, 1, 2016)) / 16,
                      jnp.float32)
   fn = lambda g, lattice=True: rotations.liere_rotations(g, pos, 64, expm_method,
