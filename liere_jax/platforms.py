@@ -18,7 +18,10 @@ measured where (docs/benchmarks.md):
                fast_select's, so a GPU keeps fast_select). On a TPU, blocks of 16 to 256 take the
                Pallas kernel (`expm_kernel`; liere_jax.expm_kernel: each matrix read once, its
                squarings its own): the 2-layer v5e-8 ImageNet LieRE64 proxy moved 23.02 GB a step
-               instead of 25.32 (docs/benchmarks.md).
+               instead of 25.32 (docs/benchmarks.md). Where it runs, every token's exponential
+               replaces the lattice table of powers (liere_jax.rotations.liere_rotations; proxy
+               18.82 -> 17.91 GB); LieRE8 keeps the table (its v5e-8 cell moved 78.8 GB without,
+               78.1 with, though its 2-layer proxy moved 14.24 without and 15.48 with).
   pieces       fast_cond's chunks of one scale each and remat's chunks (fast_select,
                scipy_remat), in bytes of matrices; fast_loop chunks only on CPU.
   products     the exponential's and the lattice table's products at expm_precision='auto'
