@@ -133,8 +133,10 @@ def _tpu_params():
 def _spread(b):
   """E [b, 128], E[r, j] = (j mod b == r), and the mask of a tile's diagonal b x b blocks."""
   iota = lambda shape, axis: jax.lax.broadcasted_iota(jnp.int32, shape, axis)
-  e = iota((b, LANES), 1) % b == iota((b, LANES), 0)
-  return e, iota((LANES, LANES), 0) // b == iota((LANES, LANES), 1) // b
+  shift = b.bit_length() - 1  # b divides 128: a power of 2 (no % or //: Mosaic lowers them
+  # through sign, which asks the device's TPU generation)
+  e = (iota((b, LANES), 1) & (b - 1)) == iota((b, LANES), 0)
+  return e, (iota((LANES, LANES), 0) >> shift) == (iota((LANES, LANES), 1) >> shift)
 
 
 def _tiles(b, r_ref, t_ref):

@@ -207,12 +207,11 @@ def _data_devices():
 
 
 def _lattice_rotations(generators, plan: LatticePlan, block: int, exp, precision):
-  """The lattice path of liere_rotations. On a mesh both stages split over 'data': each device
-  computes 1/n of the exponentials at the primitive points (matrix by matrix, as the general
-  path), then 1/n of the (layer, head) tables of powers."""
+  """The lattice path of liere_rotations. On a mesh each device of 'data' computes 1/n of the
+  (layer, head) tables: their primitive points' exponentials (1/n of those, matrix by matrix,
+  where there are fewer tables than devices), then the powers."""
   g = liere_generators(generators, plan.primitives, block)  # [L, H, P, k, b, b]
   l, h, n_prim, k = g.shape[:4]
-  rot = split_over_data(exp, g).reshape(l * h, n_prim, k, block, block)
   # Slot ranges of the parts of the table: I, the primitives, then one part per level.
   bounds = np.cumsum([0, 1, n_prim] + [len(lhs) for lhs, _ in plan.levels])
 
@@ -234,13 +233,21 @@ def _lattice_rotations(generators, plan: LatticePlan, block: int, exp, precision
     return jnp.concatenate(parts, axis=1)
 
   @jax.named_scope('liere_lattice')
-  def powers(rot):
-    return per_platform(lambda _: table, precision, rot)
+  def tables(rot):  # [G, P, k, b, b] -> [G, n_slots, k, b b]
+    out = per_platform(lambda _: table, precision, rot)
+    # Flat before it is gathered and read: a TPU lays [..., b, b] out in 8 x 128 tiles (16x an
+    # 8 x 8 block), [..., b b] in 2x.
+    return out.reshape(out.shape[:2] + (k, block * block))
 
-  out = take_static(split_over_data(powers, rot, item_dims=4), plan.token_slot)  # [G, T, ...]
+  g = g.reshape(l * h, n_prim, k, block, block)
+  if (l * h) % _data_devices() == 0:  # Each device its stacks' exponentials, then their tables.
+    out = split_over_data(lambda g: tables(exp(g)), g, item_dims=4)
+  else:  # Fewer stacks than devices (shared generators): the exponentials matrix by matrix.
+    out = split_over_data(tables, split_over_data(exp, g), item_dims=4)
+  out = take_static(out, plan.token_slot)  # [G, T, k, b b]
   if np.any(plan.transpose):
-    flip = jnp.asarray(plan.transpose)[None, :, None, None, None]
-    out = jnp.where(flip, jnp.swapaxes(out, -1, -2), out)
+    flip = jnp.asarray(plan.transpose)[None, :, None, None]
+    out = jnp.where(flip, out[..., np.arange(block**2).reshape(block, block).T.reshape(-1)], out)
   return out.reshape(l, h, len(plan.token_slot), k, block, block)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from liere_jax import dots, expm, platforms
+from liere_jax import dots, expm, expm_kernel, platforms
 from liere_jax.bench import lower, presets
 from tests import helpers
 
@@ -265,18 +265,21 @@ def test_each_platform_runs_the_form_its_row_of_the_table_names(monkeypatch):
 @pytest.mark.parametrize('pe', ['liere8', 'liere64'])
 def test_lowered_train_step_has_no_conditionals_on_accelerators(pe):
   """`bench lower`: the whole train step lowered for cuda and tpu holds no data-dependent
-  conditional and runs the exponential's products at the platform's presets, or as
-  multiply-adds where the platform takes them for the block (LieRE8 on a TPU) (the CPU's step,
-  with its per-chunk branches: test_the_cpu_compiles_the_earlier_train_step_op_for_op)."""
+  conditional and runs the exponential's products at the platform's presets, as multiply-adds
+  where the platform takes them for the block (LieRE8 on a TPU), or in the Pallas kernel with no
+  lattice table (LieRE64 on a TPU: no XLA products left) (the CPU's step, with its per-chunk
+  branches: test_the_cpu_compiles_the_earlier_train_step_op_for_op)."""
   cfg, _ = helpers.tiny_config_and_batch(8)
   cfg.model.pe.name = pe
   cfg.model.update(width=128, heads=2)
   rows = {r['platform']: r for r in lower.bench_lower(cfg, ['cuda', 'tpu'])}
   for platform in ('cuda', 'tpu'):
     assert rows[platform]['conditionals'] == 0, rows[platform]
-    elementwise = platforms.PLATFORMS[platform].elementwise_blocks >= int(pe[len('liere'):])
+    row, block = platforms.PLATFORMS[platform], int(pe[len('liere'):])
+    no_dots = row.elementwise_blocks >= block or (
+        row.expm_kernel and expm_kernel.supported(block, platform))
     assert rows[platform]['expm_dot_algorithms'] == (
-        [] if elementwise else AUTO_ALGORITHMS[platform]), platform
+        [] if no_dots else AUTO_ALGORITHMS[platform]), platform
 
 
 @pytest.mark.numerics
