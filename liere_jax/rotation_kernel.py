@@ -51,7 +51,7 @@ def attention(qkv, rot, interpret: bool = False):
   x's dtype) -> [B, T, W] in qkv's dtype. The rotation kernel writes q' and k' [B, T, 2 W]; the
   attention kernel (liere_jax.attention_kernel) reads them, and v in place. Differentiable in
   qkv and rot: the attention kernel's gradient [B, T, 3 W], whose q and k parts the rotation's
-  backward turns back in place (dv stays), and rot's (float32)."""
+  backward turns back in place (dv stays), and rot's (summed in float32)."""
   return _attention(interpret, qkv, rot)
 
 
