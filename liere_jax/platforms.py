@@ -34,9 +34,10 @@ measured where (docs/benchmarks.md):
                `attention`): the logits never leave the chip, q, k and v are read in place from
                the qkv product, and rotations of blocks up to 8 (every RoPE, LieRE8) are applied
                inside it, to q and k as they are read; blocks of 16 to 128 dividing 128 (LieRE64)
-               by the rotation kernel before it (liere_jax.rotation_kernel: the batch as M).
-               With both and the Pallas exponential the v5e-8 cell's LieRE64 moved 123.4 GB
-               (154.4 before), 1.80x abs. ImageNet ViT-B/16 on v5e-8 at 128 a chip,
+               by the rotation kernel before it (liere_jax.rotation_kernel: the batch as M; it
+               reads q and k in place too). With both and the Pallas exponential the v5e-8
+               cell's LieRE64 moved 101.5 GB (154.4 before), 1.48x abs; LieRE8 74.9, 1.09x
+               (docs/benchmarks.md, third round). ImageNet ViT-B/16 on v5e-8 at 128 a chip,
                GB a step, XLA's attention -> the kernel: abs 113.1 -> 68.6, rope_mixed 146.8 ->
                69.1, LieRE8 155.3 -> 82.6 (docs/benchmarks.md). An encoding with a logit bias
                (ALiBi) keeps XLA's.
