@@ -84,11 +84,16 @@ class Rotate(LayerContext):
     return attention_kernel.band(self._per_token(q), q.shape[-1])
 
   def kernel_rows(self, q):
+    if not self._rotation_kernel_takes(q):
+      return None
+    heads = q.shape[2]
+    return rotation_kernel.rows(jnp.broadcast_to(self.rot, (heads,) + self.rot.shape[1:]))
+
+  def _rotation_kernel_takes(self, q):
+    """Whether the blocks fill q's heads as the rotation kernel takes them."""
     _, _, heads, d = q.shape
     k, b = self.rot.shape[-3], self.rot.shape[-1]
-    if k * b != d or not rotation_kernel.supported(b, d, heads):
-      return None
-    return rotation_kernel.rows(jnp.broadcast_to(self.rot, (heads,) + self.rot.shape[1:]))
+    return k * b == d and rotation_kernel.supported(b, d, heads)
 
   def _per_token(self, q):
     """rot as rotate takes it, [T, H, k, b, b] in q's dtype (H broadcast where shared)."""
@@ -97,12 +102,12 @@ class Rotate(LayerContext):
 
   def split_qkv(self, q):
     """Where the einsum rotates q and k before attention: not inside a TPU's attention kernel
-    (blocks up to 8) nor by the rotation kernel before it (LieRE64; one product, then split,
-    moves less there: 20.57 GB against 21.45 on the 2-layer v5e-8 proxy)."""
+    (blocks up to 8) nor by the rotation kernel before it (LieRE64; it reads the one product
+    in place)."""
     b, forms = self.rot.shape[-1], rotations.forms(self.rot.shape[-1])
     _, t, heads, d = q.shape
     kernels = b <= attention_kernel.MAX_BLOCK or (attention_kernel.supported(heads, d, t)
-                                                  and rotation_kernel.supported(b, d, heads))
+                                                  and self._rotation_kernel_takes(q))
     return frozenset(p for p, row in PLATFORMS.items() if row.split_qkv and forms[p] == 'einsum'
                      and not (row.attention == 'kernel' and kernels))
 
