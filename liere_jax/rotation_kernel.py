@@ -81,6 +81,7 @@ def _pass(backward, interpret):
   return jax.jit(functools.partial(_call, backward, interpret))
 
 
+@jax.named_scope('pe_rotate')  # The rotation's part of a step (bench.compile.SCOPES).
 def _call(backward, interpret, qkv, rot, g=None):
   """Forward: q and k of qkv [B, T, 3 W] -> q', k' [B, T, 2 W]. Backward: g, the gradient of
   q', k', v as one [B, T, 3 W], -> the gradient of qkv in g's place (its q and k parts turned
