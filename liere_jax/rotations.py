@@ -99,8 +99,8 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
   if not on:
     return lattice(generators)
   # Where each matrix's exponential is the Pallas kernel (one read, one write), every token's
-  # costs less than the table's products and reads (2-layer v5e-8 ImageNet LieRE64 proxy: 17.91
-  # GB a step against 18.82 with the lattice).
+  # costs less than the table's products and reads (v5e-8 ImageNet LieRE64 cell: 101.5 GB a step
+  # against 112.5 with the table; docs/benchmarks.md).
   return _per_platform({p: general if p in on else lattice for p in PLATFORMS}, generators)
 
 
@@ -209,7 +209,7 @@ def _data_devices():
 def _lattice_rotations(generators, plan: LatticePlan, block: int, exp, precision):
   """The lattice path of liere_rotations. On a mesh each device of 'data' computes 1/n of the
   (layer, head) tables: their primitive points' exponentials (1/n of those, matrix by matrix,
-  where there are fewer tables than devices), then the powers."""
+  where the tables do not split evenly over the devices), then the powers."""
   g = liere_generators(generators, plan.primitives, block)  # [L, H, P, k, b, b]
   l, h, n_prim, k = g.shape[:4]
   # Slot ranges of the parts of the table: I, the primitives, then one part per level.
@@ -242,7 +242,7 @@ def _lattice_rotations(generators, plan: LatticePlan, block: int, exp, precision
   g = g.reshape(l * h, n_prim, k, block, block)
   if (l * h) % _data_devices() == 0:  # Each device its stacks' exponentials, then their tables.
     out = split_over_data(lambda g: tables(exp(g)), g, item_dims=4)
-  else:  # Fewer stacks than devices (shared generators): the exponentials matrix by matrix.
+  else:  # Stacks that do not split evenly (e.g. shared generators): exponentials one by one.
     out = split_over_data(tables, split_over_data(exp, g), item_dims=4)
   out = take_static(out, plan.token_slot)  # [G, T, k, b b]
   if np.any(plan.transpose):
