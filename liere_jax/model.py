@@ -218,25 +218,28 @@ def _kernel_platforms(shape, ctx):
 
 def _kernel_attention(xs, band, interpret, rot=None):
   """attention_kernel's attention of xs: (q, k, v) [B, T, H, d] or ([B, T, 3, H, d],), the
-  latter's q and k first rotated by rotation_kernel's rows `rot` [H, T, d, b] where given; on a
-  mesh each device attends its part of the batch (and of the heads, over 'model'): a Mosaic
-  kernel is not partitioned by XLA."""
-  fn = functools.partial(_kernel_call, interpret=interpret)
+  latter's q and k first rotated by rotation_kernel's rows `rot` [H, T' >= T, d, b] where given;
+  on a mesh each device attends its part of the batch (and of the heads, over 'model'): a Mosaic
+  kernel is not partitioned by XLA. rot's tokens come split over 'data' where they divide
+  (rotations.liere_rotations' split_tokens): the rotation kernel gathers them."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return fn(xs, band, rot)
+    return _kernel_call(xs, band, rot, interpret, None)
   model, data = _model_axis(), 'data' if 'data' in mesh.axis_names else None
+  n = mesh.shape[data] if data else 1
+  gather = data if rot is not None and n > 1 and rot.shape[1] % n == 0 else None
   spec = {4: P(data, None, model, None), 5: P(data, None, None, model, None)}
+  fn = functools.partial(_kernel_call, interpret=interpret, gather=gather)
   return jax.shard_map(fn, in_specs=(tuple(spec[a.ndim] for a in xs), P(None, None, model),
-                                     P(model)),
+                                     P(model, gather)),
                        out_specs=spec[4], check_vma=False)(xs, band, rot)
 
 
-def _kernel_call(xs, band, rot, interpret):
+def _kernel_call(xs, band, rot, interpret, gather):
   if rot is not None:
     (qkv,) = xs
     b, t, _, h, d = qkv.shape
-    out = rotation_kernel.attention(qkv.reshape(b, t, 3 * h * d), rot, interpret=interpret)
+    out = rotation_kernel.attention(qkv.reshape(b, t, 3 * h * d), rot, interpret, gather)
     return out.reshape(b, t, h, d)
   if len(xs) == 1:
     return attention_kernel.attention_qkv(xs[0], band, interpret=interpret)

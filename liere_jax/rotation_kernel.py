@@ -45,31 +45,41 @@ def rows(rot: jax.Array) -> jax.Array:
   return rot.reshape(h, t, k * b, b)
 
 
-def attention(qkv, rot, interpret: bool = False):
+def attention(qkv, rot, interpret: bool = False, gather=None):
   """Self-attention of q, k, v in the projection's one array qkv [B, T, 3 W] (W = H d), q and k
-  rotated by `rows` of their block rotations, [H, T, d, b] float32 (x' = R x per block, in
-  x's dtype) -> [B, T, W] in qkv's dtype. The rotation kernel writes q' and k' [B, T, 2 W]; the
-  attention kernel (liere_jax.attention_kernel) reads them, and v in place. Differentiable in
-  qkv and rot: the attention kernel's gradient [B, T, 3 W], whose q and k parts the rotation's
-  backward turns back in place (dv stays), and rot's (summed in float32)."""
-  return _attention(interpret, qkv, rot)
+  rotated by `rows` of their block rotations, [H, T' >= T, d, b] float32 (x' = R x per block, in
+  x's dtype; tokens past T are padding) -> [B, T, W] in qkv's dtype. The rotation kernel writes
+  q' and k' [B, T, 2 W]; the attention kernel (liere_jax.attention_kernel) reads them, and v in
+  place. Differentiable in qkv and rot: the attention kernel's gradient [B, T, 3 W], whose q and
+  k parts the rotation's backward turns back in place (dv stays), and rot's (summed in float32).
+
+  gather: inside shard_map, the mesh axis over which rot's tokens are split: all-gathered in
+  qkv's dtype (the kernel rounds them to it), their gradient reduce-scattered in float32.
+  """
+  return _attention(interpret, gather, qkv, rot)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(interpret, qkv, rot):
-  return _attention_fwd(interpret, qkv, rot)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _attention(interpret, gather, qkv, rot):
+  return _attention_fwd(interpret, gather, qkv, rot)[0]
 
 
-def _attention_fwd(interpret, qkv, rot):
+def _attention_fwd(interpret, gather, qkv, rot):
+  rot = rot.astype(qkv.dtype)
+  if gather:
+    rot = jax.lax.all_gather(rot, gather, axis=1, tiled=True)
   qk = _pass(False, interpret)(qkv, rot)
   out = attention_kernel.forward((qk, qkv), None, rot.shape[2], interpret)
   return out, (qkv, qk, rot, out)
 
 
-def _attention_bwd(interpret, res, g):
+def _attention_bwd(interpret, gather, res, g):
   qkv, qk, rot, out = res
   (grad,) = attention_kernel.backward((qk, qkv), None, out, g, rot.shape[2], interpret)
-  return _pass(True, interpret)(qkv, rot, grad)
+  dqkv, drot = _pass(True, interpret)(qkv, rot, grad)
+  if gather:
+    drot = jax.lax.psum_scatter(drot, gather, scatter_dimension=1, tiled=True)
+  return dqkv, drot
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -85,7 +95,7 @@ def _pass(backward, interpret):
 def _call(backward, interpret, qkv, rot, g=None):
   """Forward: q and k of qkv [B, T, 3 W] -> q', k' [B, T, 2 W]. Backward: g, the gradient of
   q', k', v as one [B, T, 3 W], -> the gradient of qkv in g's place (its q and k parts turned
-  back, v's left as it is) and rot's (float32)."""
+  back, v's left as it is) and rot's (float32; rot in qkv's dtype)."""
   batch, t, width = qkv.shape
   _, _, d, b = rot.shape
   blocks, dtype = width // 3 // LANES, qkv.dtype
@@ -100,24 +110,30 @@ def _call(backward, interpret, qkv, rot, g=None):
   r_spec = pl.BlockSpec((n, TOKENS, d, b), lambda i, c, *_: (c, i, 0, 0))
   scratch = [_vmem((TOKENS, LANES, LANES), dtype)]  # the tiles
   if backward:
-    ins, outs = (qkv, g, rot), [g, rot]
+    # rot's gradient: 0 past T (padding), and where no grid step writes (past T's last block).
+    visited = (rot.shape[0], min(rot.shape[1], pl.cdiv(t, TOKENS) * TOKENS)) + rot.shape[2:]
+    ins, outs = (qkv, g, rot), [g, jax.ShapeDtypeStruct(visited, jnp.float32)]
     scratch.append(_vmem((TOKENS, LANES, LANES), jnp.float32))  # the tiles' gradient
   else:
     ins, outs = (qkv, rot), [jax.ShapeDtypeStruct((batch, t, 2 * blocks * LANES), dtype)]
   outs = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs]
   flops = (4 if backward else 2) * 2 * batch * t * 2 * blocks * LANES * LANES
   xs_bytes = 2 * batch * t * blocks * LANES * dtype.itemsize  # q and k of one array
-  moved = xs_bytes * (4 if backward else 2) + rot.size * 4 * (2 if backward else 1)
+  moved = xs_bytes * (4 if backward else 2) + rot.size * (rot.dtype.itemsize + 4 * backward)
   kw = ({'interpret': True} if interpret else {'compiler_params': _tpu_params()})
   res = pl.pallas_call(
-      functools.partial(_backward_kernel if backward else _forward_kernel, b),
+      functools.partial(_backward_kernel, b, t) if backward else
+      functools.partial(_forward_kernel, b),
       out_shape=outs, grid=grid, in_specs=[x_spec] * (len(ins) - 1) + [r_spec],
       out_specs=[x_spec, r_spec] if backward else [x_spec], scratch_shapes=scratch,
       input_output_aliases={1: 0} if backward else {},
       name='rotate_' + ('backward' if backward else 'forward'),
       cost_estimate=pl.CostEstimate(flops=flops, transcendentals=0, bytes_accessed=moved),
       **kw)(*ins)
-  return res if backward else res[0]
+  if not backward:
+    return res[0]
+  dx, dr = res
+  return dx, jnp.pad(dr, ((0, 0), (0, rot.shape[1] - dr.shape[1]), (0, 0), (0, 0)))
 
 
 def _vmem(shape, dtype):
@@ -163,9 +179,10 @@ def _forward_kernel(b, x_ref, r_ref, o_ref, t_ref):
     o_ref[:, s, :] = _nt(x_ref[:, s, :], t_ref[s]).astype(o_ref.dtype)
 
 
-def _backward_kernel(b, x_ref, g_ref, r_ref, dx_ref, dr_ref, t_ref, acc_ref):
+def _backward_kernel(b, tokens, x_ref, g_ref, r_ref, dx_ref, dr_ref, t_ref, acc_ref):
   first = (pl.program_id(2) == 0) & (pl.program_id(3) == 0)
   last = (pl.program_id(2) == 1) & (pl.program_id(3) == pl.num_programs(3) - 1)
+  first_token = pl.program_id(0) * TOKENS
 
   @pl.when(first)
   def _():
@@ -185,6 +202,7 @@ def _backward_kernel(b, x_ref, g_ref, r_ref, dx_ref, dr_ref, t_ref, acc_ref):
     e, mask = _spread(b)
     d = dr_ref.shape[2]
     for s in range(TOKENS):
-      stacked = _nt(jnp.where(mask, acc_ref[s], 0), e.astype(jnp.float32))
+      real = first_token + s < tokens  # past the last token: x, g undefined
+      stacked = _nt(jnp.where(mask & real, acc_ref[s], 0), e.astype(jnp.float32))
       for m in range(dr_ref.shape[0]):
         dr_ref[m, s] = stacked[m * d:(m + 1) * d]

@@ -66,7 +66,7 @@ def skew(params: jax.Array, block: int) -> jax.Array:
 
 def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
                     method: Union[str, Callable] = 'fast', lattice: bool = True,
-                    precision='auto') -> jax.Array:
+                    precision='auto', split_tokens: bool = False) -> jax.Array:
   """R(p) per layer, head and token.
 
   Positions known at trace time (numpy, a concrete array, or a constant under jit) that lie on
@@ -86,22 +86,45 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
       [..., b, b] (e.g. expm.fast_expm with another Taylor scheme).
     lattice: take the lattice path where the positions allow it.
     precision: of the exponential's and the lattice table's products (expm.per_platform).
+    split_tokens: where the Pallas kernel runs the exponential (a TPU: its rotation kernel reads
+      them), leave the result split over the context mesh's 'data' axis by tokens, the tokens
+      padded to a multiple of its devices by identities: each device computes its tokens', and
+      a consumer gathers a layer's where it reads them (liere_jax.rotation_kernel), its gradient
+      reduce-scattered, instead of every layer's replicated and their gradient summed.
   Returns:
-    [L, H, T, n_blocks, b, b] float32 rotations.
+    [L, H, T, n_blocks, b, b] float32 rotations (T rounded up where split_tokens splits them).
   """
   exp = method if callable(method) else lambda a: exponential(a, method, precision)
-  general = lambda g: split_over_data(exp, liere_generators(g, positions, block))
-  plan = lattice_plan(positions) if lattice and block > 2 else None
-  if plan is None:
-    return general(generators)
   on = _kernel_platforms(block) if method in ('fast', 'pallas') else []
+  n = _data_devices() if split_tokens and on else 1
+  pad = -len(positions) % n
+  if pad:  # Position 0: the identity (numpy where known at trace time: the lattice's plan).
+    known = concrete_positions(positions)
+    xp, positions = (jnp, positions) if known is None else (np, known.astype(np.float32))
+    positions = xp.concatenate([positions, xp.zeros((pad, positions.shape[1]), np.float32)])
+  split = _split_tokens if n > 1 else split_over_data
+  general = lambda g: split(exp, liere_generators(g, positions, block))
+  plan = lattice_plan(positions) if lattice and block > 2 else None
   lattice = lambda g: _lattice_rotations(g, plan, block, exp, precision)
-  if not on:
+  if plan is None:
+    out = general(generators)
+  elif not on:
     return lattice(generators)
-  # Where each matrix's exponential is the Pallas kernel (one read, one write), every token's
-  # costs less than the table's products and reads (v5e-8 ImageNet LieRE64 cell: 101.5 GB a step
-  # against 112.5 with the table; docs/benchmarks.md).
-  return _per_platform({p: general if p in on else lattice for p in PLATFORMS}, generators)
+  else:
+    # Where each matrix's exponential is the Pallas kernel (one read, one write), every token's
+    # costs less than the table's products and reads (v5e-8 ImageNet LieRE64 cell: 101.5 GB a
+    # step against 112.5 with the table; docs/benchmarks.md).
+    out = _per_platform({p: general if p in on else lattice for p in PLATFORMS}, generators)
+  return out if n == 1 else jax.lax.with_sharding_constraint(out, _TOKENS)
+
+
+_TOKENS = P(None, None, 'data')  # [L, H, T, ...] split by tokens.
+
+
+def _split_tokens(fn, a):
+  """fn over [L, H, T, ...], each device of 'data' its tokens (T a multiple of its size); the
+  result stays split."""
+  return jax.shard_map(fn, in_specs=_TOKENS, out_specs=_TOKENS, check_vma=False)(a)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,33 +25,39 @@ def _rotations(rng, heads, t, k, b):
   return jax.scipy.linalg.expm(a - jnp.swapaxes(a, -1, -2))
 
 
-@pytest.mark.parametrize('batch, t, heads, d, block, k, shared, devices', [
-    (2, 13, 4, 64, 64, 1, False, 1),  # LieRE64: two heads a tile; 13 tokens (8 a grid step)
-    (3, 9, 2, 64, 16, 4, False, 1),  # four blocks a head
-    (2, 11, 8, 32, 16, 2, True, 1),  # four heads a tile; rotations shared by heads
-    (4, 5, 8, 16, 16, 1, False, 2),  # eight heads a tile; the batch over two devices
+@pytest.mark.parametrize('batch, t, heads, d, block, k, shared, devices, pad', [
+    (2, 13, 4, 64, 64, 1, False, 1, 0),  # LieRE64: two heads a tile; 13 tokens (8 a step)
+    (3, 9, 2, 64, 16, 4, False, 1, 0),  # four blocks a head
+    (2, 11, 8, 32, 16, 2, True, 1, 0),  # four heads a tile; rotations shared by heads
+    (4, 5, 8, 16, 16, 1, False, 2, 0),  # eight heads a tile; the batch over two devices
+    # The rotations' tokens padded and split over the devices, gathered by the kernel's caller:
+    (2, 13, 4, 64, 64, 1, False, 2, 1),  # to 14 (the last grid step's 16)
+    (4, 5, 8, 16, 16, 1, False, 2, 11),  # to 16, past the last grid step's 8
 ])
 def test_the_kernels_equal_the_einsum_rotation_then_attention(batch, t, heads, d, block, k,
-                                                              shared, devices):
+                                                              shared, devices, pad):
   """Attention of q' = R q, k' = R k and v, read from one [B, T, 3 H d] array by the rotation and
   attention kernels, and its gradients in qkv and the rotations, against rotations.rotate (the
   einsum) then jax.nn.dot_product_attention, to float32 rounding. The backward's gradient of v
-  stays where the attention kernel wrote it (the rotation's backward writes in place)."""
+  stays where the attention kernel wrote it (the rotation's backward writes in place). Padding
+  tokens (random rotations here) change nothing, and their gradient is 0."""
   rng = np.random.default_rng(d + block)
   qkv = jnp.asarray(rng.standard_normal((batch, t, 3, heads, d)), jnp.float32)
   g = jnp.asarray(rng.standard_normal((batch, t, heads, d)), jnp.float32)
-  rot = _rotations(rng, 1 if shared else heads, t, k, block)
+  rot = _rotations(rng, 1 if shared else heads, t + pad, k, block)
   mesh = jax.make_mesh((devices,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
                        devices=jax.devices()[:devices])
 
   def einsum(qkv, rot):
     q, kk, v = (qkv[:, :, i] for i in range(3))
+    rot = rot[:, :t]
     return jax.nn.dot_product_attention(rotations.rotate(q, rot), rotations.rotate(kk, rot), v)
 
   def kernel(qkv, rot):
     rows = Rotate(rot=rot).kernel_rows(qkv[:, :, 0])
-    run = lambda qkv, rows: rotation_kernel.attention(qkv, rows, interpret=True)
-    out = jax.shard_map(run, in_specs=(P('data'), P()), out_specs=P('data'),
+    gather = 'data' if pad else None
+    run = lambda qkv, rows: rotation_kernel.attention(qkv, rows, True, gather)
+    out = jax.shard_map(run, in_specs=(P('data'), P(None, gather)), out_specs=P('data'),
                         check_vma=False)(qkv.reshape(batch, t, -1), rows)
     return out.reshape(g.shape)
 
@@ -79,19 +85,21 @@ def test_the_kernel_takes_blocks_that_divide_a_tile(block, d, heads, takes):
     assert Rotate(rot=rot[:, :, 1:]).kernel_rows(q) is None
 
 
-@pytest.mark.parametrize('model_parallel', [1, 2])
-def test_the_model_rotates_liere64_by_the_kernel_before_the_attention_kernel(model_parallel):
+@pytest.mark.parametrize('data, model_parallel', [(1, 1), (1, 2), (2, 1)])
+def test_the_model_rotates_liere64_by_the_kernel_before_the_attention_kernel(data,
+                                                                             model_parallel):
   """The tiny ViT's LieRE64 with attention=kernel runs the rotation kernel (forward and
   backward) and then the attention kernel, with no einsum rotation; on a ('data', 'model')
-  mesh each device rotates its heads. Loss and gradients equal XLA's attention after the
-  einsum rotation."""
+  mesh each device rotates its heads; over 'data' the rotations come split by tokens (17
+  padded to 18) and are gathered a layer at a time, their gradient reduce-scattered. Loss and
+  gradients equal XLA's attention after the einsum rotation."""
   model = tiny_model(pe='liere64', width=256, heads=4)
   x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   loss = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2)
-  mesh = jax.make_mesh((1, model_parallel), ('data', 'model'),
+  mesh = jax.make_mesh((data, model_parallel), ('data', 'model'),
                        axis_types=(jax.sharding.AxisType.Auto,) * 2,
-                       devices=jax.devices()[:model_parallel])
+                       devices=jax.devices()[:data * model_parallel])
 
   def run(mode):
     with model_lib.ATTENTION(mode), jax.set_mesh(mesh):
@@ -101,8 +109,11 @@ def test_the_model_rotates_liere64_by_the_kernel_before_the_attention_kernel(mod
   want, xla_text = run('xla')
   assert 'rotate_forward' in text and 'rotate_backward' in text
   assert 'thkij,bthkj->bthki' not in text and 'rotate_forward' not in xla_text
-  # each device's kernel reads the blocks of its heads: 4, or 2 on each of two devices
-  assert re.search(rf'f32\[{4 // model_parallel},\d+,64,64\]', text)
+  # each device's kernel reads the blocks of its heads: 4, or 2 on each of two devices; of its
+  # tokens, then gathered, over two data devices
+  assert re.search(rf'f32\[{4 // model_parallel},{18 // data if data > 1 else 17},64,64\]', text)
+  gathers = re.findall(r"(all_gather|reduce_scatter)\[[^\]]*axis_name=\('data',\)", text)
+  assert sorted(set(gathers)) == (['all_gather', 'reduce_scatter'] if data > 1 else []), gathers
   _close(got, want, rtol=2e-5)
 
 
@@ -110,7 +121,8 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
   """The TPU compiler (libtpu, no TPU here) compiles LieRE64's rotation and attention and their
   gradients on a v5e-8 mesh, the batch split over 'data': four Mosaic calls (rotation and
   attention, forward and backward), the rotation's on the projection's one array
-  ([B, T, 3 H d], 2 rows a chip), no per-token 64 x 64 product left to XLA."""
+  ([B, T, 3 H d], 2 rows a chip) and on the blocks of every token in bf16, gathered from the
+  chips' 25 (197 tokens padded to 200); no per-token 64 x 64 product left to XLA."""
   pytest.importorskip('libtpu', reason='requirements-tpu.txt')
   from jax.sharding import NamedSharding
   from liere_jax.bench import compile as tpu
@@ -118,8 +130,8 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
                        devices=tpu.slice_devices(tpu.parse_slice('v5litepod-8')))
   x = jax.ShapeDtypeStruct((16, 197, 3, 12, 64), jnp.bfloat16,
                            sharding=NamedSharding(mesh, P('data')))
-  rot = jax.ShapeDtypeStruct((12, 197, 1, 64, 64), jnp.float32,
-                             sharding=NamedSharding(mesh, P()))
+  rot = jax.ShapeDtypeStruct((12, 200, 1, 64, 64), jnp.float32,
+                             sharding=NamedSharding(mesh, P(None, 'data')))
 
   def loss(qkv, rot):
     rows = Rotate(rot=rot).kernel_rows(qkv[:, :, 0])
@@ -131,4 +143,8 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
   names = sorted(n for n in ('rotate_forward', 'rotate_backward', 'attention_forward',
                              'attention_backward') if any(f'%{n}' in c for c in calls))
   assert len(calls) == 4 and len(names) == 4, calls
-  assert all('bf16[2,197,2304]' in c for c in calls if 'rotate_' in c)
+  rotate = [c for c in calls if c.lstrip().startswith('%rotate_')]
+  assert len(rotate) == 2 and all('bf16[2,197,2304]' in c and 'bf16[12,200,64,64]' in c
+                                  for c in rotate), rotate
+  assert re.search(r'all-gather[^\n]*bf16\[12,200,64,64\]|bf16\[12,200,64,64\][^\n]*all-gather',
+                   hlo)

@@ -248,6 +248,36 @@ def test_lattice_path_split_over_data(n, layers, heads, monkeypatch):
   assert np.abs(grad - ref_grad).max() <= 1e-4 * np.abs(ref_grad).max()
 
 
+@pytest.mark.parametrize('on_lattice', [False, True])
+def test_split_tokens_pads_them_by_identities_and_leaves_them_split_over_data(on_lattice):
+  """split_tokens, where the rotation kernel takes the blocks (b = 16 here): on a mesh of 4 data
+  devices 10 tokens become 12, split over 'data' by tokens (positions off a lattice: each
+  device exponentiates its tokens; on a grid: the table on this CPU, then split), the
+  padding the identity; values and gradients equal the unsplit rotations'. Without a mesh, or
+  without split_tokens, nothing changes."""
+  gens, pos = _lattice_case(16, 2, 3, grid=(3, 3))  # 10 tokens (CLS)
+  if not on_lattice:
+    pos = pos + np.random.default_rng(0).uniform(0, 0.1, pos.shape).astype(np.float32)
+  g = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, 12, 4, 16, 16)), jnp.float32)
+  mesh = jax.make_mesh((4,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:4])
+  want = rotations.liere_rotations(gens, pos, 16)
+  want_grad = jax.grad(lambda p: jnp.sum(rotations.liere_rotations(p, pos, 16) * g[:, :, :10]))(
+      gens)
+  assert rotations.liere_rotations(gens, pos, 16, split_tokens=True).shape == want.shape
+
+  def run(p):
+    out = rotations.liere_rotations(p, pos, 16, split_tokens=True)
+    return jnp.sum(out * g), out
+  with jax.set_mesh(mesh):
+    (_, out), grad = jax.jit(jax.value_and_grad(run, has_aux=True))(gens)
+  assert out.shape == (2, 3, 12, 4, 16, 16)
+  assert out.sharding.spec[:3] == (None, None, 'data'), out.sharding
+  np.testing.assert_allclose(out[:, :, :10], want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(out[:, :, 10:], np.broadcast_to(np.eye(16), out[:, :, 10:].shape))
+  np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-4 * np.abs(want_grad).max())
+
+
 @pytest.mark.parametrize('lattice', [False, True])
 def test_liere_rotations_take_an_exponential_function(lattice):
   """method may be a function [..., b, b] -> [..., b, b]: both paths call it, the lattice path

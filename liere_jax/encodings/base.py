@@ -18,7 +18,7 @@ A LayerContext is a small pytree that acts inside attention:
                                           liere_jax.attention_kernel), or None: attend first.
   kernel_rows(q) -> rows or None          larger blocks as the TPU rotation kernel reads them
                                           (liere_jax.rotation_kernel: before the attention
-                                          kernel), or None: attend.
+                                          kernel; tokens past q's are padding), or None: attend.
   split_qkv(q) -> platforms               where q, k and v come from three products, not one
                                           (liere_jax.platforms' split_qkv: q and k rotated by
                                           the einsum).
@@ -71,12 +71,17 @@ class LayerContext(struct.PyTreeNode):
 
 
 class Rotate(LayerContext):
-  """Block rotations of q and k: rot [H or 1, T, blocks, b, b] (rotations.rotate)."""
+  """Block rotations of q and k: rot [H or 1, T, blocks, b, b] (rotations.rotate); tokens past
+  q's are padding (rotations.liere_rotations' split_tokens)."""
   rotates = True
   rot: jax.Array
 
   def attend(self, q, k):
-    return rotations.rotate(q, self.rot), rotations.rotate(k, self.rot), None
+    rot = self._tokens(q)
+    return rotations.rotate(q, rot), rotations.rotate(k, rot), None
+
+  def _tokens(self, q):
+    return self.rot[:, :q.shape[1]]
 
   def band(self, q):
     if self.rot.shape[-1] > attention_kernel.MAX_BLOCK:
@@ -86,7 +91,7 @@ class Rotate(LayerContext):
   def kernel_rows(self, q):
     if not self._rotation_kernel_takes(q):
       return None
-    heads = q.shape[2]
+    heads = q.shape[2]  # Every token (padding too: the kernel reads them split over data).
     return rotation_kernel.rows(jnp.broadcast_to(self.rot, (heads,) + self.rot.shape[1:]))
 
   def _rotation_kernel_takes(self, q):
@@ -97,7 +102,7 @@ class Rotate(LayerContext):
 
   def _per_token(self, q):
     """rot as rotate takes it, [T, H, k, b, b] in q's dtype (H broadcast where shared)."""
-    rot = jnp.swapaxes(self.rot, 0, 1).astype(q.dtype)
+    rot = jnp.swapaxes(self._tokens(q), 0, 1).astype(q.dtype)
     return jnp.broadcast_to(rot, rot.shape[:1] + q.shape[2:3] + rot.shape[2:])
 
   def split_qkv(self, q):

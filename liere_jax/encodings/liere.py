@@ -65,6 +65,7 @@ class LieRE(Encoding):
                n_dims=spec.n_dims, rngs=rngs, **pe.options)
 
   def context(self, pos):
-    """Rotations [layers, heads, T, head_dim // b, b, b] (layers / heads 1 when shared)."""
+    """Rotations [layers, heads, T, head_dim // b, b, b] (layers / heads 1 when shared; T split
+    over a mesh's data axis where the rotation kernel reads them: rotations.liere_rotations)."""
     return Rotate(rotations.liere_rotations(self.generators[...], pos, self.block, self.expm,
-                                            precision=self.expm_precision))
+                                            precision=self.expm_precision, split_tokens=True))
