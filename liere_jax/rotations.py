@@ -102,8 +102,8 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
     known = concrete_positions(positions)
     xp, positions = (jnp, positions) if known is None else (np, known.astype(np.float32))
     positions = xp.concatenate([positions, xp.zeros((pad, positions.shape[1]), np.float32)])
-  split = _split_tokens if n > 1 else split_over_data
-  general = lambda g: split(exp, liere_generators(g, positions, block))
+  general = lambda g: (_split_tokens(exp, g, positions, block) if n > 1 else
+                       split_over_data(exp, liere_generators(g, positions, block)))
   plan = lattice_plan(positions) if lattice and block > 2 else None
   lattice = lambda g: _lattice_rotations(g, plan, block, exp, precision)
   if plan is None:
@@ -121,10 +121,12 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
 _TOKENS = P(None, None, 'data')  # [L, H, T, ...] split by tokens.
 
 
-def _split_tokens(fn, a):
-  """fn over [L, H, T, ...], each device of 'data' its tokens (T a multiple of its size); the
+def _split_tokens(exp, generators, positions, block):
+  """exp of liere_generators, each device of 'data' its tokens' (T a multiple of its size); the
   result stays split."""
-  return jax.shard_map(fn, in_specs=_TOKENS, out_specs=_TOKENS, check_vma=False)(a)
+  run = lambda g, pos: exp(liere_generators(g, pos, block))
+  return jax.shard_map(run, in_specs=(P(), P('data')), out_specs=_TOKENS,
+                       check_vma=False)(generators, jnp.asarray(positions, jnp.float32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,10 +318,11 @@ def take_static(x: jax.Array, idx: np.ndarray) -> jax.Array:
 
 def liere_generators(generators: jax.Array, positions: jax.Array, block: int) -> jax.Array:
   """sum_i p_i A_i per layer, head and token: [L, H, T, n_blocks, b, b] skew-symmetric."""
-  # The generator is linear in p: combine the raw entries first, build the skew matrix once.
-  coeffs = jnp.einsum('tn,lhnkf->lhtkf', jnp.asarray(positions, jnp.float32),
-                      jnp.asarray(generators, jnp.float32), precision=jax.lax.Precision.HIGHEST)
-  return skew(coeffs, block)
+  # Each generator's matrix once, then the product with the positions: no scatter into every
+  # token's matrices (a TPU lays their [..., b (b - 1) / 2] entries out badly for it).
+  gens = skew(jnp.asarray(generators, jnp.float32), block)
+  return jnp.einsum('tn,lhnkij->lhtkij', jnp.asarray(positions, jnp.float32), gens,
+                    precision=jax.lax.Precision.HIGHEST)
 
 
 def split_over_data(fn, a: jax.Array, item_dims: int = 2) -> jax.Array:
