@@ -6,7 +6,8 @@ unrotated). Every rotation is stored as its blocks, [..., T, n_blocks, b, b], an
 blockwise, so LieRE8 costs O(d * 8) per token instead of O(d^2). RoPE is the b = 2 case
 with angles instead of generators. On a patch grid only the primitive lattice points need an
 exponential (R(m q) = R(q)^m, `lattice_plan`), and on a mesh each device computes 1/n of them
-(`split_over_data`).
+(`split_over_data`); where a TPU's rotation kernel reads them, each device its tokens', left split
+(`liere_rotations`' split_tokens).
 """
 
 import dataclasses
@@ -112,8 +113,8 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
     return lattice(generators)
   else:
     # Where each matrix's exponential is the Pallas kernel (one read, one write), every token's
-    # costs less than the table's products and reads (v5e-8 ImageNet LieRE64 cell: 101.5 GB a
-    # step against 112.5 with the table; docs/benchmarks.md).
+    # costs less than the table's products and reads (v5e-8 ImageNet LieRE64 cell at bf375c2:
+    # 101.5 GB a step against 112.5 with the table; docs/benchmarks.md).
     out = _per_platform({p: general if p in on else lattice for p in PLATFORMS}, generators)
   return out if n == 1 else jax.lax.with_sharding_constraint(out, _TOKENS)
 
