@@ -221,16 +221,11 @@ def _kernel_attention(xs, band, interpret, rot=None):
   latter's q and k first rotated by rotation_kernel's rows `rot` [H, T' >= T, d, b] where given;
   on a mesh each device attends its part of the batch (and of the heads, over 'model'): a Mosaic
   kernel is not partitioned by XLA. rot's tokens come split over 'data' where they divide
-  (rotations.liere_rotations' split_tokens): the rotation kernel gathers them. The band is built
-  for each device's tokens (split over 'data', padded where they do not divide) and gathered as
-  the shard_map reads it: a v5e-8 ImageNet LieRE8 step moved 72.0 GB instead of 74.6
-  (docs/benchmarks.md, fourth round)."""
+  (rotations.liere_rotations' split_tokens): the rotation kernel gathers them."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
     return _kernel_call(xs, band, rot, interpret, None)
   model, data = _model_axis(), 'data' if 'data' in mesh.axis_names else None
-  if band is not None and data:
-    band = jax.lax.with_sharding_constraint(band, P(None, data, model))
   n = mesh.shape[data] if data else 1
   gather = data if rot is not None and n > 1 and rot.shape[1] % n == 0 else None
   spec = {4: P(data, None, model, None), 5: P(data, None, None, model, None)}
