@@ -37,11 +37,11 @@ measured where (docs/benchmarks.md):
                by the rotation kernel before it (liere_jax.rotation_kernel: the batch as M; it
                reads q and k in place too; it gathers each layer's rotations, which every
                device computes for its tokens, in bf16). With both and the Pallas exponential
-               the v5e-8 cell's LieRE64 moved 82.8 GB (154.4 before), 1.21x abs; LieRE8 74.6,
-               1.09x (docs/benchmarks.md, third and fourth rounds). ImageNet ViT-B/16 on v5e-8 at 128 a chip,
-               GB a step, XLA's attention -> the kernel: abs 113.1 -> 68.6, rope_mixed 146.8 ->
-               69.1, LieRE8 155.3 -> 82.6 (docs/benchmarks.md). An encoding with a logit bias
-               (ALiBi) keeps XLA's.
+               the v5e-8 cell's LieRE64 moved 82.8 GB (154.4 before), 1.21x abs; LieRE8 74.5,
+               1.09x (docs/benchmarks.md, third and fourth rounds). ImageNet ViT-B/16 on v5e-8
+               at 128 a chip, GB a step, XLA's attention -> the kernel: abs 113.1 -> 68.6,
+               rope_mixed 146.8 -> 69.1, LieRE8 155.3 -> 82.6 (docs/benchmarks.md). An encoding
+               with a logit bias (ALiBi) keeps XLA's.
   pairs        how blocks of 2 (every RoPE) rotate outside that kernel
                (liere_jax.rotations.rotate): 'swap' on x's own layout, x' = c0 x + c1 swap(x),
                the pair swap a product with the permutation (matmul) or two lane shifts and a
