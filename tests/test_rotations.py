@@ -253,8 +253,8 @@ def test_split_tokens_pads_them_by_identities_and_leaves_them_split_over_data(on
   """split_tokens, where the rotation kernel takes the blocks (b = 16 here): on a mesh of 4 data
   devices 10 tokens become 12, split over 'data' by tokens (positions off a lattice: each
   device exponentiates its tokens; on a grid: the table on this CPU, then split), the
-  padding the identity; values and gradients equal the unsplit rotations'. Without a mesh, or
-  without split_tokens, nothing changes."""
+  padding the identity; values and gradients equal the unsplit rotations'. Without a mesh
+  nothing changes."""
   gens, pos = _lattice_case(16, 2, 3, grid=(3, 3))  # 10 tokens (CLS)
   if not on_lattice:
     pos = pos + np.random.default_rng(0).uniform(0, 0.1, pos.shape).astype(np.float32)
