@@ -218,9 +218,9 @@ def _kernel_platforms(shape, ctx):
 
 def _kernel_attention(xs, band, interpret, rot=None):
   """attention_kernel's attention of xs: (q, k, v) [B, T, H, d] or ([B, T, 3, H, d],), the
-  latter's q and k first rotated by rotation_kernel's rows `rot` [H, T' >= T, d, b] where given;
-  on a mesh each device attends its part of the batch (and of the heads, over 'model'): a Mosaic
-  kernel is not partitioned by XLA. rot's tokens come split over 'data' where they divide
+  latter's q and k first rotated by rotation_kernel's rows `rot` [H / n, T' >= T, d, n b] where
+  given; on a mesh each device attends its part of the batch (and of the heads, over 'model'): a
+  Mosaic kernel is not partitioned by XLA. rot's tokens come split over 'data' where they divide
   (rotations.liere_rotations' split_tokens): the rotation kernel gathers them."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:

@@ -7,8 +7,8 @@ lays q out token-major for it and back, and a 64-wide minor dimension fills half
 lanes (a ViT-B/16 LieRE64 step on v5e-8 spent 14% of its traffic there). Here a grid step reads
 q or k in place from the projection's one array [B, T, 3 H d], a few tokens and 128 lanes at a
 time, and multiplies each token's [B, 128] rows by its 128 x 128 tile of the rotation: the
-block-diagonal rotation's diagonal tile, built on chip from the float32 blocks as the
-exponential wrote them (`rows`), rounded to x's dtype (zeros off the blocks add nothing,
+block-diagonal rotation's diagonal tile, built on chip from the blocks of the tile's heads side
+by side (`rows`: whole lanes), rounded to x's dtype (zeros off the blocks add nothing,
 exactly). Products of x's dtype, float32 sums, as the einsum's. The attention kernel then reads
 q' and k', and v where the projection left it (slicing q, k, v out of the one array cost XLA
 copies: the 2-layer v5e-8 ImageNet proxy moved 20.57 GB a step with them, 18.82 without). The
@@ -39,16 +39,20 @@ def supported(block: int, head_dim: int, heads: int) -> bool:
 
 
 def rows(rot: jax.Array) -> jax.Array:
-  """[H, T, k, b, b] block rotations (k b = d) -> the kernel's operand [H, T, d, b]: each
-  head's blocks stacked (a reshape, no copy)."""
+  """[H, T, k, b, b] block rotations (k b = d) -> the kernel's operand [H / n, T, d, n b], the n
+  = 128 / d heads of a lane tile side by side: P[r, m b + c] = R_m[r, c] for head m of the tile
+  and row r of its stacked blocks (LieRE64: [6, T, 64, 128], whole lanes; [.., 64, 64] would fill
+  half of them)."""
   h, t, k, b, _ = rot.shape
-  return rot.reshape(h, t, k * b, b)
+  n = LANES // (k * b)
+  rot = rot.reshape(h // n, n, t, k * b, b)
+  return jnp.moveaxis(rot, 1, 3).reshape(h // n, t, k * b, n * b)
 
 
 def attention(qkv, rot, interpret: bool = False, gather=None):
   """Self-attention of q, k, v in the projection's one array qkv [B, T, 3 W] (W = H d), q and k
-  rotated by `rows` of their block rotations, [H, T' >= T, d, b] float32 (x' = R x per block, in
-  x's dtype; tokens past T are padding) -> [B, T, W] in qkv's dtype. The rotation kernel writes
+  rotated by `rows` of their block rotations, [H / n, T' >= T, d, n b] float32 (x' = R x per
+  block, in x's dtype; tokens past T are padding) -> [B, T, W] in qkv's dtype. The rotation kernel writes
   q' and k' [B, T, 2 W]; the attention kernel (liere_jax.attention_kernel) reads them, and v in
   place. Differentiable in qkv and rot: the attention kernel's gradient [B, T, 3 W], whose q and
   k parts the rotation's backward turns back in place (dv stays), and rot's (summed in float32).
@@ -76,10 +80,10 @@ def _attention_fwd(interpret, gather, qkv, rot):
 def _attention_bwd(interpret, gather, res, g):
   qkv, qk, rot, out = res
   (grad,) = attention_kernel.backward((qk, qkv), None, out, g, rot.shape[2], interpret)
-  dqkv, drot = _pass(True, interpret)(qkv, rot, grad)
-  if gather:
-    drot = jax.lax.psum_scatter(drot, gather, scatter_dimension=1, tiled=True)
-  return dqkv, drot
+  dqkv, drot = _pass(True, interpret)(qkv, rot, grad)  # drot token-major: [T', H / n, d, n b]
+  if gather:  # Over the leading axis: a reduce-scatter, not an all-reduce and a slice.
+    drot = jax.lax.psum_scatter(drot, gather, scatter_dimension=0, tiled=True)
+  return dqkv, jnp.swapaxes(drot, 0, 1)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -97,9 +101,10 @@ def _call(backward, interpret, qkv, rot, g=None):
   q', k', v as one [B, T, 3 W], -> the gradient of qkv in g's place (its q and k parts turned
   back, v's left as it is) and rot's (float32; rot in qkv's dtype)."""
   batch, t, width = qkv.shape
-  _, _, d, b = rot.shape
+  _, _, d, nb = rot.shape
   blocks, dtype = width // 3 // LANES, qkv.dtype
   n = LANES // d  # heads a tile
+  b = nb // n
   rows_a_step = int(np.clip(ROW_BYTES // (TOKENS * LANES * dtype.itemsize), 8, batch))
   while batch % rows_a_step:
     rows_a_step -= 1
@@ -107,11 +112,12 @@ def _call(backward, interpret, qkv, rot, g=None):
   # its gradient accumulates over the last two.
   grid = (pl.cdiv(t, TOKENS), blocks, 2, batch // rows_a_step)
   x_spec = pl.BlockSpec((rows_a_step, TOKENS, LANES), lambda i, c, p, r: (r, i, p * blocks + c))
-  r_spec = pl.BlockSpec((n, TOKENS, d, b), lambda i, c, *_: (c, i, 0, 0))
+  r_spec = pl.BlockSpec((1, TOKENS, d, nb), lambda i, c, *_: (c, i, 0, 0))
+  dr_spec = pl.BlockSpec((TOKENS, 1, d, nb), lambda i, c, *_: (i, c, 0, 0))  # token-major
   scratch = [_vmem((TOKENS, LANES, LANES), dtype)]  # the tiles
   if backward:
     # rot's gradient: 0 past T (padding), and where no grid step writes (past T's last block).
-    visited = (rot.shape[0], min(rot.shape[1], pl.cdiv(t, TOKENS) * TOKENS)) + rot.shape[2:]
+    visited = (min(rot.shape[1], pl.cdiv(t, TOKENS) * TOKENS), rot.shape[0]) + rot.shape[2:]
     ins, outs = (qkv, g, rot), [g, jax.ShapeDtypeStruct(visited, jnp.float32)]
     scratch.append(_vmem((TOKENS, LANES, LANES), jnp.float32))  # the tiles' gradient
   else:
@@ -119,13 +125,15 @@ def _call(backward, interpret, qkv, rot, g=None):
   outs = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs]
   flops = (4 if backward else 2) * 2 * batch * t * 2 * blocks * LANES * LANES
   xs_bytes = 2 * batch * t * blocks * LANES * dtype.itemsize  # q and k of one array
-  moved = xs_bytes * (4 if backward else 2) + rot.size * (rot.dtype.itemsize + 4 * backward)
+  # Forward: x read, x' written; backward: x and g read, dx written (in g's place); the rows
+  # read, their float32 gradient written.
+  moved = xs_bytes * (3 if backward else 2) + rot.size * (rot.dtype.itemsize + 4 * backward)
   kw = ({'interpret': True} if interpret else {'compiler_params': _tpu_params()})
   res = pl.pallas_call(
       functools.partial(_backward_kernel, b, t) if backward else
       functools.partial(_forward_kernel, b),
       out_shape=outs, grid=grid, in_specs=[x_spec] * (len(ins) - 1) + [r_spec],
-      out_specs=[x_spec, r_spec] if backward else [x_spec], scratch_shapes=scratch,
+      out_specs=[x_spec, dr_spec] if backward else [x_spec], scratch_shapes=scratch,
       input_output_aliases={1: 0} if backward else {},
       name='rotate_' + ('backward' if backward else 'forward'),
       cost_estimate=pl.CostEstimate(flops=flops, transcendentals=0, bytes_accessed=moved),
@@ -133,7 +141,7 @@ def _call(backward, interpret, qkv, rot, g=None):
   if not backward:
     return res[0]
   dx, dr = res
-  return dx, jnp.pad(dr, ((0, 0), (0, rot.shape[1] - dr.shape[1]), (0, 0), (0, 0)))
+  return dx, jnp.pad(dr, ((0, rot.shape[1] - dr.shape[0]), (0, 0), (0, 0), (0, 0)))
 
 
 def _vmem(shape, dtype):
@@ -147,23 +155,27 @@ def _tpu_params():
       dimension_semantics=('parallel', 'parallel', 'arbitrary', 'arbitrary'))
 
 
-def _spread(b):
-  """E [b, 128], E[r, j] = (j mod b == r), and the mask of a tile's diagonal b x b blocks."""
+def _spread(b, d):
+  """E [n b, 128], E[m b + c, j] = (j div d == m and j mod b == c) for the n = 128 / d heads of
+  a tile, and the mask of its diagonal b x b blocks."""
   iota = lambda shape, axis: jax.lax.broadcasted_iota(jnp.int32, shape, axis)
-  shift = b.bit_length() - 1  # b divides 128: a power of 2 (no % or //: Mosaic lowers them
-  # through sign, which asks the device's TPU generation)
-  e = (iota((b, LANES), 1) & (b - 1)) == iota((b, LANES), 0)
-  return e, (iota((LANES, LANES), 0) >> shift) == (iota((LANES, LANES), 1) >> shift)
+  log = lambda x: x.bit_length() - 1  # b, d divide 128: powers of 2 (no % or //: Mosaic lowers
+  # them through sign, which asks the device's TPU generation)
+  shape = (LANES // d * b, LANES)
+  row, lane = iota(shape, 0), iota(shape, 1)
+  e = ((lane >> log(d)) == (row >> log(b))) & ((lane & (b - 1)) == (row & (b - 1)))
+  return e, (iota((LANES, LANES), 0) >> log(b)) == (iota((LANES, LANES), 1) >> log(b))
 
 
-def _tiles(b, r_ref, t_ref):
+def _tiles(b, d, r_ref, t_ref):
   """t_ref[s] = token s's tile T, T[j, i] = R[j mod b, i mod b] of the block holding j and i
-  (0 off the blocks): the blocks stacked, [128, b], spread across the lanes by a product with
-  E (exact: one term each)."""
-  e, mask = _spread(b)
+  (0 off the blocks): the heads' rows P [d, n b] repeated n times down, spread across the lanes
+  by a product with E (exact: one term each), off-block entries masked."""
+  e, mask = _spread(b, d)
   e = e.astype(t_ref.dtype)
+  n = LANES // d
   for s in range(TOKENS):
-    stacked = jnp.concatenate([r_ref[m, s] for m in range(r_ref.shape[0])], axis=0)
+    stacked = jnp.concatenate([r_ref[0, s]] * n, axis=0)
     spread = jnp.dot(stacked.astype(t_ref.dtype), e, preferred_element_type=jnp.float32)
     t_ref[s] = jnp.where(mask, spread, 0).astype(t_ref.dtype)
 
@@ -174,7 +186,7 @@ def _nt(a, b):
 
 def _forward_kernel(b, x_ref, r_ref, o_ref, t_ref):
   first = (pl.program_id(2) == 0) & (pl.program_id(3) == 0)
-  pl.when(first)(lambda: _tiles(b, r_ref, t_ref))
+  pl.when(first)(lambda: _tiles(b, r_ref.shape[2], r_ref, t_ref))
   for s in range(TOKENS):  # x' = x T^T: x'[j] = sum_i R[j, i] x[i] per block
     o_ref[:, s, :] = _nt(x_ref[:, s, :], t_ref[s]).astype(o_ref.dtype)
 
@@ -186,7 +198,7 @@ def _backward_kernel(b, tokens, x_ref, g_ref, r_ref, dx_ref, dr_ref, t_ref, acc_
 
   @pl.when(first)
   def _():
-    _tiles(b, r_ref, t_ref)
+    _tiles(b, r_ref.shape[2], r_ref, t_ref)
     acc_ref[...] = jnp.zeros_like(acc_ref)
 
   for s in range(TOKENS):
@@ -198,11 +210,10 @@ def _backward_kernel(b, tokens, x_ref, g_ref, r_ref, dx_ref, dr_ref, t_ref, acc_
                                       preferred_element_type=jnp.float32)
 
   @pl.when(last)
-  def _():  # dR[j, r] = sum_i dT[j, i] E[r, i] on the blocks: the stacked blocks' gradient
-    e, mask = _spread(b)
+  def _():  # dP[r, c] = sum over the n row groups of sum_i dT[m d + r, i] E[c, i] (on blocks)
     d = dr_ref.shape[2]
+    e, mask = _spread(b, d)
     for s in range(TOKENS):
       real = first_token + s < tokens  # past the last token: x, g undefined
       stacked = _nt(jnp.where(mask & real, acc_ref[s], 0), e.astype(jnp.float32))
-      for m in range(dr_ref.shape[0]):
-        dr_ref[m, s] = stacked[m * d:(m + 1) * d]
+      dr_ref[s, 0] = sum(stacked[m * d:(m + 1) * d] for m in range(LANES // d))

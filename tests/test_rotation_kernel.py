@@ -109,9 +109,10 @@ def test_the_model_rotates_liere64_by_the_kernel_before_the_attention_kernel(dat
   want, xla_text = run('xla')
   assert 'rotate_forward' in text and 'rotate_backward' in text
   assert 'thkij,bthkj->bthki' not in text and 'rotate_forward' not in xla_text
-  # each device's kernel reads the blocks of its heads: 4, or 2 on each of two devices; of its
-  # tokens, then gathered, over two data devices
-  assert re.search(rf'f32\[{4 // model_parallel},{18 // data if data > 1 else 17},64,64\]', text)
+  # each device's kernel reads the blocks of its heads, two a lane tile side by side: 4 heads
+  # (2 pairs), or 1 pair on each of two devices; of its tokens, then gathered, over two data
+  # devices
+  assert re.search(rf'f32\[{2 // model_parallel},{18 // data if data > 1 else 17},64,128\]', text)
   gathers = re.findall(r"(all_gather|reduce_scatter)\[[^\]]*axis_name=\('data',\)", text)
   assert sorted(set(gathers)) == (['all_gather', 'reduce_scatter'] if data > 1 else []), gathers
   _close(got, want, rtol=2e-5)
@@ -121,8 +122,9 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
   """The TPU compiler (libtpu, no TPU here) compiles LieRE64's rotation and attention and their
   gradients on a v5e-8 mesh, the batch split over 'data': four Mosaic calls (rotation and
   attention, forward and backward), the rotation's on the projection's one array
-  ([B, T, 3 H d], 2 rows a chip) and on the blocks of every token in bf16, gathered from the
-  chips' 25 (197 tokens padded to 200); no per-token 64 x 64 product left to XLA."""
+  ([B, T, 3 H d], 2 rows a chip) and on the blocks of every token in bf16, two heads side by
+  side on 128 lanes, gathered from the chips' 25 (197 tokens padded to 200), their gradient
+  reduce-scattered; no per-token 64 x 64 product left to XLA."""
   pytest.importorskip('libtpu', reason='requirements-tpu.txt')
   from jax.sharding import NamedSharding
   from liere_jax.bench import compile as tpu
@@ -144,10 +146,13 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
                              'attention_backward') if any(f'%{n}' in c for c in calls))
   assert len(calls) == 4 and len(names) == 4, calls
   rotate = [c for c in calls if c.lstrip().startswith('%rotate_')]
-  assert len(rotate) == 2 and all('bf16[2,197,2304]' in c and 'bf16[12,200,64,64]' in c
+  assert len(rotate) == 2 and all('bf16[2,197,2304]' in c and 'bf16[6,200,64,128]' in c
                                   for c in rotate), rotate
-  assert re.search(r'all-gather[^\n]*bf16\[12,200,64,64\]|bf16\[12,200,64,64\][^\n]*all-gather',
+  assert re.search(r'all-gather[^\n]*bf16\[6,200,64,128\]|bf16\[6,200,64,128\][^\n]*all-gather',
                    hlo)
+  # The blocks' gradient, token-major, reduce-scattered (not all-reduced, then sliced).
+  assert re.search(r'reduce-scatter[^\n]*f32\[25,6,64,128\]|f32\[25,6,64,128\][^\n]*reduce-scatter', hlo)
+  assert not re.search(r'all-reduce[^\n]*f32\[200,6,64,128\]', hlo)
 
 
 def test_the_gathered_rotations_in_bf16_give_the_same_attention():
