@@ -36,9 +36,10 @@ measured where (docs/benchmarks.md):
                inside it, to q and k as they are read; blocks of 16 to 128 dividing 128 (LieRE64)
                by the rotation kernel before it (liere_jax.rotation_kernel: the batch as M; it
                reads q and k in place too; it gathers each layer's rotations, which every
-               device computes for its tokens, in bf16). With both and the Pallas exponential
-               the v5e-8 cell's LieRE64 moved 82.8 GB (154.4 before), 1.21x abs; LieRE8 74.5,
-               1.09x (docs/benchmarks.md, third and fourth rounds). ImageNet ViT-B/16 on v5e-8
+               device computes for its tokens, in bf16, two heads' blocks side by side on 128
+               lanes). With both and the Pallas exponential the v5e-8 cell's LieRE64 moved
+               80.8 GB (154.4 before), 1.18x abs; LieRE8 74.5, 1.09x (docs/benchmarks.md, third
+               to fifth rounds). ImageNet ViT-B/16 on v5e-8
                at 128 a chip, GB a step, XLA's attention -> the kernel: abs 113.1 -> 68.6,
                rope_mixed 146.8 -> 69.1, LieRE8 155.3 -> 82.6 (docs/benchmarks.md). An encoding
                with a logit bias (ALiBi) keeps XLA's.
