@@ -172,10 +172,12 @@ def _drop_closed_loop_reports(unraisable):
 
 
 class _DropFailedReadTasks(std_logging.Filter):
-  """asyncio's 'Task exception was never retrieved' for the other reads of a failed restore."""
+  """asyncio's 'Task (or Future) exception was never retrieved' for the other reads of a failed
+  restore (which one depends on when the garbage collector finds them)."""
 
   def filter(self, record):
-    return not (record.getMessage().startswith('Task exception was never retrieved')
+    return not (record.getMessage().startswith(('Task exception was never retrieved',
+                                                'Future exception was never retrieved'))
                 and record.exc_info and isinstance(record.exc_info[1], ValueError))
 
 

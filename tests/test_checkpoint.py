@@ -1,5 +1,7 @@
 """Checkpoints: damaged ones are named in one line, set aside and skipped; the same-model check
 compares the parameter tree only."""
+import asyncio
+import gc
 import glob
 import logging
 import os
@@ -232,6 +234,35 @@ def test_an_unreadable_config_is_one_line(tmp_path):
   with pytest.raises(checkpoint.CheckpointError) as e:
     checkpoint.check_same_model(str(tmp_path), resolve(_config().model))
   assert '\n' not in str(e.value) and str(path) in str(e.value) and '--workdir' in str(e.value)
+
+
+def test_reads_a_failed_restore_left_unretrieved_stay_off_the_console(caplog):
+  """asyncio reports a failed read nobody awaited as a Task or a Future (whichever the garbage
+  collector finds): both are dropped once a restore has installed the filter; other errors
+  still reach the log. (The one-line test below met the Future form now and then.)"""
+  checkpoint_damage._quiet_stale_reads()  # pylint: disable=protected-access
+  loop = asyncio.new_event_loop()
+
+  async def fail(error):
+    raise error
+
+  def orphan(error, task):
+    if task:
+      t = loop.create_task(fail(error))
+      loop.run_until_complete(asyncio.sleep(0))
+      assert t.done()
+    else:
+      loop.create_future().set_exception(error)
+    gc.collect()
+
+  with caplog.at_level(logging.ERROR, logger='asyncio'):
+    for task in (True, False):
+      orphan(ValueError('OUT_OF_RANGE: Error reading a cut array'), task)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    orphan(RuntimeError('not a read'), False)
+    assert [r.getMessage().split('\n')[0] for r in caplog.records] == [
+        'Future exception was never retrieved']
+  loop.close()
 
 
 def test_train_resumes_past_a_damaged_checkpoint_in_one_line(tmp_path):
