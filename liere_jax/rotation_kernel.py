@@ -52,9 +52,9 @@ def rows(rot: jax.Array) -> jax.Array:
 def attention(qkv, rot, interpret: bool = False, gather=None):
   """Self-attention of q, k, v in the projection's one array qkv [B, T, 3 W] (W = H d), q and k
   rotated by `rows` of their block rotations, [H / n, T' >= T, d, n b] float32 (x' = R x per
-  block, in x's dtype; tokens past T are padding) -> [B, T, W] in qkv's dtype. The rotation kernel writes
-  q' and k' [B, T, 2 W]; the attention kernel (liere_jax.attention_kernel) reads them, and v in
-  place. Differentiable in qkv and rot: the attention kernel's gradient [B, T, 3 W], whose q and
+  block, in x's dtype; tokens past T are padding) -> [B, T, W] in qkv's dtype. The rotation
+  kernel writes q' and k' [B, T, 2 W]; the attention kernel (liere_jax.attention_kernel) reads
+  them, and v in place. Differentiable in qkv and rot: the attention kernel's gradient [B, T, 3 W], whose q and
   k parts the rotation's backward turns back in place (dv stays), and rot's (summed in float32).
 
   gather: inside shard_map, the mesh axis over which rot's tokens are split: all-gathered in

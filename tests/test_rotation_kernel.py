@@ -151,7 +151,8 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
   assert re.search(r'all-gather[^\n]*bf16\[6,200,64,128\]|bf16\[6,200,64,128\][^\n]*all-gather',
                    hlo)
   # The blocks' gradient, token-major, reduce-scattered (not all-reduced, then sliced).
-  assert re.search(r'reduce-scatter[^\n]*f32\[25,6,64,128\]|f32\[25,6,64,128\][^\n]*reduce-scatter', hlo)
+  assert re.search(r'reduce-scatter[^\n]*f32\[25,6,64,128\]|'
+                   r'f32\[25,6,64,128\][^\n]*reduce-scatter', hlo)
   assert not re.search(r'all-reduce[^\n]*f32\[200,6,64,128\]', hlo)
 
 
