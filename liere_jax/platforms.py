@@ -38,7 +38,7 @@ measured where (docs/benchmarks.md):
                reads q and k in place too; it gathers each layer's rotations, which every
                device computes for its tokens, in bf16, two heads' blocks side by side on 128
                lanes). With both and the Pallas exponential the v5e-8 cell's LieRE64 moved
-               80.8 GB (154.4 before), 1.18x abs; LieRE8 74.5, 1.09x (docs/benchmarks.md, third
+               80.8 GB (154.4 before), 1.18x abs; LieRE8 72.5, 1.06x (docs/benchmarks.md, third
                to fifth rounds). ImageNet ViT-B/16 on v5e-8
                at 128 a chip, GB a step, XLA's attention -> the kernel: abs 113.1 -> 68.6,
                rope_mixed 146.8 -> 69.1, LieRE8 155.3 -> 82.6 (docs/benchmarks.md). An encoding
