@@ -269,7 +269,7 @@ def _lattice_rotations(generators, plan: LatticePlan, block: int, exp, precision
 
   # Stacks of one block each (G = L H k, not L H with k blocks an item): on a mesh each device
   # takes 1/n of them, whose tables a TPU lays out with the stacks on its lanes (v5e-8 ImageNet
-  # LieRE8 cell: 74.55 -> 73.04 GB a step; with [L H / n, P, k, b, b] a chip, 18 wide, there).
+  # LieRE8 cell: 74.55 -> 72.52 GB a step; with [L H / n, P, k, b, b] a chip, 18 wide, there).
   g = jnp.moveaxis(g, 3, 2).reshape(l * h * k, n_prim, block, block)
   if (l * h * k) % _data_devices() == 0:  # Each device its stacks' exponentials and tables.
     out = split_over_data(lambda g: tables(exp(g)), g, item_dims=3)
