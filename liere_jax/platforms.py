@@ -39,10 +39,10 @@ measured where (docs/benchmarks.md):
                device computes for its tokens, in bf16, two heads' blocks side by side on 128
                lanes). With both and the Pallas exponential the v5e-8 cell's LieRE64 moved
                80.8 GB (154.4 before), 1.18x abs; LieRE8 72.5, 1.06x (docs/benchmarks.md, third
-               to fifth rounds). ImageNet ViT-B/16 on v5e-8
-               at 128 a chip, GB a step, XLA's attention -> the kernel: abs 113.1 -> 68.6,
-               rope_mixed 146.8 -> 69.1, LieRE8 155.3 -> 82.6 (docs/benchmarks.md). An encoding
-               with a logit bias (ALiBi) keeps XLA's.
+               to fifth rounds). ImageNet ViT-B/16 on v5e-8 at 128 a chip, GB a step, XLA's
+               attention -> the kernel: abs 113.1 -> 68.6, rope_mixed 146.8 -> 69.1, LieRE8
+               155.3 -> 82.6 (docs/benchmarks.md). An encoding with a logit bias (ALiBi) keeps
+               XLA's.
   pairs        how blocks of 2 (every RoPE) rotate outside that kernel
                (liere_jax.rotations.rotate): 'swap' on x's own layout, x' = c0 x + c1 swap(x),
                the pair swap a product with the permutation (matmul) or two lane shifts and a

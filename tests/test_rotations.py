@@ -225,7 +225,8 @@ def test_lattice_path_under_jit_and_its_fallbacks():
                                              (8, 1, 1)])
 def test_lattice_path_split_over_data(n, layers, heads, monkeypatch):
   """On a mesh: every device computes 1/n of the exponentials, then the powers for 1/n of the
-  (layer, head) stacks (n need not divide either); without one, a device computes them all."""
+  stacks, one a block of each layer and head (n need not divide either); without one, a device
+  computes them all."""
   seen = []
   out = rotations.split_over_data(lambda x: seen.append(x.shape[0]) or 2 * x,
                                   jnp.arange(20.).reshape(5, 2, 2))
@@ -243,6 +244,8 @@ def test_lattice_path_split_over_data(n, layers, heads, monkeypatch):
     value, grad = jax.jit(jax.value_and_grad(lambda p: loss(p, True)))(gens)
   n_exp = layers * heads * len(rotations.lattice_plan(pos).primitives) * 8  # 8 blocks of 8
   assert np.prod(shapes[0][:-2]) == -(-n_exp // n)  # per device, at matrix granularity
+  n_prim = len(rotations.lattice_plan(pos).primitives)
+  assert shapes[0] == (layers * heads * 8 // n, n_prim, 8, 8), shapes  # stacks of one block
   ref_value, ref_grad = jax.value_and_grad(lambda p: loss(p, False))(gens)
   np.testing.assert_allclose(value, ref_value, rtol=1e-5)
   assert np.abs(grad - ref_grad).max() <= 1e-4 * np.abs(ref_grad).max()
