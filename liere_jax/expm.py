@@ -42,7 +42,8 @@
                with its own squarings, and a Frechet-derivative VJP that stores a and R before
                Newton-Schulz (Mosaic on a TPU, Triton on a GPU, interpret mode on CPU: for
                tests).
-               Blocks under 16 (and b = 2), or past the kernel's largest: the fast path.
+               Blocks of 9 to 15, b = 2, past the kernel's largest, or under 16 on a GPU: the
+               fast path.
 Products run at `precision` (`per_platform`): 'highest' is float32 everywhere; 'auto' keeps it on
 CPU and uses six bf16 passes on accelerators (tensor cores; a TPU's HIGHEST), which keep
 float32's error (docs/benchmarks.md; `liere_jax.dots` emulates the presets on CPU). Products of
@@ -228,7 +229,7 @@ def _scaled_polynomial(taylor, powers, s):
 def _newton_schulz(r):
   """One Newton-Schulz step to the nearest orthogonal matrix: squaring doubles the rounding
   error each time; this removes the part of it that breaks orthogonality."""
-  return 1.5 * r - 0.5 * matmul(r, matmul(jnp.swapaxes(r, -1, -2), r))
+  return 1.5 * r - 0.5 * matmul(r, matmul(transpose(r), r))
 
 
 def _loop_expm(taylor, a):
@@ -306,6 +307,7 @@ def _select_stack(taylor, budget, a):
 # block whose products are multiply-adds there.
 _DOTS = contextvars.ContextVar('liere_expm_dots', default=None)
 _ELEMENTWISE = contextvars.ContextVar('liere_expm_elementwise', default=0)
+_ENTRIES = contextvars.ContextVar('liere_expm_entries', default=False)
 
 
 def per_platform(fn_of: Callable[[str], Callable], precision, *args):
@@ -348,16 +350,33 @@ def _with_dots(fn, d: dots_lib.Dots, elementwise_blocks: int = 0):
 
 
 @contextlib.contextmanager
-def _products(d, elementwise_blocks: int = 0):
+def _products(d, elementwise_blocks: int = 0, entries: bool = False):
   """`matmul` inside is d: a Dots (its forward, with a VJP at its backward), or a plain product
   (x, y) -> x @ y, which forward-mode differentiation goes through (fast_loop); multiply-adds
-  for blocks up to elementwise_blocks."""
-  tokens = _DOTS.set(d), _ELEMENTWISE.set(elementwise_blocks)
+  for blocks up to elementwise_blocks. `entries`: the matrices are laid out entries first,
+  [b, b, ...] (liere_jax.expm_kernel's small blocks), for `transpose` and `plus_identity`."""
+  tokens = _DOTS.set(d), _ELEMENTWISE.set(elementwise_blocks), _ENTRIES.set(entries)
   try:
     yield
   finally:
     _DOTS.reset(tokens[0])
     _ELEMENTWISE.reset(tokens[1])
+    _ENTRIES.reset(tokens[2])
+
+
+def transpose(x: jax.Array) -> jax.Array:
+  """Each matrix's transpose: [..., b, b], or [b, b, ...] in the entries layout (`_products`)."""
+  if _ENTRIES.get():
+    return jnp.stack([x[:, i] for i in range(x.shape[0])])
+  return jnp.swapaxes(x, -1, -2)
+
+
+def plus_identity(x: jax.Array) -> jax.Array:
+  """I + x, each matrix (the layouts as `transpose`'s)."""
+  if _ENTRIES.get():  # Entry by entry: a kernel holds no array constants.
+    return jnp.stack([jnp.stack([x[i, j] + 1 if i == j else x[i, j] for j in range(x.shape[1])])
+                      for i in range(x.shape[0])])
+  return jnp.eye(x.shape[-1], dtype=x.dtype) + x
 
 
 def matmul(x: jax.Array, y: jax.Array) -> jax.Array:
@@ -472,7 +491,7 @@ def _taylor12(x):
   c = _B12[1][0] + a
   x6 = b3 + matmul(b4, b4)
   y = b2 + x6
-  return jnp.eye(x[1].shape[-1], dtype=x[1].dtype) + b1 + c * x6 + a * y + matmul(y, x6)
+  return plus_identity(b1) + c * x6 + a * y + matmul(y, x6)
 
 
 def _powers18(a):
@@ -489,7 +508,7 @@ def _taylor18(x):
   e = _B18[2][0] + d
   x9 = matmul(b1, b5) + b4
   y = b3 + x9
-  return jnp.eye(x[1].shape[-1], dtype=x[1].dtype) + b2 + e * x9 + d * y + matmul(y, x9)
+  return plus_identity(b2) + e * x9 + d * y + matmul(y, x9)
 
 
 # The forms fast_cond and fast_select as they were: degree 12 up to a scaled spectral radius of

@@ -28,9 +28,14 @@ Per platform (`expm.per_platform`: `jax.lax.platform_dependent`, decided when lo
         product one batched product of the tile, each matrix with its own s (the tile's loop
         runs to its largest, a matrix's square kept by select up to its own); products at
         HIGHEST (six bf16 passes). A TPU's model.pe.expm='fast' (liere_jax.platforms).
+        Blocks of 3 to ENTRIES_UP_TO (LieRE8's 8 x 8) in the entries layout (`_pallas_entries`):
+        the stack as [b, b, m / 128, 128], each entry of 1,024 matrices whole vector registers,
+        a product b^3 float32 multiply-adds of them (as XLA's `elementwise_blocks`), a
+        transpose a renaming; the same program otherwise (v5e-8 ImageNet LieRE8 cell: 72.52 ->
+        71.97 GB a step, 1.049x abs's; docs/benchmarks.md).
   cuda  Triton: one matrix a program (b a power of 2, at most GPU_MAX_BLOCK), GPU_WARPS warps;
         products at the platform's preset (bf16 x6 for 'auto', float32 for 'highest').
-b < MIN_BLOCK (LieRE8's 8x8, RoPE's 2x2) or b > MAX_BLOCK: expm.fast_expm, as 'fast'. A block
+b = 2 (RoPE's), b < MIN_BLOCK on a GPU, or b > MAX_BLOCK: expm.fast_expm, as 'fast'. A block
 one platform's kernel does not take (a GPU's 48 or 256): fast_loop's program on that platform.
 On a TPU a 64-wide matrix fills half of the 128 lanes of its tiles (HBM and VMEM); packing two
 a row would need a reshape [32, 128] -> [64, 64] in the kernel, which Mosaic refuses.
@@ -46,7 +51,10 @@ from jax.experimental import pallas as pl
 from liere_jax import expm as expm_lib
 
 TAYLOR = expm_lib.TAYLOR12  # The polynomial: degree 12 in 4 products (x^2, x^3 and 2).
-MIN_BLOCK = 16  # Smaller blocks stay on the XLA path.
+MIN_BLOCK = 16  # The smallest block a matrix at a time; from 3 to ENTRIES_UP_TO: entries layout.
+ENTRIES_UP_TO = expm_lib.ELEMENTWISE_UP_TO
+ENTRY_ROWS = 8  # Entries layout: rows of 128 matrices a grid step (1,024: 256 KiB of 8 x 8).
+LANES = 128
 MAX_BLOCK = 256  # TPU / interpret: a 256 x 256 matrix's ~20 intermediates are ~5 MiB of VMEM.
 GPU_MAX_BLOCK = 128  # Triton: one matrix a program, held in registers.
 GPU_WARPS = 8  # Untuned (no GPU timing yet).
@@ -59,7 +67,7 @@ def supported(block: int, platform: str = 'tpu') -> bool:
   """Whether the kernel runs blocks of `block` on `platform` (else expm falls back to XLA)."""
   if platform == 'cuda':
     return MIN_BLOCK <= block <= GPU_MAX_BLOCK and block & (block - 1) == 0
-  return MIN_BLOCK <= block <= MAX_BLOCK
+  return 3 <= block <= ENTRIES_UP_TO or MIN_BLOCK <= block <= MAX_BLOCK
 
 
 def tile_matrices(block: int) -> int:
@@ -123,6 +131,8 @@ def _xla(kind, d, a, r0=None, g=None):
 
 def _pallas(kind, platform, d, *args):
   m, b, _ = args[0].shape
+  if b <= ENTRIES_UP_TO:
+    return _pallas_entries(kind, platform, *args)
   forward, backward = _products(d)
   body = {'forward': functools.partial(_exp_one, forward, False),
           'forward_res': functools.partial(_exp_one, forward, True),
@@ -143,25 +153,66 @@ def _pallas(kind, platform, d, *args):
   if n * tile != m:  # Zero matrices (exp(0) = I, no squarings), sliced off after.
     args = [jnp.pad(x, ((0, n * tile - m), (0, 0), (0, 0))) for x in args]
   spec = pl.BlockSpec((tile, b, b), lambda i: (i, 0, 0))
-  kw = {}
-  if platform == 'cpu':
-    kw['interpret'] = True
-  else:
-    from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
-    kw['compiler_params'] = pltpu.CompilerParams(dimension_semantics=('parallel',))
   out = jax.ShapeDtypeStruct((n * tile, b, b), jnp.float32)
-  # For XLA's counts: products a matrix at COUNTED_SQUARINGS (HIGHEST's six passes not counted);
-  # each matrix read and written once, its rows padded to whole 128-lane tiles as a TPU lays it.
-  products = {'forward': 6, 'forward_res': 6, 'backward': 5 + 3 * 4}[kind] + (
-      3 if kind == 'backward' else 1) * COUNTED_SQUARINGS
-  cost = pl.CostEstimate(flops=2 * b**3 * products * n * tile, transcendentals=0,
+  # Each matrix read and written once, its rows padded to whole 128-lane tiles as a TPU lays it.
+  cost = pl.CostEstimate(flops=2 * b**3 * _counted_products(kind) * n * tile, transcendentals=0,
                          bytes_accessed=4 * b * -(-b // 128) * 128 * n * tile * (len(args) + n_out))
   res = pl.pallas_call(
       functools.partial(_apply, body, len(args)), out_shape=(out,) * n_out, grid=(n,),
       in_specs=[spec] * len(args), out_specs=(spec,) * n_out, name=name, cost_estimate=cost,
-      **kw)(*args)
+      **_tpu_kw(platform))(*args)
   res = tuple(x[:m] for x in res) if n * tile != m else tuple(res)
   return res if n_out > 1 else res[0]
+
+
+def _pallas_entries(kind, platform, *args):
+  """_pallas for blocks of up to ENTRIES_UP_TO (TPU, interpret mode): the stacks [m, b, b] laid
+  out entries first, [b, b, m / 128, 128] (zero matrices pad m), so that each entry of a tile's
+  1,024 matrices is whole vector registers [8, 128], not an 8 x 8 block on a 8 x 128 tile; a
+  product is b^3 multiply-adds of them (float32, exact), a transpose a renaming."""
+  m, b, _ = args[0].shape
+  rows = min(ENTRY_ROWS, -(-m // LANES))  # A multiple of 8, or the whole array.
+  size = -(-m // (rows * LANES)) * rows * LANES
+  body = {'forward': functools.partial(_exp_one, _entries_product, False, entries=True),
+          'forward_res': functools.partial(_exp_one, _entries_product, True, entries=True),
+          'backward': functools.partial(_grad_one, _entries_product, entries=True)}[kind]
+  n_out = 2 if kind == 'forward_res' else 1
+  to_entries = lambda x: jnp.pad(jnp.moveaxis(x, 0, -1), ((0, 0), (0, 0), (0, size - m))).reshape(
+      b, b, size // LANES, LANES)
+  spec = pl.BlockSpec((b, b, rows, LANES), lambda i: (0, 0, i, 0))
+  out = jax.ShapeDtypeStruct((b, b, size // LANES, LANES), jnp.float32)
+  cost = pl.CostEstimate(flops=2 * b**3 * _counted_products(kind) * size, transcendentals=0,
+                         bytes_accessed=4 * b * b * size * (len(args) + n_out))
+  res = pl.pallas_call(
+      functools.partial(_apply, body, len(args)), out_shape=(out,) * n_out,
+      grid=(size // (rows * LANES),), in_specs=[spec] * len(args), out_specs=(spec,) * n_out,
+      name=f'liere_expm_{kind}', cost_estimate=cost, **_tpu_kw(platform))(
+          *map(to_entries, args))
+  res = tuple(jnp.moveaxis(x.reshape(b, b, size)[..., :m], -1, 0) for x in res)
+  return res if n_out > 1 else res[0]
+
+
+def _tpu_kw(platform):
+  """pallas_call's arguments on a TPU (Mosaic, tiles in parallel), or interpret mode (cpu)."""
+  if platform == 'cpu':
+    return {'interpret': True}
+  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+  return {'compiler_params': pltpu.CompilerParams(dimension_semantics=('parallel',))}
+
+
+def _counted_products(kind):
+  """For XLA's counts: products a matrix at COUNTED_SQUARINGS (HIGHEST's six passes not
+  counted)."""
+  return {'forward': 6, 'forward_res': 6, 'backward': 5 + 3 * 4}[kind] + (
+      3 if kind == 'backward' else 1) * COUNTED_SQUARINGS
+
+
+def _entries_product(x, y):
+  """x @ y of each matrix in the entries layout [b, b, ...]: b multiply-adds an entry."""
+  out = x[:, 0][:, None] * y[0][None]
+  for k in range(1, x.shape[1]):
+    out = out + x[:, k][:, None] * y[k][None]
+  return out
 
 
 def _products(d):
@@ -187,11 +238,18 @@ def squarings(powers, theta):
   finite) to at most theta, no cap; 0 for a non-finite matrix. Reductions keep their dims and
   the power is taken in logarithms (Mosaic has no scalar pow)."""
   k = max(powers)
-  norm = lambda p: jnp.max(jnp.sum(jnp.abs(p), axis=-2, keepdims=True), axis=-1, keepdims=True)
+  norm = _norm1
   log_k = jnp.log2(norm(powers[k])) / k  # -inf for a = 0: no squarings.
   log_bound = jnp.where(jnp.isfinite(log_k) | (log_k < 0), log_k, jnp.log2(norm(powers[1])))
   s = jnp.ceil(jnp.maximum(log_bound - np.float32(np.log2(theta)), -1.0))
   return jnp.where(jnp.isfinite(s), jnp.maximum(s, 0.0), 0.0).astype(jnp.int32)
+
+
+def _norm1(p):
+  """Each matrix's 1-norm (largest column sum): [..., 1, 1], or [...] in the entries layout."""
+  if expm_lib._ENTRIES.get():  # pylint: disable=protected-access
+    return jnp.max(jnp.sum(jnp.abs(p), axis=0), axis=0)
+  return jnp.max(jnp.sum(jnp.abs(p), axis=-2, keepdims=True), axis=-1, keepdims=True)
 
 
 def _squared(powers, s):
@@ -203,24 +261,24 @@ def _squared(powers, s):
       i < s, expm_lib.matmul(y, y), y), y)
 
 
-def _exp_one(mm, residual, a):
-  """(exp(a),) of a stack [m, b, b], fast_loop's program with each matrix's own squarings;
-  with `residual` also R0, the rotation before the Newton-Schulz step (the backward's
-  residual)."""
-  with expm_lib._products(mm):  # pylint: disable=protected-access
+def _exp_one(mm, residual, a, entries=False):
+  """(exp(a),) of a stack [m, b, b] (`entries`: [b, b, ...]), fast_loop's program with each
+  matrix's own squarings; with `residual` also R0, the rotation before the Newton-Schulz step
+  (the backward's residual)."""
+  with expm_lib._products(mm, entries=entries):  # pylint: disable=protected-access
     powers = TAYLOR.powers(a)
     r0 = _squared(powers, squarings(powers, TAYLOR.theta))
     r = expm_lib._newton_schulz(r0)  # pylint: disable=protected-access
   return (r, r0) if residual else (r,)
 
 
-def _grad_one(mm, a, r0, g):
+def _grad_one(mm, a, r0, g, entries=False):
   """(the cotangent of a,) for the cotangent g of R = NS(R0(a)) (one matrix [b, b]): through
   the Newton-Schulz step's adjoint at R0 (at R0, not at an orthogonal R: that keeps the
   gradient's error at the XLA path's, 2.5e-6 against 6e-6 on LieRE64's largest matrices), then
   L(a^T, g) as the polynomial and squarings at a^T differentiated forward in direction g."""
-  t = lambda x: jnp.swapaxes(x, -1, -2)
-  with expm_lib._products(mm):  # pylint: disable=protected-access
+  t = expm_lib.transpose
+  with expm_lib._products(mm, entries=entries):  # pylint: disable=protected-access
     # NS(r) = 1.5 r - 0.5 r r^T r; its adjoint: 1.5 g - 0.5 (g r^T r + r g^T r + r r^T g).
     p = mm(t(r0), g)
     g = 1.5 * g - 0.5 * (mm(g, mm(t(r0), r0)) + mm(r0, t(p)) + mm(r0, p))

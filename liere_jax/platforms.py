@@ -21,7 +21,8 @@ measured where (docs/benchmarks.md):
                instead of 25.32 (docs/benchmarks.md). Where it runs, every token's exponential
                replaces the lattice table of powers (liere_jax.rotations.liere_rotations; proxy
                18.82 -> 17.91 GB); LieRE8 keeps the table (its v5e-8 cell moved 78.8 GB without,
-               78.1 with, though its 2-layer proxy moved 14.24 without and 15.48 with).
+               78.1 with, though its 2-layer proxy moved 14.24 without and 15.48 with), its
+               points' exponentials the kernel in its entries layout (cell 72.52 -> 71.97 GB).
   pieces       fast_cond's chunks of one scale each and remat's chunks (fast_select,
                scipy_remat), in bytes of matrices; fast_loop chunks only on CPU.
   products     the exponential's and the lattice table's products at expm_precision='auto'

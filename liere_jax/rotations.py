@@ -78,7 +78,8 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
   one product of two earlier powers along its ray (m = 2^j + r, batched by ceil(log2 m)), a
   point -q is R(q)^T and p = 0 is I. b = 2 (closed form, cheap) and traced positions take the
   general path: every token's exponential. So does a platform whose exponential of these blocks
-  is the Pallas kernel (liere_jax.platforms' expm_kernel, a TPU; expm 'fast' or 'pallas').
+  is the Pallas kernel a matrix at a time (liere_jax.platforms' expm_kernel, a TPU; expm 'fast' or
+  'pallas'; blocks of 16 and up).
 
   Args:
     generators: [L, H, n, n_blocks, b(b-1)/2] raw parameters (L, H may be 1 when shared).
@@ -97,7 +98,10 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
     [L, H, T, n_blocks, b, b] float32 rotations (T rounded up where split_tokens splits them).
   """
   exp = method if callable(method) else lambda a: exponential(a, method, precision)
-  on = _kernel_platforms(block) if method in ('fast', 'pallas') else []
+  # Every token's exponential where the kernel takes the blocks a matrix at a time (the rotation
+  # kernel's, 16 and up); smaller blocks keep the lattice, the kernel exponentiating its points.
+  large = method in ('fast', 'pallas') and block >= expm_kernel.MIN_BLOCK
+  on = _kernel_platforms(block) if large else []
   n = _data_devices() if split_tokens and on else 1
   pad = -len(positions) % n
   if pad:  # Position 0: the identity (numpy where known at trace time: the lattice's plan).

@@ -25,8 +25,10 @@ def program(pe: str) -> str:
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   loss = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2)
   text = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
-  text = re.sub(r'metadata=\{[^}]*\}', '', text)
-  return re.sub(r'^\d+ "[^"]*"$', '', text, flags=re.M)  # The stack frames' file table.
+  text = re.sub(r'metadata=\{[^}]*\}|, stack_frame_id=\d+', '', text)
+  # The stack frames' tables: file and function names, lines and columns.
+  text = re.sub(r'^\d+ ("[^"]*"|\{[^}]*\})$', '', text, flags=re.M)
+  return re.sub(r'\n\n+', '\n', text)
 
 
 if __name__ == '__main__':

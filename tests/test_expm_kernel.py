@@ -73,12 +73,14 @@ def test_gradient_is_the_frechet_derivative_and_the_xla_path_s():
   assert gerr <= 1e-5 and skew_err <= 1e-5 and xerr <= 3e-5, (gerr, skew_err, xerr)
 
 
-def test_each_matrix_gets_its_own_squarings_past_any_cap():
-  """16 x 16 blocks in one tile: a tiny matrix, a training-sized one and one at spectral radius
-  2^(SELECT_CAP + 4) (20 squarings: past the select form's cap, and the kernel's loop has
-  none); each within float32's error of SciPy (~1e-7 of the angle), forward and gradient."""
+@pytest.mark.parametrize('block', [16, 8])
+def test_each_matrix_gets_its_own_squarings_past_any_cap(block):
+  """Blocks in one tile (16: matrices; 8: the entries layout): a tiny matrix, a training-sized
+  one and one at spectral radius 2^(SELECT_CAP + 4) (20 squarings: past the select form's cap,
+  and the kernel's loop has none); each within float32's error of SciPy (~1e-7 of the angle),
+  forward and gradient."""
   rng = np.random.default_rng(3)
-  u = rng.standard_normal((3, 16, 16))
+  u = rng.standard_normal((3, block, block))
   a = (u - np.swapaxes(u, 1, 2)) / 4
   rho = lambda x: np.abs(np.linalg.eigvals(x)).max()
   a[0] *= 1e-3 / rho(a[0])
@@ -100,14 +102,37 @@ def test_each_matrix_gets_its_own_squarings_past_any_cap():
   assert (gerr <= 1e-5).all(), gerr
 
 
-@pytest.mark.parametrize('block', [2, 8])
-def test_small_blocks_take_the_xla_path(block):
-  """b < MIN_BLOCK (LieRE8, RoPE's b = 2): no kernel, the fast path's result exactly."""
-  u = np.random.default_rng(0).standard_normal((5, block, block)).astype(np.float32)
+def test_2x2_blocks_take_the_xla_path():
+  """b = 2 (RoPE's, and a LieRE's of 2): no kernel, the closed form exactly."""
+  u = np.random.default_rng(0).standard_normal((5, 2, 2)).astype(np.float32)
   a = u - np.swapaxes(u, 1, 2)
   assert 'pallas_call' not in str(jax.make_jaxpr(lambda x: rotations.exponential(x, 'pallas'))(a))
   np.testing.assert_array_equal(jax.jit(lambda x: rotations.exponential(x, 'pallas'))(a),
                                 jax.jit(lambda x: rotations.exponential(x, 'fast'))(a))
+
+
+@pytest.mark.parametrize('block,n', [(8, 1100), (4, 20)])
+def test_small_blocks_in_the_entries_layout_against_float64(block, n):
+  """Blocks of 3 to ENTRIES_UP_TO (LieRE8's) run entries first, [b, b, m / 128, 128]: LieRE8's
+  exponentials at the training range (ImageNet's 14 x 14 grid; 1,100 of them: two grid steps,
+  the second padded) within 1e-5 of SciPy in float64 and orthogonal to 1e-5, the gradient's skew
+  part within 1e-5 of SciPy's Frechet derivative and the whole within 1e-5 of the XLA path's."""
+  a, g = bench_expm.case_inputs(bench_expm.parse_case(f'2x2x14x14/{block}'))
+  idx = np.argsort(np.abs(a).sum(-2).max(-1))[::-1][:n]  # The largest first.
+  a, g = a[idx], g[idx]
+  assert len(a) == n and (n <= expm_kernel.LANES or n > expm_kernel.ENTRY_ROWS * 128)
+  assert 'pallas_call' in str(jax.make_jaxpr(lambda x: rotations.exponential(x, 'pallas'))(a))
+  r, grad = _pallas_and_grad(a, g)
+  b64 = lambda x: x.astype(np.float64)
+  err = np.abs(r - _expm64(a)).max()
+  orth = np.abs(np.einsum('mji,mjk->mik', r, r) - np.eye(block)).max()
+  ref = np.stack([scipy.linalg.expm_frechet(x.T, y, compute_expm=False)
+                  for x, y in zip(b64(a[:64]), b64(g[:64]))])
+  gerr = np.abs(_skew(grad[:64]) - _skew(ref)).max() / np.abs(_skew(ref)).max()
+  xla = lambda x: expm.fast_expm(x, form='loop', precision=dots.CPU)
+  gx = np.asarray(jax.jit(jax.grad(lambda y: jnp.sum(xla(y) * g)))(a), np.float64)
+  xerr = np.abs(grad - gx).max() / np.abs(gx).max()
+  assert err <= 1e-5 and orth <= 1e-5 and gerr <= 1e-5 and xerr <= 1e-5, (err, orth, gerr, xerr)
 
 
 def test_liere_rotations_take_the_method_by_name():
@@ -127,23 +152,26 @@ def _loss(x):
   return jnp.sum(rotations.exponential(x, 'pallas') * jnp.arange(x.shape[-1], dtype=jnp.float32))
 
 
-def test_compiles_for_a_tpu_v5e_deviceless():
-  """The TPU compiler (libtpu, no TPU here) compiles the forward and the gradient: one Mosaic
-  custom call each way, no XLA while loop left (the squarings run inside the kernel), and the
-  compiler counts the kernels' products (their CostEstimate, at COUNTED_SQUARINGS): at least
-  (6 + s) products a matrix forward, 2 b^3 FLOPs each, over its tiles (padded)."""
+@pytest.mark.parametrize('block', [B, 8])
+def test_compiles_for_a_tpu_v5e_deviceless(block):
+  """The TPU compiler (libtpu, no TPU here) compiles the forward and the gradient (64 x 64
+  blocks; 8 x 8 in the entries layout): one Mosaic custom call each way, no XLA while loop left
+  (the squarings run inside the kernel), and the compiler counts the kernels' products (their
+  CostEstimate, at COUNTED_SQUARINGS): at least (6 + s) products a matrix forward, 2 b^3 FLOPs
+  each, over its tiles (padded)."""
   pytest.importorskip('libtpu', reason='requirements-tpu.txt')
   from jax.sharding import SingleDeviceSharding
   from liere_jax.bench import compile as tpu
   dev = tpu.parse_slice('v5litepod-1').devices()[0]
-  x = jax.ShapeDtypeStruct((20, B, B), jnp.float32, sharding=SingleDeviceSharding(dev))
+  x = jax.ShapeDtypeStruct((20, block, block), jnp.float32, sharding=SingleDeviceSharding(dev))
+  tile = expm_kernel.LANES if block <= expm_kernel.ENTRIES_UP_TO else expm_kernel.tile_matrices(B)
   for fn, kernels in ((lambda y: rotations.exponential(y, 'pallas'), ['liere_expm_forward']),
                       (jax.grad(_loss), ['liere_expm_forward_res', 'liere_expm_backward'])):
     compiled = jax.jit(fn).trace(x).lower().compile()
     hlo = compiled.as_text()
-    n = -(-20 // expm_kernel.tile_matrices(B)) * expm_kernel.tile_matrices(B)
+    n = -(-20 // tile) * tile
     assert compiled.cost_analysis().get('flops', 0) >= (
-        2 * B**3 * (6 + expm_kernel.COUNTED_SQUARINGS) * n), compiled.cost_analysis()
+        2 * block**3 * (6 + expm_kernel.COUNTED_SQUARINGS) * n), compiled.cost_analysis()
     calls = [line for line in hlo.splitlines() if 'tpu_custom_call' in line]
     assert [k for k in kernels if any(f'%{k}' in c for c in calls)] == kernels, calls
     assert len(calls) == len(kernels) and ' while(' not in hlo
@@ -184,8 +212,8 @@ def test_blocks_a_platform_s_kernel_does_not_take_run_the_xla_program(monkeypatc
 
 def test_fast_is_the_kernel_on_a_tpu_and_xla_elsewhere():
   """model.pe.expm='fast' (the default) lowers to the Mosaic kernel for a TPU (platforms' TPU row:
-  expm_kernel), to XLA's forms for cpu and cuda; fast_loop keeps XLA's on a TPU too; blocks under
-  MIN_BLOCK never reach the kernel."""
+  expm_kernel), to XLA's forms for cpu and cuda; fast_loop keeps XLA's on a TPU too; 8 x 8
+  blocks take it in the entries layout, 2 x 2 never."""
   x = jax.ShapeDtypeStruct((4, 64, 64), jnp.float32)
   lower = lambda fn, p, x=x: jax.jit(jax.grad(lambda y: jnp.sum(fn(y)))).trace(x).lower(
       lowering_platforms=(p,)).as_text()
@@ -193,8 +221,8 @@ def test_fast_is_the_kernel_on_a_tpu_and_xla_elsewhere():
   assert PLATFORMS['tpu'].expm_kernel and not PLATFORMS['cpu'].expm_kernel
   assert lower(fast, 'tpu').count('tpu_custom_call') == 2  # forward and backward kernels
   assert 'tpu_custom_call' not in lower(lambda y: rotations.exponential(y, 'fast_loop'), 'tpu')
-  assert 'tpu_custom_call' not in lower(fast, 'tpu', jax.ShapeDtypeStruct((4, 8, 8),
-                                                                          jnp.float32))
+  small = lambda b: lower(fast, 'tpu', jax.ShapeDtypeStruct((4, b, b), jnp.float32))
+  assert small(8).count('tpu_custom_call') == 2 and 'tpu_custom_call' not in small(2)
   assert 'pallas' not in lower(fast, 'cpu') and 'xla.gpu.triton' not in lower(fast, 'cuda')
 
 
@@ -216,3 +244,18 @@ def test_a_tpu_exponentiates_every_token_where_the_kernel_runs_them(expm_method)
   # L H T = 32 matrices (the lattice's 2 x 9 would be padded to 24: 8 a grid step)
   assert len(calls) == 1 and '(tensor<32x64x64xf32>)' in calls[0], calls
   np.testing.assert_allclose(fn(gens), fn(gens, lattice=False), atol=2e-5)
+
+
+def test_small_blocks_keep_the_lattice_on_a_tpu_its_points_in_the_kernel():
+  """LieRE8 on a TPU: the lattice path (a 4 x 4 grid's 9 primitive points exponentiated, the
+  rest multiplied from the table; the attention kernel's band reads the tokens' blocks), its
+  exponentials the kernel in the entries layout: [8, 8, 1, 128] (L H k P = 2 x 2 x 9 = 36
+  matrices, padded to a row of 128), not every token's."""
+  from liere_jax import positions
+  pos = positions.grid_positions((4, 4), (4, 4), 'normalized')
+  gens = jnp.asarray(np.random.default_rng(0).standard_normal((1, 2, 2, 2, 28)) / 4, jnp.float32)
+  fn = lambda g: rotations.liere_rotations(g, pos, 8, 'fast')
+  text = jax.jit(jax.grad(lambda g: jnp.sum(fn(g) ** 3))).trace(gens).lower(
+      lowering_platforms=('tpu',)).as_text()
+  calls = [line for line in text.splitlines() if 'tpu_custom_call' in line]
+  assert len(calls) == 2 and all('tensor<8x8x1x128xf32>' in c for c in calls), calls
