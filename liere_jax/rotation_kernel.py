@@ -123,6 +123,11 @@ def _call(backward, interpret, qkv, rot, g=None):
   else:
     ins, outs = (qkv, rot), [jax.ShapeDtypeStruct((batch, t, 2 * blocks * LANES), dtype)]
   outs = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs]
+  if not backward and not interpret:
+    # q' and k' straight to HBM: left to it, the compiler wrote them to VMEM, copied them out
+    # and prefetched them back in slices for the attention backward (v5e-8 ImageNet LieRE64
+    # cell: 80.84 -> 76.44 GB a step; docs/benchmarks.md, sixth round).
+    outs = [_hbm(o.shape, o.dtype) for o in outs]
   flops = (4 if backward else 2) * 2 * batch * t * 2 * blocks * LANES * LANES
   xs_bytes = 2 * batch * t * blocks * LANES * dtype.itemsize  # q and k of one array
   # Forward: x read, x' written; backward: x and g read, dx written (in g's place); the rows
@@ -147,6 +152,12 @@ def _call(backward, interpret, qkv, rot, g=None):
 def _vmem(shape, dtype):
   from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
   return pltpu.VMEM(shape, dtype)
+
+
+def _hbm(shape, dtype):
+  """An output the compiler must place in HBM."""
+  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+  return pltpu.HBM(shape, dtype)
 
 
 def _tpu_params():

@@ -148,6 +148,10 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
   rotate = [c for c in calls if c.lstrip().startswith('%rotate_')]
   assert len(rotate) == 2 and all('bf16[2,197,2304]' in c and 'bf16[6,200,64,128]' in c
                                   for c in rotate), rotate
+  # q' and k' written to HBM (memory space 0), not VMEM (S(1)) for the compiler to copy out.
+  forward = next(c for c in rotate if c.lstrip().startswith('%rotate_forward'))
+  assert re.search(r'= bf16\[2,197,1536\]\{[^}S]*\} custom-call', forward), forward
+  assert re.search(r'output_memory_space_colors\W*\[\W*\{\W*color\W*0\b', forward), forward
   assert re.search(r'all-gather[^\n]*bf16\[6,200,64,128\]|bf16\[6,200,64,128\][^\n]*all-gather',
                    hlo)
   # The blocks' gradient, token-major, reduce-scattered (not all-reduced, then sliced).
