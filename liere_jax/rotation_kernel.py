@@ -53,9 +53,10 @@ def attention(qkv, rot, interpret: bool = False, gather=None):
   """Self-attention of q, k, v in the projection's one array qkv [B, T, 3 W] (W = H d), q and k
   rotated by `rows` of their block rotations, [H / n, T' >= T, d, n b] float32 (x' = R x per
   block, in x's dtype; tokens past T are padding) -> [B, T, W] in qkv's dtype. The rotation
-  kernel writes q' and k' [B, T, 2 W]; the attention kernel (liere_jax.attention_kernel) reads
-  them, and v in place. Differentiable in qkv and rot: the attention kernel's gradient [B, T, 3 W], whose q and
-  k parts the rotation's backward turns back in place (dv stays), and rot's (summed in float32).
+  kernel writes q' and k' [B, T, 2 W] to HBM; the attention kernel (liere_jax.attention_kernel)
+  reads them from there, and v in place. Differentiable in qkv and rot: the attention kernel's
+  gradient [B, T, 3 W], whose q and k parts the rotation's backward turns back in place (dv
+  stays), and rot's (summed in float32).
 
   gather: inside shard_map, the mesh axis over which rot's tokens are split: all-gathered in
   qkv's dtype (the kernel rounds them to it), their gradient reduce-scattered in float32.
@@ -114,12 +115,13 @@ def _call(backward, interpret, qkv, rot, g=None):
   x_spec = pl.BlockSpec((rows_a_step, TOKENS, LANES), lambda i, c, p, r: (r, i, p * blocks + c))
   r_spec = pl.BlockSpec((1, TOKENS, d, nb), lambda i, c, *_: (c, i, 0, 0))
   dr_spec = pl.BlockSpec((TOKENS, 1, d, nb), lambda i, c, *_: (i, c, 0, 0))  # token-major
-  scratch = [_vmem((TOKENS, LANES, LANES), dtype)]  # the tiles
+  vmem = attention_kernel.vmem
+  scratch = [vmem((TOKENS, LANES, LANES), dtype)]  # the tiles
   if backward:
     # rot's gradient: 0 past T (padding), and where no grid step writes (past T's last block).
     visited = (min(rot.shape[1], pl.cdiv(t, TOKENS) * TOKENS), rot.shape[0]) + rot.shape[2:]
     ins, outs = (qkv, g, rot), [g, jax.ShapeDtypeStruct(visited, jnp.float32)]
-    scratch.append(_vmem((TOKENS, LANES, LANES), jnp.float32))  # the tiles' gradient
+    scratch.append(vmem((TOKENS, LANES, LANES), jnp.float32))  # the tiles' gradient
   else:
     ins, outs = (qkv, rot), [jax.ShapeDtypeStruct((batch, t, 2 * blocks * LANES), dtype)]
   outs = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs]
@@ -127,7 +129,7 @@ def _call(backward, interpret, qkv, rot, g=None):
     # q' and k' straight to HBM: left to it, the compiler wrote them to VMEM, copied them out
     # and prefetched them back in slices for the attention backward (v5e-8 ImageNet LieRE64
     # cell: 80.84 -> 76.44 GB a step; docs/benchmarks.md, sixth round).
-    outs = [_hbm(o.shape, o.dtype) for o in outs]
+    outs = [attention_kernel.hbm(o.shape, o.dtype) for o in outs]
   flops = (4 if backward else 2) * 2 * batch * t * 2 * blocks * LANES * LANES
   xs_bytes = 2 * batch * t * blocks * LANES * dtype.itemsize  # q and k of one array
   # Forward: x read, x' written; backward: x and g read, dx written (in g's place); the rows
@@ -147,17 +149,6 @@ def _call(backward, interpret, qkv, rot, g=None):
     return res[0]
   dx, dr = res
   return dx, jnp.pad(dr, ((0, rot.shape[1] - dr.shape[0]), (0, 0), (0, 0), (0, 0)))
-
-
-def _vmem(shape, dtype):
-  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
-  return pltpu.VMEM(shape, dtype)
-
-
-def _hbm(shape, dtype):
-  """An output the compiler must place in HBM."""
-  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
-  return pltpu.HBM(shape, dtype)
 
 
 def _tpu_params():

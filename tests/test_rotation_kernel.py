@@ -124,7 +124,8 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
   attention, forward and backward), the rotation's on the projection's one array
   ([B, T, 3 H d], 2 rows a chip) and on the blocks of every token in bf16, two heads side by
   side on 128 lanes, gathered from the chips' 25 (197 tokens padded to 200), their gradient
-  reduce-scattered; no per-token 64 x 64 product left to XLA."""
+  reduce-scattered; no per-token 64 x 64 product left to XLA; q' and k' written to HBM and read
+  from there (their memory space pinned)."""
   pytest.importorskip('libtpu', reason='requirements-tpu.txt')
   from jax.sharding import NamedSharding
   from liere_jax.bench import compile as tpu
@@ -152,6 +153,10 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
   forward = next(c for c in rotate if c.lstrip().startswith('%rotate_forward'))
   assert re.search(r'= bf16\[2,197,1536\]\{[^}S]*\} custom-call', forward), forward
   assert re.search(r'output_memory_space_colors\W*\[\W*\{\W*color\W*0\b', forward), forward
+  # ... and the attention kernels read them from there (no prefetch into VMEM first).
+  attend = [c for c in calls if c.lstrip().startswith('%attention_')]
+  hbm_operand = r'memory_space_colors\W*\[\W*\{\W*operand_index\W*0\W*color\W*0\b'
+  assert len(attend) == 2 and all(re.search(hbm_operand, c) for c in attend), attend
   assert re.search(r'all-gather[^\n]*bf16\[6,200,64,128\]|bf16\[6,200,64,128\][^\n]*all-gather',
                    hlo)
   # The blocks' gradient, token-major, reduce-scattered (not all-reduced, then sliced).
