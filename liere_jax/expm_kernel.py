@@ -168,7 +168,7 @@ def _pallas(kind, platform, d, *args):
 def _pallas_entries(kind, platform, *args):
   """_pallas for blocks of up to ENTRIES_UP_TO (TPU, interpret mode): the stacks [m, b, b] laid
   out entries first, [b, b, m / 128, 128] (zero matrices pad m), so that each entry of a tile's
-  1,024 matrices is whole vector registers [8, 128], not an 8 x 8 block on a 8 x 128 tile; a
+  1,024 matrices is whole vector registers [8, 128], not an 8 x 8 block on an 8 x 128 tile; a
   product is b^3 multiply-adds of them (float32, exact), a transpose a renaming."""
   m, b, _ = args[0].shape
   rows = min(ENTRY_ROWS, -(-m // LANES))  # A multiple of 8, or the whole array.
@@ -273,7 +273,7 @@ def _exp_one(mm, residual, a, entries=False):
 
 
 def _grad_one(mm, a, r0, g, entries=False):
-  """(the cotangent of a,) for the cotangent g of R = NS(R0(a)) (one matrix [b, b]): through
+  """(the cotangent of a,) for the cotangent g of R = NS(R0(a)) (stacks as _exp_one's): through
   the Newton-Schulz step's adjoint at R0 (at R0, not at an orthogonal R: that keeps the
   gradient's error at the XLA path's, 2.5e-6 against 6e-6 on LieRE64's largest matrices), then
   L(a^T, g) as the polynomial and squarings at a^T differentiated forward in direction g."""
