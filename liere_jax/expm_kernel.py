@@ -134,10 +134,7 @@ def _pallas(kind, platform, d, *args):
   if b <= ENTRIES_UP_TO:
     return _pallas_entries(kind, platform, *args)
   forward, backward = _products(d)
-  body = {'forward': functools.partial(_exp_one, forward, False),
-          'forward_res': functools.partial(_exp_one, forward, True),
-          'backward': functools.partial(_grad_one, backward)}[kind]
-  n_out = 2 if kind == 'forward_res' else 1
+  body, n_out = _body(kind, forward, backward)
   name = f'liere_expm_{kind}'
   if platform == 'cuda':
     from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
@@ -173,10 +170,7 @@ def _pallas_entries(kind, platform, *args):
   m, b, _ = args[0].shape
   rows = min(ENTRY_ROWS, -(-m // LANES))  # A multiple of 8, or the whole array.
   size = -(-m // (rows * LANES)) * rows * LANES
-  body = {'forward': functools.partial(_exp_one, _entries_product, False, entries=True),
-          'forward_res': functools.partial(_exp_one, _entries_product, True, entries=True),
-          'backward': functools.partial(_grad_one, _entries_product, entries=True)}[kind]
-  n_out = 2 if kind == 'forward_res' else 1
+  body, n_out = _body(kind, _entries_product, _entries_product, entries=True)
   to_entries = lambda x: jnp.pad(jnp.moveaxis(x, 0, -1), ((0, 0), (0, 0), (0, size - m))).reshape(
       b, b, size // LANES, LANES)
   spec = pl.BlockSpec((b, b, rows, LANES), lambda i: (0, 0, i, 0))
@@ -190,6 +184,14 @@ def _pallas_entries(kind, platform, *args):
           *map(to_entries, args))
   res = tuple(jnp.moveaxis(x.reshape(b, b, size)[..., :m], -1, 0) for x in res)
   return res if n_out > 1 else res[0]
+
+
+def _body(kind, forward, backward, entries=False):
+  """The kernel body of pass `kind` with these products, and its number of outputs."""
+  body = {'forward': functools.partial(_exp_one, forward, False, entries=entries),
+          'forward_res': functools.partial(_exp_one, forward, True, entries=entries),
+          'backward': functools.partial(_grad_one, backward, entries=entries)}[kind]
+  return body, 2 if kind == 'forward_res' else 1
 
 
 def _tpu_kw(platform):
