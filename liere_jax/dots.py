@@ -21,7 +21,8 @@ class Dots(NamedTuple):
   """The product of a forward pass and the products of its VJP: (x, y) -> x @ y, batched."""
   forward: Callable
   backward: Callable
-  barrier: bool = False  # Materialise x^T in the VJP (fast on XLA CPU; expm._matmul).
+  barrier: bool = False  # Materialise x^T in the VJP (fast on XLA CPU; expm.xla_algebra).
+  name: str = ''  # What `bench plan` prints.
 
 
 def at(precision) -> Callable:
@@ -33,13 +34,13 @@ def _dot(x, y, precision):
   return jnp.matmul(x, y, precision=precision, preferred_element_type=jnp.float32)
 
 
-HIGHEST = Dots(at(_HI), at(_HI))
-CPU = Dots(at(_HI), at(_HI), barrier=True)
+HIGHEST = Dots(at(_HI), at(_HI), name='HIGHEST')
+CPU = Dots(at(_HI), at(_HI), barrier=True, name='float32')
 # Tensor cores: six bf16 passes keep the exponential at float32's error. Three would halve the
 # backward's cost but miss a 1e-5 relative gradient (1.2e-5 on LieRE64's largest matrices,
 # emulated: python -m liere_jax.bench presets).
-GPU = Dots(at(_PRESET.BF16_BF16_F32_X6), at(_PRESET.BF16_BF16_F32_X6))
-TPU = HIGHEST  # A TPU's HIGHEST is six bf16 passes.
+GPU = Dots(at(_PRESET.BF16_BF16_F32_X6), at(_PRESET.BF16_BF16_F32_X6), name='BF16_BF16_F32_X6')
+TPU = Dots(at(_HI), at(_HI), name='HIGHEST (six bf16 passes)')
 EMULATED = ('F32', 'BF16_BF16_F32_X6', 'BF16_BF16_F32_X3', 'TF32_TF32_F32_X3', 'TF32_TF32_F32',
             'BF16_BF16_F32')
 # Parts per operand and which (lhs part, rhs part) products each preset sums.
@@ -87,9 +88,10 @@ def emulated(name: str) -> Callable:
   return mm
 
 
-@functools.lru_cache(maxsize=None)
 def emulated_dots(forward: str, backward: str) -> Dots:
-  return Dots(emulated(forward), emulated(backward))
+  """The presets `forward` and `backward` (EMULATED names) emulated in float32 on any backend
+  (`Numerics.products`: to compute on CPU as an accelerator does)."""
+  return Dots(emulated(forward), emulated(backward), name=f'emulated {forward} / {backward}')
 
 
 def preset_names(platform: str) -> tuple:

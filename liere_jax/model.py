@@ -34,20 +34,16 @@ whose parameters have a leading layer axis, run under one lax.scan); checkpoints
 the port see blocks/<i>/... either way (liere_jax.param_tree.to_loop_params / to_scan_params
 convert at those boundaries).
 """
-import functools
 import math
 from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import PartitionSpec as P
 
-from liere_jax import attention_kernel, encodings, param_tree, rotation_kernel
-from liere_jax.config import model_config
+from liere_jax import attention, encodings, numerics as numerics_lib, param_tree
 from liere_jax import positions as positions_lib
-from liere_jax import switches
-from liere_jax.platforms import PLATFORMS, current
+from liere_jax.config import model_config
 from liere_jax.config.model import LN_EPS, ModelSpec, resolve
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -81,8 +77,9 @@ def linear_inits(init: str, fan_in: int, kernel, kernel_axes, bias_axes=None) ->
 
 class Attention(nnx.Module):
 
-  def __init__(self, width, heads, *, qkv_bias, init, dtype, rngs):
+  def __init__(self, width, heads, *, qkv_bias, init, dtype, numerics, rngs):
     self.heads = heads
+    self.numerics = numerics  # Static: how attention runs (liere_jax.attention.path).
     self.qkv = nnx.Linear(width, 3 * width, use_bias=qkv_bias, dtype=dtype, rngs=rngs,
                           **linear_inits(init, width, _XAVIER, ('embed', 'heads'), ('heads',)))
     self.proj = nnx.Linear(width, width, dtype=dtype, rngs=rngs,
@@ -90,173 +87,19 @@ class Attention(nnx.Module):
 
   def __call__(self, x, ctx: encodings.LayerContext, return_weights=False):
     """Self-attention [B, T, D] -> ([B, T, D], weights [B, H, T, T] or None); `ctx` is this
-    layer's position-encoding context (encodings.Encoding.layer).
-
-    Without weights it is `jax.nn.dot_product_attention` (fused kernels on accelerators);
-    with them an explicit softmax (attention maps). Logits and softmax in float32 either way.
-    """
+    layer's position-encoding context (encodings.Encoding.layer). Logits and softmax in
+    float32 (liere_jax.attention)."""
     b, t, width = x.shape
     kernel, bias = self.qkv.kernel[...], self.qkv.bias[...] if self.qkv.bias is not None else None
     if ctx.projects:  # A linear map of q and k folded into the projection, once per step.
       kernel, bias = ctx.project(kernel, bias)
     dtype = self.qkv.dtype or jnp.result_type(x, kernel)
-    like = jax.ShapeDtypeStruct((b, t, self.heads, width // self.heads), x.dtype)
-    split = {'auto': ctx.split_qkv(like), 'fused': (), 'split': tuple(PLATFORMS)}[QKV.get()]
-    args = (x.astype(dtype), kernel.astype(dtype), None if bias is None else bias.astype(dtype))
+    args = (x.astype(dtype), kernel.astype(dtype), None if bias is None else bias.astype(dtype),
+            self.heads, ctx, self.numerics)
     if not return_weights:
-      return self.proj(_attention(*args, self.heads, ctx, split).reshape(b, t, width)), None
-    q, k, v = _qkv(*args, self.heads, split)
-    q, k, bias = ctx.attend(q, k)
-    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(q.shape[-1])
-    logits = logits.astype(jnp.float32)
-    if bias is not None:
-      logits = logits + bias
-    weights = jax.nn.softmax(logits, axis=-1)
-    out = jnp.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v).reshape(b, t, width)
-    return self.proj(out), weights
-
-
-QKV = switches.Switch('qkv', ('auto', 'fused', 'split'), "the qkv projection: 'auto' (three "
-                      "products where the encoding asks, LayerContext.split_qkv), 'fused' (one "
-                      "product) or 'split' (three) on every platform (A/B; a TPU's rotation kernel "
-                      "reads one product always).")
-
-
-def _qkv(x, kernel, bias, heads, split=()):
-  """q, k, v [B, T, H, d] from x [B, T, D] and the qkv kernel [D, 3D] (bias [3D] or None): one
-  product, or on the platforms in `split` three, each its own array (a TPU's rotation then reads
-  q and k as they come, without the copies XLA makes to slice them out of one array)."""
-  forms = {p: functools.partial(_project, heads=heads, three=p in split) for p in PLATFORMS}
-  return _per_platform(forms, x, kernel, bias)
-
-
-def _per_platform(forms, *args):
-  """forms[platform](*args) on the platform the program runs on (one platform_dependent over the
-  distinct forms; equal ones are one function)."""
-  if len(set(forms.values())) == 1:
-    return forms['cpu'](*args)
-  return jax.lax.platform_dependent(*args, cpu=forms['cpu'], tpu=forms['tpu'],
-                                    default=forms['cuda'])
-
-
-def _project(x, kernel, bias, heads, three, stacked=False):
-  """The qkv projection: q, k, v [B, T, H, d], from one product or from three (each its own
-  array); `stacked`: the one product's [B, T, 3, H, d]."""
-  b, t, width = x.shape
-  if not three:
-    qkv = jnp.dot(x, kernel) if bias is None else jnp.dot(x, kernel) + bias
-    qkv = qkv.reshape(b, t, 3, heads, -1)
-    return qkv if stacked else tuple(jnp.moveaxis(qkv, 2, 0))
-  w = kernel.reshape(width, 3, -1)
-  out = [jnp.dot(x, w[:, i]) for i in range(3)]
-  if bias is not None:
-    out = [y + c for y, c in zip(out, bias.reshape(3, -1))]
-  return tuple(y.reshape(b, t, heads, -1) for y in out)
-
-
-ATTENTION = switches.Switch('attention', ('auto', 'xla', 'kernel'), "'auto': "
-                            "liere_jax.platforms' (a TPU's Pallas kernel, cuDNN's on a GPU where "
-                            "it applies, else XLA's); 'xla': XLA's everywhere; 'kernel': the "
-                            "Pallas kernel on CPU (interpret mode: tests) and TPU.")
-
-
-def _attention(x, kernel, bias, heads, ctx, split=()):
-  """Self-attention of x [B, T, D] -> [B, T, H, d] from the qkv projection (kernel [D, 3D], bias
-  [3D] or None) with the encoding `ctx`, each platform in its form (one platform_dependent):
-  where it takes them, the Pallas kernel (liere_jax.attention_kernel), which rotates q and k
-  itself when the context gives a band (blocks up to 8) and reads them in place from the one
-  product; after the rotation kernel (liere_jax.rotation_kernel) where the context gives its
-  rows (LieRE64), after ctx.attend otherwise; elsewhere ctx.attend, then
-  jax.nn.dot_product_attention. `split`: the platforms whose q, k, v come from three products."""
-  b, t, width = x.shape
-  like = jax.ShapeDtypeStruct((b, t, heads, width // heads), x.dtype)
-  on = _kernel_platforms(like.shape, ctx)
-  keys = {p: (p in split, p in on, p in on and p == 'cpu') for p in PLATFORMS}
-  made = {key: _attention_form(ctx, heads, *key) for key in set(keys.values())}  # equal: one
-  return _per_platform({p: made[key] for p, key in keys.items()}, x, kernel, bias)
-
-
-def _attention_form(ctx, heads, three, kernel, interpret):
-  def xla(x, w, bias):
-    q, k, v = _project(x, w, bias, heads, three)
-    q, k, bias = ctx.attend(q, k)
-    return _fused_attention(q, k, v, None if bias is None else bias[None].astype(q.dtype))
-
-  def pallas(x, w, bias):
-    b, t, width = x.shape
-    like = jax.ShapeDtypeStruct((b, t, heads, width // heads), x.dtype)
-    band = ctx.band(like)
-    rows = ctx.kernel_rows(like) if band is None else None
-    if rows is not None:  # Rotated by the rotation kernel, which reads the one product.
-      return _kernel_attention((_project(x, w, bias, heads, False, stacked=True),), None,
-                               interpret, rows)
-    if band is None and ctx.rotates:  # Rotated before the kernel.
-      q, k, v = _project(x, w, bias, heads, three)
-      q, k, _ = ctx.attend(q, k)
-      return _kernel_attention((q, k, v), None, interpret)
-    qkv = _project(x, w, bias, heads, three, stacked=True)
-    return _kernel_attention(qkv if three else (qkv,), band, interpret)
-  return pallas if kernel else xla
-
-
-def _model_axis():
-  """The context mesh's 'model' axis where it splits the heads, else None."""
-  mesh = jax.sharding.get_abstract_mesh()
-  return 'model' if not mesh.empty and mesh.shape.get('model', 1) > 1 else None
-
-
-def _kernel_platforms(shape, ctx):
-  """The platforms whose attention of q [B, T, H, d] under ctx is the Pallas kernel (ATTENTION)."""
-  _, t, heads, d = shape
-  model = jax.sharding.get_abstract_mesh().shape['model'] if _model_axis() else 1
-  if ctx.biased or heads % model or not attention_kernel.supported(heads // model, d, t):
-    return ()
-  mode = ATTENTION.get()
-  return tuple(p for p, row in PLATFORMS.items()
-               if (mode == 'auto' and row.attention == 'kernel') or (mode == 'kernel' and p != 'cuda'))
-
-
-def _kernel_attention(xs, band, interpret, rot=None):
-  """attention_kernel's attention of xs: (q, k, v) [B, T, H, d] or ([B, T, 3, H, d],), the
-  latter's q and k first rotated by rotation_kernel's rows `rot` [H / n, T' >= T, d, n b] where
-  given; on a mesh each device attends its part of the batch (and of the heads, over 'model'): a
-  Mosaic kernel is not partitioned by XLA. rot's tokens come split over 'data' where they divide
-  (rotations.liere_rotations' split_tokens): the rotation kernel gathers them."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1:
-    return _kernel_call(xs, band, rot, interpret, None)
-  model, data = _model_axis(), 'data' if 'data' in mesh.axis_names else None
-  n = mesh.shape[data] if data else 1
-  gather = data if rot is not None and n > 1 and rot.shape[1] % n == 0 else None
-  spec = {4: P(data, None, model, None), 5: P(data, None, None, model, None)}
-  fn = functools.partial(_kernel_call, interpret=interpret, gather=gather)
-  return jax.shard_map(fn, in_specs=(tuple(spec[a.ndim] for a in xs), P(None, None, model),
-                                     P(model, gather)),
-                       out_specs=spec[4], check_vma=False)(xs, band, rot)
-
-
-def _kernel_call(xs, band, rot, interpret, gather):
-  if rot is not None:
-    (qkv,) = xs
-    b, t, _, h, d = qkv.shape
-    out = rotation_kernel.attention(qkv.reshape(b, t, 3 * h * d), rot, interpret, gather)
-    return out.reshape(b, t, h, d)
-  if len(xs) == 1:
-    return attention_kernel.attention_qkv(xs[0], band, interpret=interpret)
-  return attention_kernel.attention(*xs, band, interpret=interpret)
-
-
-def _fused_attention(q, k, v, bias):
-  """jax.nn.dot_product_attention with cuDNN's kernel on a GPU for bf16 / fp16 heads of at most
-  128 dims (a multiple of 8), any token count (197 included). cuDNN is chosen while tracing
-  (it cannot be lowered without one); where it refuses the shapes, XLA's form runs."""
-  if (ATTENTION.get() == 'auto' and PLATFORMS[current()].attention == 'cudnn'
-      and q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] <= 128 and q.shape[-1] % 8 == 0):
-    try:
-      return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation='cudnn')
-    except (NotImplementedError, ValueError, RuntimeError):
-      pass
-  return jax.nn.dot_product_attention(q, k, v, bias=bias)
+      return self.proj(attention.attend(*args).reshape(b, t, width)), None
+    out, weights = attention.weights(*args)
+    return self.proj(out.reshape(b, t, width)), weights
 
 
 class Mlp(nnx.Module):
@@ -276,10 +119,11 @@ class Mlp(nnx.Module):
 class Block(nnx.Module):
 
   def __init__(self, width, heads, mlp_dim, *, qkv_bias, dropout, dropout_sites, init, dtype,
-               rngs, layer_norm_eps=LN_EPS):
+               numerics, rngs, layer_norm_eps=LN_EPS):
     norm = dict(epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
     self.norm1 = nnx.LayerNorm(width, **norm)
-    self.attn = Attention(width, heads, qkv_bias=qkv_bias, init=init, dtype=dtype, rngs=rngs)
+    self.attn = Attention(width, heads, qkv_bias=qkv_bias, init=init, dtype=dtype,
+                          numerics=numerics, rngs=rngs)
     self.norm2 = nnx.LayerNorm(width, **norm)
     self.mlp = Mlp(width, mlp_dim, init=init, dtype=dtype, rngs=rngs,
                    hidden_dropout=dropout if 'mlp_hidden' in dropout_sites else 0.)
@@ -367,13 +211,18 @@ def create_encoding(name: str, *, grid: Sequence[int], heads: int, head_dim: int
 
 class ViT(nnx.Module):
   """ViT classifier. `model(x)` computes the encoding's context (rotations) once per call;
-  pass `ctx=model.pe_context(grid)` to reuse it (cached rotations for evaluation)."""
+  pass `ctx=model.pe_context(grid)` to reuse it (cached rotations for evaluation).
 
-  def __init__(self, spec: ModelSpec, *, rngs: nnx.Rngs):
+  numerics: how the platform computes the exponential, the rotations and attention
+  (liere_jax.numerics; default: this backend's plan; a Trainer passes its mesh's)."""
+
+  def __init__(self, spec: ModelSpec, *, rngs: nnx.Rngs,
+               numerics: Optional[numerics_lib.Numerics] = None):
     if not isinstance(spec, ModelSpec):  # Resolved once, where the config comes in.
       raise TypeError(f'ViT takes a ModelSpec, not a {type(spec).__name__}; build it with '
                       'ViT(liere_jax.config.model.resolve(config.model), ...).')
     self.spec = spec  # Static: the graphdef carries it.
+    self.numerics = numerics = numerics or numerics_lib.plan()  # Static too.
     width, dtype = spec.width, DTYPES[spec.dtype]
     self.patch, self.train_grid = spec.patch, spec.train_grid
     self.channels, self.pool, self.num_prefix = spec.channels, spec.pool, spec.num_prefix
@@ -391,7 +240,8 @@ class ViT(nnx.Module):
     # The same draws either way: scan_layers stacks the loop's blocks (a run starts alike).
     blocks = [Block(width, spec.heads, spec.mlp_dim, qkv_bias=spec.qkv_bias,
                     dropout=spec.dropout, dropout_sites=spec.dropout_sites, init=spec.init,
-                    dtype=dtype, rngs=rngs, layer_norm_eps=spec.layer_norm_eps)
+                    dtype=dtype, numerics=numerics, rngs=rngs,
+                    layer_norm_eps=spec.layer_norm_eps)
               for _ in range(spec.depth)]
     self.blocks = stack_blocks(blocks) if spec.scan_layers else nnx.List(blocks)
     self.norm = nnx.LayerNorm(width, epsilon=spec.layer_norm_eps, dtype=dtype, rngs=rngs)
@@ -421,7 +271,7 @@ class ViT(nnx.Module):
     pos = positions_lib.grid_positions(grid, self.train_grid, mode, base)
     if offsets is not None:
       pos = pos + offsets * positions_lib.patch_step(grid, self.train_grid, mode, base)
-    return self.pe.context(positions_lib.with_prefix(pos, self.num_prefix))
+    return self.pe.context(positions_lib.with_prefix(pos, self.num_prefix), self.numerics)
 
   def _scan_blocks(self, x, ctx):
     """The stacked blocks (model.scan_layers) under one jax.lax.scan: the body is traced once,
@@ -488,6 +338,6 @@ class ViT(nnx.Module):
 
 def abstract_params(spec) -> dict:
   """The parameter tree of ModelSpec `spec` as checkpoints and exports hold it (blocks/<i>/...,
-  whatever scan_layers), with ShapeDtypeStruct leaves (nothing allocated)."""
+  whatever scan_layers), with ShapeDtypeStruct leaves (nothing allocated; any platform's)."""
   abstract = nnx.eval_shape(lambda: ViT(spec, rngs=nnx.Rngs(0)))
   return param_tree.to_loop_params(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))

@@ -5,6 +5,7 @@ width over 'data' with `sharding='fsdp'`, else replicated. `jax.jit` with explic
 places everything; the step donates its inputs.
 """
 import dataclasses
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -13,11 +14,12 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from liere_jax import param_tree
+from liere_jax import numerics as numerics_lib, param_tree
 from liere_jax.config import run as run_spec
 from liere_jax import model as model_lib
 from liere_jax.data.transform import normalisation
 from liere_jax.model import ViT
+from liere_jax.numerics import Numerics
 
 
 def make_mesh(devices=None, model_parallel: int = 1) -> jax.sharding.Mesh:
@@ -98,15 +100,19 @@ class EvalSteps:
   evaluation.evaluate_workdir builds only this; a Trainer is one."""
   run: run_spec.RunSpec
   mesh: jax.sharding.Mesh
+  # How the mesh's platform computes (liere_jax.numerics; default: its plan). An A/B replaces a
+  # field (bench step --vs).
+  numerics: Optional[Numerics] = None
 
   def __post_init__(self):
+    self.numerics = self.numerics or numerics_lib.for_mesh(self.mesh)
     run_spec.spec_of(self.run, type(self).__name__)
     n = self.mesh.devices.size
     if self.run.num_devices not in (None, n):  # Its batch checks were for another count.
       raise ValueError(f'The run was resolved for {self.run.num_devices} devices and the mesh has '
                        f'{n}; resolve it for the mesh: liere_jax.config.run.resolve(config, {n}).')
     self.spec = self.run.model
-    model = nnx.eval_shape(lambda: ViT(self.spec, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: ViT(self.spec, numerics=self.numerics, rngs=nnx.Rngs(0)))
     model.train()
     self.train_def, params, rest = nnx.split(model, nnx.Param, ...)
     logical = nnx.to_pure_dict(nnx.get_partition_spec(params))

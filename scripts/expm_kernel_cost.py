@@ -17,7 +17,8 @@ import jax.numpy as jnp
 from jax.sharding import SingleDeviceSharding
 
 sys.path.insert(0, __file__.rsplit('/scripts/', 1)[0])
-from liere_jax import rotations  # pylint: disable=g-import-not-at-top
+from liere_jax import expm  # pylint: disable=g-import-not-at-top
+from liere_jax.bench.expm import impl_numerics  # pylint: disable=g-import-not-at-top
 from liere_jax.bench import compile as tpu  # pylint: disable=g-import-not-at-top
 
 
@@ -35,9 +36,10 @@ def main():
         f'jax {jax.__version__}')
   print(f"{'method':<12} {'pass':<8} {'GFLOP':>8} {'GB accessed':>12} {'temp MiB':>9} "
         f"{'code KiB':>9} {'compile s':>9}")
-  for method in args.method or ['pallas', 'fast_loop', 'fast_select']:
-    fwd = lambda a, method=method: rotations.exponential(a, method)
-    both = jax.grad(lambda a, g, method=method: jnp.sum(rotations.exponential(a, method) * g))
+  for method in args.method or ['pallas', 'loop', 'select']:
+    numerics = impl_numerics(method, platform='tpu')
+    fwd = lambda a, n=numerics: expm.expm(a, n)
+    both = jax.grad(lambda a, g, n=numerics: jnp.sum(expm.expm(a, n) * g))
     for name, fn, ins in (('fwd', fwd, (x,)), ('fwd+bwd', both, (x, x))):
       t0 = time.perf_counter()
       c = jax.jit(fn).trace(*ins).lower().compile()

@@ -23,10 +23,10 @@ PY=${PY:-python3}
 DEADLINE=${DEADLINE:-570}
 BATCH=${BATCH:-128}
 PES=${PES-liere64 liere8 paper_rope_mixed rope_mixed}
-AB=${AB-blocks pallas squarings swap pairs qkv all expm precision apply attention}
+AB=${AB-blocks pallas squarings swap pairs qkv all expm precision attention}
 PROFILE=${PROFILE-1}
 RUNS=${RUNS:-}
-EXPM_ARGS=${EXPM_ARGS---repeats 3 --case imagenet_vitb16_liere64 --case imagenet_vitb16_liere8 --case cifar_vitb_liere64 --impl fast --impl fast_select --impl fast_cond --impl torch}
+EXPM_ARGS=${EXPM_ARGS---repeats 3 --case imagenet_vitb16_liere64 --case imagenet_vitb16_liere8 --case cifar_vitb_liere64 --impl fast --impl select --impl cond --impl torch}
 OFFICIAL_BATCH=${OFFICIAL_BATCH:-64}
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")  # Both paths may be relative to where the script was called from.
@@ -71,34 +71,31 @@ step() {  # step NAME CONFIG_ARGS VS [LIMIT]: bench step of ViT-B/16 at BATCH
   section "$1" "${4:-150}" $PY -m liere_jax.bench step --config "configs/imagenet.py:$2" \
       --vs "$3" --config.batch_size="$BATCH" --steps 8 --json
 }
-# Each change against the path before it, in one process (B = before, except blocks: B the
-# candidate, LieRE8's 8x8 products as float32 multiply-adds, off on every platform until a
-# platform gains from it): the squarings a loop
-# with the stack's count (fast_loop) against 16 kept by select (fast_select); RoPE's blocks of 2
-# (the GPU's form since the H200's second round) against the form on x's layout by a product
-# (pairs=swap, CPU) or by lane shifts (swap=roll, TPU); the exponential's form (fast_cond:
-# per-chunk branches and remat), its products (highest: float32), XLA's attention instead of
-# cuDNN's (attention=xla); and rotate's elementwise form (apply=direct), which lost.
+# Each change against the path before it, in one process: B replaces fields of the numerics
+# plan (liere_jax.numerics; --vs FIELD=VALUE) or config values. blocks: B the candidate, LieRE8's
+# 8x8 products as float32 multiply-adds; squarings: the loop form against select (the GPU's);
+# RoPE's blocks of 2 (the GPU's form) against the form on x's layout by a product (the CPU's) or
+# by lane shifts (the TPU's); the exponential's form (cond: per-chunk branches and remat), its
+# products (highest: float32), XLA's attention instead of cuDNN's (attention=xla).
 # pallas: the exponential as one Triton kernel (expm 'pallas'): its own bench expm section
 # first, so a failure there leaves the other sections' figures.
-OLD_EXPM=config.model.pe.expm=fast_cond
+OLD_EXPM=expm=cond
 OLD_PREC=config.model.pe.expm_precision=highest
 for ab in $AB; do
   case $ab in
-    blocks) step ab_blocks pe=liere8 block_products=elementwise ;;  # B: 8x8 products as multiply-adds
-    squarings) step ab_squarings pe=liere64 config.model.pe.expm=fast_loop ;;  # A: select (GPU default)
+    blocks) step ab_blocks pe=liere8 elementwise_blocks=8 ;;  # B: 8x8 products as multiply-adds
+    squarings) step ab_squarings pe=liere64 expm=loop ;;  # A: select (GPU default)
     pallas)  # The fused exponential (issue 38 item 2, Triton): the stack alone, then the step.
       section ab_expm_pallas 150 $PY -m liere_jax.bench expm --repeats 3 \
-          --case imagenet_vitb16_liere64 --case cifar_vitb_liere64 --impl fast --impl fast_loop \
+          --case imagenet_vitb16_liere64 --case cifar_vitb_liere64 --impl fast --impl loop \
           --impl pallas --impl torch --json
       step ab_pallas pe=liere64 config.model.pe.expm=pallas ;;  # A: select (GPU default)
-    pairs) step ab_pairs pe=rope_mixed pairs=swap ;;  # B: on x's layout (CPU, TPU); A: blocks (GPU)
-    qkv) step ab_qkv pe=liere64 qkv=split ;;  # B: q, k, v as three products (a TPU's, rotated)
-    swap) step ab_swap pe=rope_mixed pairs=swap,swap=roll ;;  # B: x's layout by roll (the TPU's)
+    pairs) step ab_pairs pe=rope_mixed pairs=swap_matmul ;;  # B: on x's layout (CPU, TPU); A: blocks (GPU)
+    qkv) step ab_qkv pe=liere64 split_qkv=True ;;  # B: q, k, v as three products (a TPU's, rotated)
+    swap) step ab_swap pe=rope_mixed pairs=swap_roll ;;  # B: x's layout by roll (the TPU's)
     all) step ab_all pe=liere64 "$OLD_EXPM,$OLD_PREC,attention=xla" ;;
     expm) step ab_expm pe=liere64 "$OLD_EXPM" ;;
     precision) step ab_precision pe=liere64 "$OLD_PREC" ;;
-    apply) step ab_apply pe=liere8 apply=direct ;;
     attention) step ab_attention pe=abs attention=xla ;;
   esac
 done

@@ -7,7 +7,7 @@ written between their markers in those files (--nowrite: printed only).
   .venv-test/bin/python scripts/tpu_table.py --cells imagenet:liere64:v5litepod-8:1024 ...
 
 A cell is config:pe:topology[:batch[:KEY=VALUE...]] (batch: the config's recipe batch when left
-out or empty; KEY=VALUE: --config overrides, e.g. model.pe.expm=fast_select). The
+out or empty; KEY=VALUE: --config overrides, e.g. model.pe.expm=scipy). The
 compiler's memory and counts are exact for that program; the step time is a roofline estimate.
 """
 import argparse

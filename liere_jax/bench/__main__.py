@@ -6,7 +6,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from liere_jax import command, switches
+from liere_jax import command
 from liere_jax.config import parse_flags
 from liere_jax.expm import PRECISIONS
 from liere_jax.bench.data import bench_data, data_table
@@ -16,7 +16,7 @@ from liere_jax.bench.presets import bench_presets, presets_table
 from liere_jax.bench.profile import profile_step, profile_table
 from liere_jax.bench.peer import OfficialError
 from liere_jax.bench.rotations import bench_rotations, rotations_table
-from liere_jax.bench.step import (bench_step, load_config, step_table, vs_overrides, vs_switches,
+from liere_jax.bench.step import (bench_step, load_config, step_table, vs_overrides, vs_numerics,
                                   with_args)
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'step, data, lower, profile: '
@@ -26,8 +26,9 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'step, data, lower, pr
 _VS = flags.DEFINE_string('vs', None, 'step, compile: arguments appended to the config '
                           'argument string for the baseline, e.g. pe=abs; items '
                           "config.KEY=VALUE override the baseline's config only, e.g. "
-                          'config.model.scan_layers=False; items NAME=FORM set a switch '
-                          '(liere_jax.switches) for the baseline, e.g. apply=direct, swap=matmul.')
+                          'config.model.scan_layers=False; items FIELD=VALUE replace a field of '
+                          "the baseline's numerics plan (liere_jax.numerics), e.g. attention=xla, "
+                          'pairs=swap_matmul.')
 _STEPS = flags.DEFINE_integer('steps', 10, 'step: timed steps of each (after warm-up); '
                               'profile: traced steps.')
 _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed calls of each before timing.')
@@ -44,9 +45,9 @@ _CASE = flags.DEFINE_multi_string('case', None, 'expm, rotations: cases (default
                                    'but tiny, rotations all but tiny); expm also takes a shape: '
                                    'MxB (4096x32: 4096 matrices of 32x32) or LxHxGRID/B '
                                    '(12x12x14x14/8).')
-_IMPL = flags.DEFINE_multi_string('impl', None, 'expm: implementations (default: scipy, '
-                                   'scipy_remat, fast, torch; also fast_loop, fast_cond, fast_select, '
-                                   'pallas).')
+_IMPL = flags.DEFINE_multi_string('impl', None, 'expm: implementations (default: scipy, fast '
+                                   "(this backend's plan), torch; also XLA's forms loop, cond, "
+                                   'select, and pallas).')
 _PRECISION = flags.DEFINE_string('precision', 'auto', 'expm: products of the JAX '
                                  'implementations, auto or highest (model.pe.expm_precision).')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'expm, rotations: timed calls of each (after '
@@ -121,7 +122,7 @@ def _presets(log):
   with command.refusing():
     parse_case(case)
   rows = bench_presets(case, log=log)
-  return (f'{case}: the exponential (fast_loop, as accelerators run it) at emulated presets against float64 SciPy, '
+  return (f'{case}: the exponential (XLA's loop form) at emulated presets against float64 SciPy, '
           f"{rows[0]['n_matrices']} largest matrices", presets_table(rows), rows)
 
 
@@ -141,8 +142,8 @@ def _step(log):
   spec_b = with_args(spec, _VS.value)
   try:
     baseline = load_config(spec_b, {**overrides, **vs_overrides(_VS.value)})
-    baseline_switches = vs_switches(_VS.value)
-    names = (spec, spec_b + ''.join(f',{k}={v}' for k, v in baseline_switches.items()))
+    baseline_numerics = vs_numerics(_VS.value)
+    names = (spec, spec_b + ''.join(f',{k}={v}' for k, v in baseline_numerics.items()))
   except (ValueError, TypeError, KeyError, AttributeError) as e:
     raise app.UsageError(f'--vs {_VS.value!r}: {e}')
   official = None
@@ -152,7 +153,7 @@ def _step(log):
   try:
     res = bench_step(_CONFIG.value, baseline, names=names, steps=_STEPS.value,
                      warmup=_WARMUP.value, breakdown=_BREAKDOWN.value, official=official,
-                     baseline_switches=baseline_switches, log=log)
+                     baseline_numerics=baseline_numerics, log=log)
   except OfficialError as e:  # Found before anything is compiled.
     raise app.UsageError(f'bench step --official: {e}') from None
   res['overrides'] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in overrides.items()}
@@ -173,18 +174,18 @@ def _compile(log):
   configs, names, settings = [_CONFIG.value], [spec], [{}]
   with command.refusing():
     slice_ = tpu.parse_slice(_TOPOLOGY.value)
-    if _VS.value is not None:  # The baseline: other arguments, overrides or switches.
-      settings.append(vs_switches(_VS.value))
+    if _VS.value is not None:  # The baseline: other arguments, overrides or numerics fields.
+      settings.append(vs_numerics(_VS.value))
       names.append(with_args(spec, _VS.value) + ''.join(
           f',{k}={v}' for k, v in settings[-1].items()))
       configs.append(load_config(with_args(spec, _VS.value),
                                  {**overrides, **vs_overrides(_VS.value)}))
     runs = [run_spec.resolve(c, slice_.chips) for c in configs]
   results = []
-  for name, run, switched in zip(names, runs, settings):
+  for name, run, fields in zip(names, runs, settings):
     log(f'compiling {name} for {slice_.name} ({slice_.chips} chips, {slice_.hosts} hosts)')
-    with switches.using(switched):
-      results.append(tpu.compile_report(run, slice_, eval_step=not _NO_EVAL.value))
+    results.append(tpu.compile_report(run, slice_, eval_step=not _NO_EVAL.value,
+                                      numerics=fields))
   misfit = next((tpu.refusal(n, r) for n, r in zip(names, results) if not r['fits']), None)
   if misfit:  # One line, exit 2: what a pod launch would have found out on the pod.
     if _JSON.value:

@@ -4,7 +4,8 @@ r"""bench expm: liere_jax.expm methods (and torch.matrix_exp) on realistic LieRE
 
 For each case (a stack of skew-symmetric generator combinations as LieRE builds them:
 U[0, 2 pi) strict upper triangles, 2D, times normalized grid positions in [0, 1]) and each
-implementation (liere_jax.expm methods fast / scipy / scipy_remat, and torch.matrix_exp when
+implementation (liere_jax.expm: `impl_numerics`'s fast / scipy / loop / cond / select / pallas,
+and torch.matrix_exp when
 torch imports): compile time (lower + compile of forward+backward), forward and
 forward+backward time (the gradient of sum(R * G) in A, G a fixed random cotangent), XLA temp
 memory of the compiled forward+backward, and errors against float64 SciPy on a subsample (max
@@ -56,10 +57,9 @@ CASES = {
 }
 DEFAULT_CASES = ('cifar_vitb_liere64', 'imagenet_vitb16_liere64', 'imagenet_vitb16_liere8',
                  'imagenet_vitb16_liere2')
-IMPLS = ('scipy', 'scipy_remat', 'fast', 'torch')  # The default set; also fast_loop, fast_cond,
-# fast_select and pallas (rotations.METHODS; pallas: one Pallas kernel, interpret mode on CPU:
-# slow).
-ALL_IMPLS = IMPLS + ('fast_loop', 'fast_cond', 'fast_select', 'pallas')
+IMPLS = ('scipy', 'fast', 'torch')  # The default set ('fast': this backend's plan); also XLA's
+# forms loop, cond and select, and pallas (the Pallas kernel; interpret mode on CPU: slow).
+ALL_IMPLS = IMPLS + ('loop', 'cond', 'select', 'pallas')
 ROW_KEYS = ('case', 'impl', 'n_matrices', 'size', 'compile_s', 'fwd_s', 'fwd_bwd_s',
             'temp_bytes', 'max_abs_err', 'orth_err', 'grad_rel_err', 'status')
 
@@ -156,14 +156,25 @@ def _reference_errors(a64, r, grad, g):
   return out
 
 
+def impl_numerics(name: str, precision: str = 'auto', platform=None):
+  """The numerics plan of a JAX impl: the platform's (default: this backend's), its exponential
+  replaced by the impl's."""
+  from liere_jax import numerics as numerics_lib
+  numerics = numerics_lib.plan(platform).at_precision(precision)
+  if name == 'pallas':
+    return numerics.replace(expm_kernel=True)
+  return numerics if name == 'fast' else numerics.replace(expm=name, expm_kernel=False)
+
+
 class _JaxImpl:
-  """One exponential (liere_jax.rotations.METHODS), jitted: forward and gradient of sum(R * G)."""
+  """One exponential (impl_numerics), jitted: forward and gradient of sum(R * G)."""
 
   def __init__(self, method, precision='auto'):
-    from liere_jax.rotations import exponential as expm
+    from liere_jax.expm import expm
     self.name = method
-    self.fwd = jax.jit(lambda a: expm(a, method, precision))
-    self.fwd_bwd = jax.jit(jax.grad(lambda a, g: jnp.sum(expm(a, method, precision) * g)))
+    numerics = impl_numerics(method, precision)
+    self.fwd = jax.jit(lambda a: expm(a, numerics))
+    self.fwd_bwd = jax.jit(jax.grad(lambda a, g: jnp.sum(expm(a, numerics) * g)))
 
   def prepare(self, a, g, row):
     """Compiles both and reads XLA's memory analysis: a function whose temp + output buffers
@@ -267,8 +278,8 @@ def _make_impl(name, precision):
 def bench_expm(cases: Sequence[str], impls: Sequence[str], repeats: int = 3, warmup: int = 1,
                precision='auto', log=print):
   """Rows (dicts with ROW_KEYS, plus compile_fwd_s, fwd_temp_bytes, note) per case (parse_case)
-  and impl; the JAX impls' products at `precision` (liere_jax.expm.PRECISIONS)."""
-  from liere_jax.expm import PRECISIONS
+  and impl; the JAX impls' products at `precision` (liere_jax.numerics.PRECISIONS)."""
+  from liere_jax.numerics import PRECISIONS
   parsed = {c: parse_case(c) for c in cases}
   for i in impls:
     if i not in ALL_IMPLS:
@@ -291,8 +302,8 @@ def bench_expm(cases: Sequence[str], impls: Sequence[str], repeats: int = 3, war
       row.update(case=case_name, impl=name, n_matrices=len(a), size=case.block, status='ok',
                  compile_fwd_s=None, fwd_temp_bytes=None, note=None, fwd_gflop=None,
                  precision=None if name == 'torch' else precision)
-      if name.startswith('fast'):  # Counted, not from XLA (which counts a loop body once).
-        row['fwd_gflop'] = fast_flops(a, form=name.partition('_')[2] or 'auto') / 1e9
+      if name in ('fast', 'loop', 'cond', 'select'):  # Counted (XLA counts a loop body once).
+        row['fwd_gflop'] = fast_flops(a, form='auto' if name == 'fast' else name) / 1e9
       rows.append(row)
       impl, why = _make_impl(name, precision)
       if impl is None:
@@ -349,10 +360,10 @@ def bench_expm(cases: Sequence[str], impls: Sequence[str], repeats: int = 3, war
 
 def expm_table(rows) -> str:
   head = (f"{'case':26s} {'impl':12s} {'n':>8s} {'b':>3s} {'status':7s} {'compile':>8s} "
-          f"{'fwd':>8s} {'fwd+bwd':>8s} {'x remat':>7s} {'temp MiB':>9s} {'max err':>8s} "
+          f"{'fwd':>8s} {'fwd+bwd':>8s} {'x scipy':>7s} {'temp MiB':>9s} {'max err':>8s} "
           f"{'orth':>8s} {'grad rel':>8s}")
   lines = []
-  ref = {r['case']: r['fwd_bwd_s'] for r in rows if r['impl'] == 'scipy_remat'}
+  ref = {r['case']: r['fwd_bwd_s'] for r in rows if r['impl'] == 'scipy'}
   for r in rows:
     base = ref.get(r['case'])
     speed = base / r['fwd_bwd_s'] if base and r['fwd_bwd_s'] else None

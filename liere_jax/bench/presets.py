@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from liere_jax import dots, expm
+from liere_jax import dots, expm, numerics as numerics_lib
 from liere_jax.bench.expm import case_inputs, parse_case
 from liere_jax.bench.timing import fmt, table
 
@@ -38,12 +38,13 @@ def _largest(case: str, n: int):
 
 
 def errors(a, g, forward: str, backward: str, form: str = 'loop'):
-  """(forward max abs error, gradient relative error) of fast_expm(form) with its products at
-  the emulated presets, against float64; the gradient of sum(R * G) on its skew part (None for
-  g None: the forward alone)."""
+  """(forward max abs error, gradient relative error) of XLA's exponential in `form` with its
+  products at the emulated presets, against float64; the gradient of sum(R * G) on its skew part
+  (None for g None: the forward alone)."""
   import scipy.linalg
-  prec = dots.emulated_dots(forward, backward)
-  fn = lambda x: expm.fast_expm(x, form=form, precision=prec)
+  numerics = numerics_lib.plan('cpu').replace(
+      expm=form, products=dots.emulated_dots(forward, backward))
+  fn = lambda x: expm.expm(x, numerics)
   a64 = a.astype(np.float64)
   ref = np.stack([scipy.linalg.expm(x) for x in a64])
   if g is None:

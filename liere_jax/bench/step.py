@@ -6,8 +6,8 @@ r"""bench step: train and eval steps of a config (A) against a baseline (B).
 
 B is the config with --vs applied to its argument string; overrides --config.key=value apply to
 both, --vs items config.key=value to B only (e.g. `--config.model.scan_layers=True --vs
-config.model.scan_layers=False`: scan against loop), --vs items NAME=FORM set a switch
-(liere_jax.switches) while B is traced. Train steps, then eval steps (rotations cached:
+config.model.scan_layers=False`: scan against loop), --vs items FIELD=VALUE replace a field of
+B's numerics plan (liere_jax.numerics, e.g. attention=xla, pairs=swap_matmul, expm=cond). Train steps, then eval steps (rotations cached:
 computed once outside the timed loop) of the two alternate in one process (A B, B A, A B, ...);
 medians after warm-up, ratios A / B, random inputs of the config's shape. --breakdown adds the
 train step with the rotations fed in (their gradient dropped), the encoding's own
@@ -17,6 +17,7 @@ official PyTorch LieRE train step of A's shape in a subprocess (peer.py; its int
 torch, einops and the official code's imports), one of its steps after each pair of ours.
 """
 import ast
+import dataclasses
 import re
 import statistics
 import time
@@ -26,10 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections.config_flags import config_path
 
-# model and rotations define the switches that --vs may set.
-from liere_jax import model, rotations, switches  # pylint: disable=unused-import
+from liere_jax import numerics as numerics_lib
 from liere_jax.config import load
-from liere_jax.switches import SWITCHES
 from liere_jax.bench import peer
 from liere_jax.bench.compile import CHIPS
 from liere_jax.bench.flops import liere_flops, model_flops
@@ -47,11 +46,11 @@ def load_config(spec: str, overrides: dict):
 def with_args(spec: str, extra: str) -> str:
   """'configs/x.py:a=1' + 'b=2' -> 'configs/x.py:a=1,b=2' (later keys win in parse_arg).
   Items of `extra` that start with 'config.' are overrides (vs_overrides) and those that name a
-  switch are switches (vs_switches), not arguments."""
+  numerics field are the plan's (vs_numerics), not arguments."""
   path, sep, arg = spec.partition(':')
   args = [s for s in arg.split(',') if s] if sep else []
   new = [s for s in extra.split(',') if s and not s.startswith('config.')
-         and s.partition('=')[0] not in SWITCHES]
+         and s.partition('=')[0] not in NUMERICS_FIELDS]
   keys = {s.partition('=')[0] for s in new}
   args = [s for s in args if s.partition('=')[0] not in keys] + new
   return f"{path}:{','.join(args)}" if args else path
@@ -73,14 +72,26 @@ def vs_overrides(extra: str) -> dict:
   return out
 
 
-def vs_switches(extra: str) -> dict:
-  """'pe=abs,apply=einsum' -> {'apply': 'einsum'}: the switches (liere_jax.switches) set while
-  the baseline is traced."""
-  items = [s.partition('=') for s in extra.split(',') if s.partition('=')[0] in SWITCHES]
-  for name, _, form in items:
-    if form not in SWITCHES[name].forms:
-      raise ValueError(f'--vs item {name}={form} is unknown; use one of {SWITCHES[name].forms}.')
-  return {name: form for name, _, form in items}
+# The plan's fields --vs may replace: the choices between programs (not the products, a value).
+NUMERICS_FIELDS = {f.name: f.type for f in dataclasses.fields(numerics_lib.Numerics)
+                   if f.name not in ('platform', 'products')}
+
+
+def vs_numerics(extra: str) -> dict:
+  """'pe=abs,attention=xla' -> {'attention': 'xla'}: the fields of the numerics plan
+  (liere_jax.numerics) the baseline replaces; checked against this backend's plan."""
+  out = {}
+  for name, _, value in (s.partition('=') for s in extra.split(',')):
+    if name in NUMERICS_FIELDS:
+      kind = NUMERICS_FIELDS[name]
+      out[name] = (value.lower() in ('1', 'true', 'yes') if kind in (bool, 'bool') else
+                   int(value) if kind in (int, 'int') else value)
+  if out:
+    try:
+      numerics_lib.plan().replace(**out)
+    except ValueError as e:
+      raise ValueError(f'--vs: {e}') from None
+  return out
 
 
 def random_batches(config, seed=0):
@@ -98,11 +109,12 @@ def random_batches(config, seed=0):
 class StepBench:
   """One config: its trainer, compiled train/eval steps, state and batches."""
 
-  def __init__(self, config, mesh, breakdown=False):
+  def __init__(self, config, mesh, breakdown=False, numerics=None):
     from liere_jax import steps
     from liere_jax.config import run as run_spec
     self.config = config
-    self.trainer = t = steps.Trainer(run_spec.resolve(config, mesh.devices.size), mesh)
+    self.trainer = t = steps.Trainer(run_spec.resolve(config, mesh.devices.size), mesh,
+                                     numerics_lib.for_mesh(mesh, **(numerics or {})))
     self.state = t.init_state(config.seed)
     train, evalb = random_batches(config)
     self.train_batch, self.eval_batch = t.global_batch(train), t.global_batch(evalb)
@@ -200,11 +212,11 @@ def _flops(compiled):
 
 
 def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakdown=False,
-               official=None, baseline_switches=None, log=print):
+               official=None, baseline_numerics=None, log=print):
   """Times config (A) against baseline (B): train and eval steps, alternating A, B.
 
-  baseline_switches: {name: form} of liere_jax.switches set while B is traced (an A/B of two
-    forms of one computation).
+  baseline_numerics: {field: value} replaced in B's numerics plan (an A/B of two forms of one
+    computation: vs_numerics).
   official: None or dict(checkout, python=None, threads=None): also time the official PyTorch
   train step of A's shape (liere_jax.bench.peer), one step after each pair of ours. Its worker
   starts first, so a wrong checkout (or an A without official counterpart) fails with
@@ -225,8 +237,7 @@ def bench_step(config, baseline, *, names=('A', 'B'), steps=10, warmup=2, breakd
     log('compiling A')
     a = StepBench(config, mesh, breakdown)
     log('compiling B')
-    with switches.using(baseline_switches or {}):  # Traced and compiled here.
-      b = StepBench(baseline, mesh, breakdown)
+    b = StepBench(baseline, mesh, breakdown, baseline_numerics)
     res = _run_steps(a, b, off, names, steps, warmup, breakdown)
     kind = jax.devices()[0].device_kind
     res['device_kind'] = kind

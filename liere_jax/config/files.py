@@ -8,8 +8,6 @@ from typing import Optional
 
 import ml_collections
 
-from liere_jax import switches
-
 
 def parse_arg(arg: str, **defaults):
   """'pe=liere8,variant=B' -> ConfigDict over `defaults` (values take the defaults' types)."""
@@ -17,10 +15,8 @@ def parse_arg(arg: str, **defaults):
   for item in filter(None, (arg or '').split(',')):
     key, sep, value = item.partition('=')
     if not sep or key not in defaults:
-      hint = (f'; {key} is a switch, set for the baseline of an A/B: --vs {item}'
-              if key in switches.SWITCHES else '')
       raise ValueError(f'Config argument {item!r} is not one of {sorted(defaults)} '
-                       f'(write key=value pairs separated by commas){hint}.')
+                       '(write key=value pairs separated by commas).')
     default = defaults[key]
     if isinstance(default, bool):
       value = value.lower() in ('1', 'true', 'yes')

@@ -3,25 +3,17 @@
 An encoding is an NNX module, built for a model's prefix tokens (num_prefix: 1 with a CLS
 token, else 0; they come first), with three hooks, all optional:
   embed(x, grid) -> x                 absolute encodings add to the tokens [B, T, D].
-  context(pos) -> ctx                 once per forward pass (never per example), from token
+  context(pos, numerics) -> ctx       once per forward pass (never per example), from token
                                       positions [T, n]: every layer's context, stacked (leading
                                       axis: the layers, or 1 when the layers share it).
   layer(ctx, i) -> LayerContext       layer i's share of it, all that layer's attention sees.
-A LayerContext is a small pytree that acts inside attention:
-  project(kernel, bias) -> kernel, bias   a position-free linear map of q and k folded into the
-                                          qkv projection [D, 3D] (only when `projects`).
-  attend(q, k) -> q, k, bias              rotates q, k [B, T, H, d] and / or gives a logit bias
-                                          broadcastable to [H, T, T] (then
-                                          `biased`).
-  band(q) -> band or None                 the rotation as a TPU attention kernel's band, which
-                                          the kernel applies to q and k itself (blocks up to 8;
-                                          liere_jax.attention_kernel), or None: attend first.
-  kernel_rows(q) -> rows or None          larger blocks as the TPU rotation kernel reads them
-                                          (liere_jax.rotation_kernel: before the attention
-                                          kernel; tokens past q's are padding), or None: attend.
-  split_qkv(q) -> platforms               where q, k and v come from three products, not one
-                                          (liere_jax.platforms' split_qkv: q and k rotated by
-                                          the einsum).
+A LayerContext is a small pytree of what the encoding gives attention (liere_jax.attention
+decides how it runs: `python -m liere_jax.bench plan`):
+  Rotate(rot), Angles(angles)              block rotations of q and k, or RoPE's angles;
+  Bias(bias)                               a logit bias broadcastable to [H, T, T] (`biased`);
+  project(kernel, bias) -> kernel, bias    a position-free linear map of q and k folded into the
+                                           qkv projection [D, 3D] (only when `projects`);
+  attend(q, k, numerics) -> q, k, bias     the context applied by XLA to q, k [B, T, H, d].
 Prefix tokens (CLS) sit at position 0: the identity rotation (string_cayley: its P), no ALiBi
 bias.
 
@@ -38,8 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax import struct
 
-from liere_jax import attention_kernel, rotation_kernel, rotations
-from liere_jax.platforms import PLATFORMS
+from liere_jax import rotations
 from liere_jax.encodings import registry
 from liere_jax.encodings.registry import Facts
 
@@ -53,21 +44,9 @@ class LayerContext(struct.PyTreeNode):
   def project(self, kernel, bias):
     return kernel, bias
 
-  def attend(self, q, k):
+  def attend(self, q, k, numerics):
+    del numerics
     return q, k, None
-
-  def band(self, q):
-    """The rotation of q and k as a TPU attention kernel's band (liere_jax.attention_kernel),
-    where the kernel applies it itself; None: `attend` transforms them first."""
-    return None
-
-  def kernel_rows(self, q):
-    """The rotation of q and k as the TPU rotation kernel reads it (liere_jax.rotation_kernel),
-    where it takes the blocks; None: `attend` transforms them."""
-    return None
-
-  def split_qkv(self, q) -> frozenset:
-    return frozenset()
 
 
 class Rotate(LayerContext):
@@ -76,66 +55,29 @@ class Rotate(LayerContext):
   rotates = True
   rot: jax.Array
 
-  def attend(self, q, k):
-    rot = self._tokens(q)
-    return rotations.rotate(q, rot), rotations.rotate(k, rot), None
+  @property
+  def block(self) -> int:
+    return self.rot.shape[-1]
 
-  def _tokens(self, q):
-    return self.rot[:, :q.shape[1]]
-
-  def band(self, q):
-    if self.rot.shape[-1] > attention_kernel.MAX_BLOCK:
-      return None
-    return attention_kernel.band(self._per_token(q), q.shape[-1])
-
-  def kernel_rows(self, q):
-    if not self._rotation_kernel_takes(q):
-      return None
-    heads = q.shape[2]  # Every token (padding too: the kernel reads them split over data).
-    return rotation_kernel.rows(jnp.broadcast_to(self.rot, (heads,) + self.rot.shape[1:]))
-
-  def _rotation_kernel_takes(self, q):
-    """Whether the blocks fill q's heads as the rotation kernel takes them."""
-    _, _, heads, d = q.shape
-    k, b = self.rot.shape[-3], self.rot.shape[-1]
-    return k * b == d and rotation_kernel.supported(b, d, heads)
-
-  def _per_token(self, q):
-    """rot as rotate takes it, [T, H, k, b, b] in q's dtype (H broadcast where shared)."""
-    rot = jnp.swapaxes(self._tokens(q), 0, 1).astype(q.dtype)
-    return jnp.broadcast_to(rot, rot.shape[:1] + q.shape[2:3] + rot.shape[2:])
-
-  def split_qkv(self, q):
-    """Where the einsum rotates q and k before attention: not inside a TPU's attention kernel
-    (blocks up to 8) nor by the rotation kernel before it (LieRE64; it reads the one product
-    in place)."""
-    b, forms = self.rot.shape[-1], rotations.forms(self.rot.shape[-1])
-    _, t, heads, d = q.shape
-    kernels = b <= attention_kernel.MAX_BLOCK or (attention_kernel.supported(heads, d, t)
-                                                  and self._rotation_kernel_takes(q))
-    return frozenset(p for p, row in PLATFORMS.items() if row.split_qkv and forms[p] == 'einsum'
-                     and not (row.attention == 'kernel' and kernels))
+  def attend(self, q, k, numerics):
+    rot = self.rot[:, :q.shape[1]]
+    return rotations.rotate(q, rot, numerics), rotations.rotate(k, rot, numerics), None
 
 
 class Angles(LayerContext):
   """RoPE's rotations by their angles [H or 1, T, k]: blocks of 2, [[cos, -sin], [sin, cos]]
-  (rotations.angle_rotations), made only where XLA applies them (`rot`); a TPU's attention
-  kernel takes its band straight from cos and sin (attention_kernel.pair_band: no [..., 2, 2]
-  arrays, which a TPU lays out in 8 x 128 tiles)."""
+  (rotations.angle_rotations), made only where they are applied as blocks (`rot`)."""
   rotates = True
+  block = 2
   angles: jax.Array
 
   @property
   def rot(self):
     return rotations.angle_rotations(self.angles)
 
-  def attend(self, q, k):
+  def attend(self, q, k, numerics):
     rot = self.rot
-    return rotations.rotate(q, rot), rotations.rotate(k, rot), None
-
-  def band(self, q):
-    return attention_kernel.pair_band(jnp.swapaxes(self.angles, 0, 1), q.shape[2], q.shape[-1],
-                                      q.dtype)
+    return rotations.rotate(q, rot, numerics), rotations.rotate(k, rot, numerics), None
 
 
 class Bias(LayerContext):
@@ -143,7 +85,8 @@ class Bias(LayerContext):
   biased = True
   bias: jax.Array
 
-  def attend(self, q, k):
+  def attend(self, q, k, numerics):
+    del numerics
     return q, k, self.bias
 
 
@@ -174,7 +117,9 @@ class Encoding(nnx.Module):
   def embed(self, x, grid: Sequence[int]):
     return x
 
-  def context(self, pos: jax.Array) -> LayerContext:
+  def context(self, pos: jax.Array, numerics=None) -> LayerContext:
+    """numerics: the plan (liere_jax.numerics; default this backend's), for encodings whose
+    context is computed in a platform's form (LieRE's exponential)."""
     return LayerContext()
 
   def layer(self, ctx: LayerContext, i) -> LayerContext:

@@ -151,7 +151,7 @@ class ComRoPEAP(_ComRoPE):
                        f'blocks per head, fewer than the {n_dims} position axes (block j follows '
                        f'axis j mod {n_dims}); use a block size <= {head_dim // n_dims}.')
 
-  def context(self, pos):
+  def context(self, pos, numerics=None):
     x = self.token_positions(pos)  # [T, n]
     k = self.skew_params.shape[2]
     t = x[:, np.arange(k) % self.n_dims].T  # [k, T]: block j follows axis j mod n.
@@ -177,7 +177,7 @@ class ComRoPELD(_ComRoPE):
     self.axis_scales = nnx.Param(jax.random.normal(rngs.params(),
                                                    (depth, n_dims, head_dim // block)))
 
-  def context(self, pos):
+  def context(self, pos, numerics=None):
     x = self.token_positions(pos)
     s = jnp.einsum('ta,lak->lkt', x, self.axis_scales[...].astype(jnp.float32),
                    precision=jax.lax.Precision.HIGHEST)[:, None]  # [L, 1, k, T]
@@ -233,7 +233,7 @@ class StringCayley(RopeMixed):
   def orthogonal(self):
     return cayley_orthogonal(self.cayley[...], self.head_dim)
 
-  def context(self, pos):
+  def context(self, pos, numerics=None):
     return Projected(rot=self.rotations(pos), orth=self.orthogonal())
 
 
@@ -243,7 +243,8 @@ class Circulant(LayerContext):
   phase: jax.Array
   block: int = struct.field(pytree_node=False)
 
-  def attend(self, q, k):
+  def attend(self, q, k, numerics):
+    del numerics
     return (circulant_rotate(q, self.phase, self.block),
             circulant_rotate(k, self.phase, self.block), None)
 
@@ -283,7 +284,7 @@ class StringCirculant(Encoding):
     return -2. * jnp.einsum('lhakr,rm->lhakm', self.circulant[...].astype(jnp.float32),
                             jnp.asarray(sines, jnp.float32), precision=jax.lax.Precision.HIGHEST)
 
-  def context(self, pos):
+  def context(self, pos, numerics=None):
     phi = jnp.einsum('ta,lhakm->lhtkm', jnp.asarray(pos, jnp.float32), self.frequencies(),
                      precision=jax.lax.Precision.HIGHEST)
     phase = jnp.stack([jnp.cos(phi), jnp.sin(phi)], -1)  # [L, H, T, k, b//2 + 1, 2]

@@ -6,11 +6,17 @@ column ran the official code's LieRE with 2 x 2 blocks; its Table 10's b = 2 row
 import jax
 from flax import nnx
 
-from liere_jax import rotations
+from liere_jax import numerics as numerics_lib, rotations
 from liere_jax.encodings.base import Encoding, Rotate, register
 from liere_jax.encodings.registry import Option
-from liere_jax.expm import PRECISIONS
-from liere_jax.rotations import METHODS
+from liere_jax.numerics import PRECISIONS
+
+# model.pe.expm: the platform's exponential ('fast': liere_jax.numerics), the SciPy reference, or
+# the Pallas kernel where the platform's plan runs XLA's (a GPU: opt-in; its forward is faster,
+# its backward not yet). Names of earlier versions, still in stored runs, are the platform's.
+METHODS = ('fast', 'scipy', 'pallas')
+LEGACY_METHODS = {'fast_loop': 'fast', 'fast_cond': 'fast', 'fast_select': 'fast',
+                  'scipy_remat': 'scipy'}
 
 SHARE = ('none', 'layers', 'heads', 'all')  # model.pe.share: generators shared over these.
 
@@ -22,7 +28,8 @@ SHARE = ('none', 'layers', 'heads', 'all')  # model.pe.share: generators shared 
                      "'all'."),
               Option('init_scale', 6.283185307179586,  # 2 pi.
                      'generators ~ U[0, 1) * init_scale.'),
-              Option('expm', 'fast', 'the exponential (liere_jax.rotations.METHODS).'),
+              Option('expm', 'fast', "the exponential: 'fast' (the platform's), 'scipy' (the "
+                     "reference) or 'pallas' (the Pallas kernel; liere_jax.encodings.liere)."),
               Option('expm_precision', 'auto', "the exponential's products, 'auto' (float32 on "
                      "CPU, tensor-core presets on GPU / TPU) or 'highest' (float32 everywhere).",
                      added='highest'),
@@ -48,7 +55,7 @@ class LieRE(Encoding):
   def check_options(cls, pe, *, name):
     if pe['share'] not in SHARE:
       raise ValueError(f"model.pe.share={pe['share']!r} is unknown; use one of {SHARE}.")
-    if pe['expm'] not in METHODS:
+    if pe['expm'] not in METHODS and pe['expm'] not in LEGACY_METHODS:
       raise ValueError(f"model.pe.expm={pe['expm']!r} is unknown; use one of {METHODS} "
                        '(e.g. --config.model.pe.expm=fast).')
     if pe['expm_precision'] not in PRECISIONS:
@@ -64,8 +71,16 @@ class LieRE(Encoding):
     return cls(block=pe.block, layers=pe.layers, heads=pe.heads, head_dim=spec.head_dim,
                n_dims=spec.n_dims, rngs=rngs, **pe.options)
 
-  def context(self, pos):
+  def numerics(self, numerics=None) -> numerics_lib.Numerics:
+    """The plan (default: this backend's) with this encoding's exponential and precision."""
+    numerics = (numerics or numerics_lib.plan()).at_precision(self.expm_precision)
+    method = LEGACY_METHODS.get(self.expm, self.expm)
+    if method == 'scipy':
+      return numerics.replace(expm='scipy', expm_kernel=False)
+    return numerics.replace(expm_kernel=True) if method == 'pallas' else numerics
+
+  def context(self, pos, numerics=None):
     """Rotations [layers, heads, T, head_dim // b, b, b] (layers / heads 1 when shared; T split
     over a mesh's data axis where the rotation kernel reads them: rotations.liere_rotations)."""
-    return Rotate(rotations.liere_rotations(self.generators[...], pos, self.block, self.expm,
-                                            precision=self.expm_precision, split_tokens=True))
+    return Rotate(rotations.liere_rotations(self.generators[...], pos, self.block,
+                                            self.numerics(numerics), split_tokens=True))

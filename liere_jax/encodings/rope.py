@@ -35,7 +35,7 @@ class RopeAxial(_Angles):
   def from_spec(cls, spec, *, rngs):
     return cls(head_dim=spec.head_dim, n_dims=spec.n_dims)
 
-  def context(self, pos):
+  def context(self, pos, numerics=None):
     angles = (pos[:, :, None] * jnp.asarray(self.freqs, jnp.float32)).reshape(pos.shape[0], -1)
     return Angles(angles[None, None])  # [1, 1, T, pairs]
 
@@ -107,7 +107,7 @@ class RopeMixed(_Angles):
     """[L, H, T, d/2, 2, 2] rotations by the mixed angles."""
     return rotations.angle_rotations(RopeMixed.angles(self, pos))
 
-  def context(self, pos):
+  def context(self, pos, numerics=None):
     return Angles(self.angles(pos))
 
 
@@ -126,7 +126,7 @@ class ALiBi(Encoding):
   def from_spec(cls, spec, *, rngs):
     return cls(heads=spec.heads, num_prefix=spec.num_prefix)
 
-  def context(self, pos):
+  def context(self, pos, numerics=None):
     dist = jnp.sqrt(jnp.sum(jnp.square(pos[:, None] - pos[None]), -1))
     is_patch = jnp.arange(pos.shape[0]) >= self.num_prefix
     dist = dist * (is_patch[:, None] & is_patch[None])

@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from liere_jax import attention_kernel
+from liere_jax.kernels import attention as attention_kernel
+from liere_jax.kernels.common import LANES, call_kw, hbm, nt as _nt, vmem
 
-LANES = 128
 MIN_BLOCK = 16  # Smaller blocks rotate inside the attention kernel (its band).
 TOKENS = 8  # Tokens a grid step (a sublane tile).
 ROW_BYTES = 2**18  # x's bytes a grid step, about: the batch is split above this.
@@ -90,10 +90,9 @@ def _attention_bwd(interpret, gather, res, g):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-@functools.lru_cache(maxsize=None)
 def _pass(backward, interpret):
-  """The pass as one jitted function (traced once a shape: every program traces a TPU's branch)."""
-  return jax.jit(functools.partial(_call, backward, interpret))
+  """The pass as one jitted function (traced once a shape)."""
+  return functools.partial(_call_jit, backward, interpret)
 
 
 @jax.named_scope('pe_rotate')  # The rotation's part of a step (bench.compile.SCOPES).
@@ -115,7 +114,6 @@ def _call(backward, interpret, qkv, rot, g=None):
   x_spec = pl.BlockSpec((rows_a_step, TOKENS, LANES), lambda i, c, p, r: (r, i, p * blocks + c))
   r_spec = pl.BlockSpec((1, TOKENS, d, nb), lambda i, c, *_: (c, i, 0, 0))
   dr_spec = pl.BlockSpec((TOKENS, 1, d, nb), lambda i, c, *_: (i, c, 0, 0))  # token-major
-  vmem = attention_kernel.vmem
   scratch = [vmem((TOKENS, LANES, LANES), dtype)]  # the tiles
   if backward:
     # rot's gradient: 0 past T (padding), and where no grid step writes (past T's last block).
@@ -129,13 +127,13 @@ def _call(backward, interpret, qkv, rot, g=None):
     # q' and k' straight to HBM: left to it, the compiler wrote them to VMEM, copied them out
     # and prefetched them back in slices for the attention backward (v5e-8 ImageNet LieRE64
     # cell: 80.84 -> 76.44 GB a step; docs/benchmarks.md, sixth round).
-    outs = [attention_kernel.hbm(o.shape, o.dtype) for o in outs]
+    outs = [hbm(o.shape, o.dtype) for o in outs]
   flops = (4 if backward else 2) * 2 * batch * t * 2 * blocks * LANES * LANES
   xs_bytes = 2 * batch * t * blocks * LANES * dtype.itemsize  # q and k of one array
   # Forward: x read, x' written; backward: x and g read, dx written (in g's place); the rows
   # read, their float32 gradient written.
   moved = xs_bytes * (3 if backward else 2) + rot.size * (rot.dtype.itemsize + 4 * backward)
-  kw = ({'interpret': True} if interpret else {'compiler_params': _tpu_params()})
+  kw = call_kw(interpret, ('parallel', 'parallel', 'arbitrary', 'arbitrary'))
   res = pl.pallas_call(
       functools.partial(_backward_kernel, b, t) if backward else
       functools.partial(_forward_kernel, b),
@@ -151,10 +149,7 @@ def _call(backward, interpret, qkv, rot, g=None):
   return dx, jnp.pad(dr, ((0, rot.shape[1] - dr.shape[0]), (0, 0), (0, 0), (0, 0)))
 
 
-def _tpu_params():
-  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
-  return pltpu.CompilerParams(
-      dimension_semantics=('parallel', 'parallel', 'arbitrary', 'arbitrary'))
+_call_jit = jax.jit(_call, static_argnums=(0, 1))
 
 
 def _spread(b, d):
@@ -180,10 +175,6 @@ def _tiles(b, d, r_ref, t_ref):
     stacked = jnp.concatenate([r_ref[0, s]] * n, axis=0)
     spread = jnp.dot(stacked.astype(t_ref.dtype), e, preferred_element_type=jnp.float32)
     t_ref[s] = jnp.where(mask, spread, 0).astype(t_ref.dtype)
-
-
-def _nt(a, b):
-  return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
 def _forward_kernel(b, x_ref, r_ref, o_ref, t_ref):

@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-LANES = 128
+from liere_jax.kernels.common import LANES, call_kw, in_hbm, nt as _nt, pltpu, vmem
+
 MAX_BLOCK = 8  # Larger blocks rotate before the kernel (liere_jax.rotation_kernel or an einsum).
 MAX_TOKENS = 512
 ROW_BYTES = 2**18  # q's bytes a grid step, about: a few batch elements a step.
@@ -130,11 +131,9 @@ def _attention_bwd(interpret, d, res, g):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-@functools.lru_cache(maxsize=None)
 def _pass(kernel, interpret, d):
-  """The pass as one jitted function: its kernel is traced once a shape, not once a call (every
-  program traced on any platform traces a TPU's branch too: platform_dependent)."""
-  return jax.jit(functools.partial(_call, kernel, interpret, d))
+  """The pass as one jitted function: its kernel is traced once a shape, not once a call."""
+  return functools.partial(_call_jit, kernel, interpret, d)
 
 
 def _sources(n, blocks):
@@ -195,8 +194,8 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
   flops = matmuls * 2 * heads * t * t * LANES  # Each head's on 128 lanes (the mask).
   moved = (3 * batch * t * width * dtype.itemsize
            + sum(a.size * a.dtype.itemsize for a in (tuple(ins[3:]) + tuple(outs))))
-  kw = ({'interpret': True} if interpret else
-        {'compiler_params': _tpu_params(len(grid), backward and rotated)})
+  kw = call_kw(interpret, ('parallel', 'arbitrary' if backward and rotated else 'parallel',
+                           'arbitrary')[:len(grid)])
   res = pl.pallas_call(
       functools.partial(kernel, d, n // 2 if rotated else None, rows, 1 / math.sqrt(d),
                         **({'fused': one_grad} if backward else {})),
@@ -210,35 +209,20 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
   return (res[0] if one_grad else tuple(res[:3]),) + tuple(res[1 if one_grad else 3:])
 
 
-def vmem(shape, dtype):
-  """A kernel's scratch array in VMEM (the TPU modules load where they are used)."""
-  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
-  return pltpu.VMEM(shape, dtype)
 
 
-def hbm(shape, dtype):
-  """A kernel's output that the compiler must place in HBM."""
-  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
-  return pltpu.HBM(shape, dtype)
 
 
-def in_hbm(x):
-  """A kernel's input that the compiler must leave in HBM (no prefetch into VMEM)."""
-  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
-  return pltpu.with_memory_space_constraint(x, pltpu.HBM)
 
 
-def _tpu_params(axes, accumulates):
-  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
-  return pltpu.CompilerParams(
-      dimension_semantics=('parallel', 'arbitrary' if accumulates else 'parallel',
-                           'arbitrary')[:axes])
+
+
+_call_jit = jax.jit(_call, static_argnums=(0, 1, 2))
 
 
 def _shift(x, s):
   """y[:, i] = x[:, i + s] (cyclic along the lanes; the band is 0 where it wraps)."""
-  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
-  return x if s % LANES == 0 else pltpu.roll(x, (-s) % LANES, 1)
+  return x if s % LANES == 0 else pltpu().roll(x, (-s) % LANES, 1)
 
 
 def _rotate(x, band, half):
@@ -262,9 +246,6 @@ def _masks(d):
   return [(lane >= h * d) & (lane < (h + 1) * d) for h in range(LANES // d)]
 
 
-def _nt(a, b):
-  """a b^T: [T, 128] x [S, 128] -> [T, S] float32."""
-  return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
 def _tn(a, b):

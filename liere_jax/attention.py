@@ -1,0 +1,191 @@
+"""Self-attention with a position encoding's context, dispatched in one place (`attend`).
+
+An encoding hands attention a neutral context (liere_jax.encodings.base: block rotations, RoPE
+angles, a logit bias, a projection); the plan (liere_jax.numerics) says how it runs, and `path`
+names it:
+  'xla'                 the context applied by XLA (rotations.rotate), then
+                        jax.nn.dot_product_attention;
+  'cudnn'               the same with cuDNN's attention where it takes the shapes (bf16 / fp16
+                        heads of at most 128 dims, a multiple of 8; chosen while tracing on a
+                        GPU, XLA's otherwise);
+  'kernel'              the Pallas attention kernel (liere_jax.kernels.attention), q, k and v read
+                        in place from the qkv projection;
+  'kernel, band'        the same rotating q and k inside, by a band of diagonals (blocks up to 8:
+                        every RoPE, LieRE8);
+  'rotation kernel'     larger blocks (LieRE64) rotated by liere_jax.kernels.rotation first, which
+                        runs the attention kernel after it;
+  'kernel after xla'    the context applied by XLA, then the attention kernel.
+`weights` is the explicit softmax that returns the attention maps. On a mesh the kernels run
+under shard_map (a Mosaic kernel is not partitioned by XLA): each device its part of the batch,
+and of the heads over 'model'.
+"""
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from liere_jax.encodings.base import Angles, LayerContext, Rotate
+from liere_jax.kernels import attention as attention_kernel, rotation as rotation_kernel
+from liere_jax.numerics import Numerics
+
+
+def path(numerics: Numerics, ctx: LayerContext, shape) -> str:
+  """How `attend` runs for q of `shape` [B, T, H, d] under ctx and the plan (module doc)."""
+  if numerics.attention != 'kernel' or not _kernel_takes(ctx, shape):
+    return numerics.attention
+  if isinstance(ctx, Angles) or (isinstance(ctx, Rotate)
+                                  and ctx.block <= attention_kernel.MAX_BLOCK):
+    return 'kernel, band'
+  if _rotation_kernel_takes(ctx, shape):
+    return 'rotation kernel'
+  return 'kernel after xla' if ctx.rotates else 'kernel'
+
+
+def split_qkv(numerics: Numerics, ctx: LayerContext, shape) -> bool:
+  """Whether q, k and v come from three products, not one: where the plan asks for it and XLA's
+  einsum rotates blocks above 8 first (a TPU's attention kernels take the rest in place)."""
+  if not (numerics.split_qkv and isinstance(ctx, Rotate) and ctx.block > 2):
+    return False
+  _, t, heads, d = shape
+  kernels = ctx.block <= attention_kernel.MAX_BLOCK or (
+      attention_kernel.supported(heads, d, t) and _rotation_kernel_takes(ctx, shape))
+  return not (numerics.attention == 'kernel' and kernels)
+
+
+def attend(x, kernel, bias, heads: int, ctx: LayerContext, numerics: Numerics):
+  """Self-attention of x [B, T, D] -> [B, T, H, d] from the qkv projection (kernel [D, 3D], bias
+  [3D] or None) with the encoding's context, by `path`."""
+  b, t, width = x.shape
+  shape = (b, t, heads, width // heads)
+  how, three = path(numerics, ctx, shape), split_qkv(numerics, ctx, shape)
+  if how == 'rotation kernel':  # Rotated by the rotation kernel, which reads the one product.
+    return _kernel_attention((project(x, kernel, bias, heads, False, stacked=True),), None,
+                             numerics, _rows(ctx, shape))
+  if how == 'kernel after xla':
+    q, k, v = project(x, kernel, bias, heads, three)
+    q, k, _ = ctx.attend(q, k, numerics)
+    return _kernel_attention((q, k, v), None, numerics)
+  if how in ('kernel', 'kernel, band'):
+    qkv = project(x, kernel, bias, heads, three, stacked=True)
+    return _kernel_attention(qkv if three else (qkv,), _band(ctx, shape, x.dtype), numerics)
+  q, k, v = project(x, kernel, bias, heads, three)
+  q, k, bias = ctx.attend(q, k, numerics)
+  return _dot_product_attention(q, k, v, None if bias is None else bias[None].astype(q.dtype),
+                                cudnn=how == 'cudnn')
+
+
+def weights(x, kernel, bias, heads: int, ctx: LayerContext, numerics: Numerics):
+  """(attention [B, T, H, d], its weights [B, H, T, T]) by an explicit softmax in float32 (the
+  attention maps), the context applied by XLA."""
+  b, t, width = x.shape
+  three = split_qkv(numerics, ctx, (b, t, heads, width // heads))
+  q, k, v = project(x, kernel, bias, heads, three)
+  q, k, bias = ctx.attend(q, k, numerics)
+  logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(q.shape[-1])
+  logits = logits.astype(jnp.float32)
+  if bias is not None:
+    logits = logits + bias
+  w = jax.nn.softmax(logits, axis=-1)
+  return jnp.einsum('bhqk,bkhd->bqhd', w.astype(v.dtype), v), w
+
+
+def project(x, kernel, bias, heads, three, stacked=False):
+  """The qkv projection: q, k, v [B, T, H, d], from one product or from three (each its own
+  array: XLA then rotates q and k as they come, without copies to slice them out of one);
+  `stacked`: the one product's [B, T, 3, H, d]."""
+  b, t, width = x.shape
+  if not three:
+    qkv = jnp.dot(x, kernel) if bias is None else jnp.dot(x, kernel) + bias
+    qkv = qkv.reshape(b, t, 3, heads, -1)
+    return qkv if stacked else tuple(jnp.moveaxis(qkv, 2, 0))
+  w = kernel.reshape(width, 3, -1)
+  out = [jnp.dot(x, w[:, i]) for i in range(3)]
+  if bias is not None:
+    out = [y + c for y, c in zip(out, bias.reshape(3, -1))]
+  return tuple(y.reshape(b, t, heads, -1) for y in out)
+
+
+def _dot_product_attention(q, k, v, bias, cudnn):
+  """jax.nn.dot_product_attention, cuDNN's where asked and it takes q (it is chosen while
+  tracing, and cannot be lowered without a GPU: XLA's form runs where it refuses)."""
+  if (cudnn and q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] <= 128
+      and q.shape[-1] % 8 == 0):
+    try:
+      return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation='cudnn')
+    except (NotImplementedError, ValueError, RuntimeError):
+      pass
+  return jax.nn.dot_product_attention(q, k, v, bias=bias)
+
+
+def _model_axis():
+  """The context mesh's 'model' axis where it splits the heads, else None."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return 'model' if not mesh.empty and mesh.shape.get('model', 1) > 1 else None
+
+
+def _kernel_takes(ctx, shape) -> bool:
+  """Whether the attention kernel takes q [B, T, H, d] (each device's heads) under ctx: no logit
+  bias."""
+  _, t, heads, d = shape
+  model = jax.sharding.get_abstract_mesh().shape['model'] if _model_axis() else 1
+  return (not ctx.biased and not heads % model
+          and attention_kernel.supported(heads // model, d, t))
+
+
+def _band(ctx, shape, dtype):
+  """The rotation of q and k as the attention kernel's band, which it applies itself (RoPE's
+  angles; blocks up to 8: path 'kernel, band'), or None (path 'kernel')."""
+  _, t, heads, d = shape
+  if isinstance(ctx, Angles):
+    return attention_kernel.pair_band(jnp.swapaxes(ctx.angles, 0, 1), heads, d, dtype)
+  if not ctx.rotates:
+    return None
+  rot = jnp.swapaxes(ctx.rot[:, :t], 0, 1).astype(dtype)  # [T, H or 1, k, b, b]
+  return attention_kernel.band(jnp.broadcast_to(rot, rot.shape[:1] + (heads,) + rot.shape[2:]), d)
+
+
+def _rotation_kernel_takes(ctx, shape) -> bool:
+  """Whether ctx's blocks fill q's heads as the rotation kernel takes them."""
+  if not isinstance(ctx, Rotate):
+    return False
+  _, _, heads, d = shape
+  k, b = ctx.rot.shape[-3], ctx.block
+  return k * b == d and rotation_kernel.supported(b, d, heads)
+
+
+def _rows(ctx, shape):
+  heads = shape[2]  # Every token (padding too: the kernel reads them split over data).
+  return rotation_kernel.rows(jnp.broadcast_to(ctx.rot, (heads,) + ctx.rot.shape[1:]))
+
+
+def _kernel_attention(xs, band, numerics, rot=None):
+  """The attention kernel of xs: (q, k, v) [B, T, H, d] or ([B, T, 3, H, d],), the latter's q
+  and k first rotated by the rotation kernel's rows `rot` [H / n, T' >= T, d, n b] where given;
+  on a mesh each device attends its part of the batch (and of the heads, over 'model'). rot's
+  tokens come split over 'data' where they divide (rotations.liere_rotations' split_tokens): the
+  rotation kernel gathers them."""
+  interpret = numerics.interpret
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return _kernel_call(xs, band, rot, interpret, None)
+  model, data = _model_axis(), 'data' if 'data' in mesh.axis_names else None
+  n = mesh.shape[data] if data else 1
+  gather = data if rot is not None and n > 1 and rot.shape[1] % n == 0 else None
+  spec = {4: P(data, None, model, None), 5: P(data, None, None, model, None)}
+  fn = functools.partial(_kernel_call, interpret=interpret, gather=gather)
+  return jax.shard_map(fn, in_specs=(tuple(spec[a.ndim] for a in xs), P(None, None, model),
+                                     P(model, gather)),
+                       out_specs=spec[4], check_vma=False)(xs, band, rot)
+
+
+def _kernel_call(xs, band, rot, interpret, gather):
+  if rot is not None:
+    (qkv,) = xs
+    b, t, _, h, d = qkv.shape
+    out = rotation_kernel.attention(qkv.reshape(b, t, 3 * h * d), rot, interpret, gather)
+    return out.reshape(b, t, h, d)
+  if len(xs) == 1:
+    return attention_kernel.attention_qkv(xs[0], band, interpret=interpret)
+  return attention_kernel.attention(*xs, band, interpret=interpret)

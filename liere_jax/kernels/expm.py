@@ -1,0 +1,245 @@
+"""The exponential of a stack of skew-symmetric blocks as one Pallas kernel (liere_jax.expm's
+'kernel' form: a TPU's, and model.pe.expm='pallas' elsewhere).
+
+XLA's 'loop' form runs each of its ~20 products a matrix as its own op: every product reads two
+stacks from memory and writes one. Here one kernel reads each matrix once and writes its
+rotation once: per matrix, in on-chip memory (VMEM on a TPU, registers on a GPU),
+  1. a, a^2, a^3 and the spectral-radius bound rho(a) <= ||a^3||_1^(1/3) (as taylor.squarings,
+     in logarithms: the vector units have no scalar pow);
+  2. the matrix's OWN number of squarings s (no cap: a loop of dynamic trip count, each
+     matrix's square kept by select up to its own);
+  3. the degree-12 Bader-Blanes-Casas polynomial at a 2^-s (taylor.TAYLOR12, over the kernel's
+     `Algebra`), the s squarings and the Newton-Schulz step.
+The VJP stores a and R0 (R before the Newton-Schulz step). The gradient of exp at a for a
+cotangent G is the Frechet derivative L(a^T, G); a second kernel computes it as the polynomial
+and squarings at a^T differentiated forward (`jax.jvp` inside the kernel), after the
+Newton-Schulz step's adjoint at R0: the XLA 'loop' form's gradient (tests/test_expm_kernel.py).
+
+By `Numerics.platform`: 'tpu' Mosaic, a grid over tiles of `tile_matrices(b)` matrices, blocks of
+3 to ENTRIES_UP_TO (LieRE8's) in an entries layout [b, b, m / 128, 128] (each entry of 1,024
+matrices whole vector registers, a product b^3 float32 multiply-adds, a transpose a renaming);
+'cuda' Triton, one matrix a program; 'cpu' interpret mode with a TPU's tiling (tests). Which
+blocks each takes: `supported`. Why: docs/decisions/.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+
+from liere_jax import taylor as taylor_lib
+from liere_jax.kernels.common import LANES, call_kw
+
+TAYLOR = taylor_lib.TAYLOR12  # The polynomial: degree 12 in 4 products (x^2, x^3 and 2).
+MIN_BLOCK = 16  # The smallest block a matrix at a time; from 3 to ENTRIES_UP_TO: entries layout.
+ENTRIES_UP_TO = 8
+ENTRY_ROWS = 8  # Entries layout: rows of 128 matrices a grid step (1,024: 256 KiB of 8 x 8).
+MAX_BLOCK = 256  # TPU / interpret: a 256 x 256 matrix's ~20 intermediates are ~5 MiB of VMEM.
+GPU_MAX_BLOCK = 128  # Triton: one matrix a program, held in registers.
+GPU_WARPS = 8  # Untuned (no GPU timing yet).
+TILE_BYTES = 2**17  # TPU / interpret: the matrices a grid step, about this many bytes.
+MAX_TILE = 32
+COUNTED_SQUARINGS = 8  # The cost estimate's (ImageNet LieRE64's training range: 6.92 on average).
+
+
+def supported(block: int, platform: str = 'tpu') -> bool:
+  """Whether the kernel runs blocks of `block` on `platform` ('cpu': interpret mode, a TPU's)."""
+  if platform == 'cuda':
+    return MIN_BLOCK <= block <= GPU_MAX_BLOCK and block & (block - 1) == 0
+  return 3 <= block <= ENTRIES_UP_TO or MIN_BLOCK <= block <= MAX_BLOCK
+
+
+def tile_matrices(block: int) -> int:
+  """Matrices a grid step on TPU (and in interpret mode)."""
+  return int(np.clip(TILE_BYTES // (4 * block * block), 1, MAX_TILE))
+
+
+def expm_pallas(a: jax.Array, numerics) -> jax.Array:
+  """exp(a) for a [..., b, b] skew-symmetric (float32; `supported` blocks) as one Pallas kernel
+  on `numerics.platform`, its products at `numerics.products` (Triton; a TPU's tiles at theirs,
+  the entries layout in float32 multiply-adds)."""
+  if not supported(a.shape[-1], numerics.platform):
+    raise ValueError(f'The Pallas exponential takes no blocks of {a.shape[-1]} on '
+                     f'{numerics.platform}; liere_jax.expm.expm chooses where it runs.')
+  flat = jnp.asarray(a, jnp.float32).reshape((-1,) + a.shape[-2:])
+  return _kernel(numerics, flat).reshape(a.shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _kernel(numerics, a):
+  """[m, b, b] -> exp, with the Frechet VJP; residuals a and R0 (R before Newton-Schulz)."""
+  return _pallas('forward', numerics, a)
+
+
+def _kernel_fwd(numerics, a):
+  r, r0 = _pallas('forward_res', numerics, a)
+  return r, (a, r0)
+
+
+def _kernel_bwd(numerics, res, g):
+  return _pallas('backward', numerics, *res, g),
+
+
+_kernel.defvjp(_kernel_fwd, _kernel_bwd)
+
+
+def _pallas(kind, numerics, *args):
+  m, b, _ = args[0].shape
+  platform = numerics.platform
+  if b <= ENTRIES_UP_TO:
+    return _pallas_entries(kind, platform, *args)
+  d = numerics.products
+  body, n_out = _body(kind, taylor_lib.stacked(d.forward), taylor_lib.stacked(d.backward))
+  name = f'liere_expm_{kind}'
+  if platform == 'cuda':
+    from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
+    spec = pl.BlockSpec((None, b, b), lambda i: (i, 0, 0))
+    out = jax.ShapeDtypeStruct((m, b, b), jnp.float32)
+    res = pl.pallas_call(
+        functools.partial(_apply, body, len(args)), out_shape=(out,) * n_out, grid=(m,),
+        in_specs=[spec] * len(args), out_specs=(spec,) * n_out, name=name,
+        compiler_params=plgpu.CompilerParams(num_warps=GPU_WARPS))(*args)
+    return res if n_out > 1 else res[0]
+  tile = tile_matrices(b)
+  n = -(-m // tile)
+  if n * tile != m:  # Zero matrices (exp(0) = I, no squarings), sliced off after.
+    args = [jnp.pad(x, ((0, n * tile - m), (0, 0), (0, 0))) for x in args]
+  spec = pl.BlockSpec((tile, b, b), lambda i: (i, 0, 0))
+  out = jax.ShapeDtypeStruct((n * tile, b, b), jnp.float32)
+  # Each matrix read and written once, its rows padded to whole 128-lane tiles as a TPU lays it.
+  cost = pl.CostEstimate(flops=2 * b**3 * _counted_products(kind) * n * tile, transcendentals=0,
+                         bytes_accessed=4 * b * -(-b // 128) * 128 * n * tile * (len(args) + n_out))
+  res = pl.pallas_call(
+      functools.partial(_apply, body, len(args)), out_shape=(out,) * n_out, grid=(n,),
+      in_specs=[spec] * len(args), out_specs=(spec,) * n_out, name=name, cost_estimate=cost,
+      **_tpu_kw(platform))(*args)
+  res = tuple(x[:m] for x in res) if n * tile != m else tuple(res)
+  return res if n_out > 1 else res[0]
+
+
+def _pallas_entries(kind, platform, *args):
+  """_pallas for blocks of up to ENTRIES_UP_TO (TPU, interpret mode): the stacks [m, b, b] laid
+  out entries first, [b, b, m / 128, 128] (zero matrices pad m), so that each entry of a tile's
+  1,024 matrices is whole vector registers [8, 128], not an 8 x 8 block on an 8 x 128 tile; a
+  product is b^3 multiply-adds of them (float32, exact), a transpose a renaming."""
+  m, b, _ = args[0].shape
+  rows = min(ENTRY_ROWS, -(-m // LANES))  # A multiple of 8, or the whole array.
+  size = -(-m // (rows * LANES)) * rows * LANES
+  body, n_out = _body(kind, ENTRIES, ENTRIES)
+  to_entries = lambda x: jnp.pad(jnp.moveaxis(x, 0, -1), ((0, 0), (0, 0), (0, size - m))).reshape(
+      b, b, size // LANES, LANES)
+  spec = pl.BlockSpec((b, b, rows, LANES), lambda i: (0, 0, i, 0))
+  out = jax.ShapeDtypeStruct((b, b, size // LANES, LANES), jnp.float32)
+  cost = pl.CostEstimate(flops=2 * b**3 * _counted_products(kind) * size, transcendentals=0,
+                         bytes_accessed=4 * b * b * size * (len(args) + n_out))
+  res = pl.pallas_call(
+      functools.partial(_apply, body, len(args)), out_shape=(out,) * n_out,
+      grid=(size // (rows * LANES),), in_specs=[spec] * len(args), out_specs=(spec,) * n_out,
+      name=f'liere_expm_{kind}', cost_estimate=cost, **_tpu_kw(platform))(
+          *map(to_entries, args))
+  res = tuple(jnp.moveaxis(x.reshape(b, b, size)[..., :m], -1, 0) for x in res)
+  return res if n_out > 1 else res[0]
+
+
+def _body(kind, forward, backward):
+  """The kernel body of pass `kind` in these algebras (forward, backward), and its outputs."""
+  body = {'forward': functools.partial(_exp_one, forward, False),
+          'forward_res': functools.partial(_exp_one, forward, True),
+          'backward': functools.partial(_grad_one, backward)}[kind]
+  return body, 2 if kind == 'forward_res' else 1
+
+
+def _tpu_kw(platform):
+  """pallas_call's arguments on a TPU (Mosaic, tiles in parallel), or interpret mode (cpu)."""
+  return call_kw(platform == 'cpu', ('parallel',))
+
+
+def _counted_products(kind):
+  """For XLA's counts: products a matrix at COUNTED_SQUARINGS (HIGHEST's six passes not
+  counted)."""
+  return {'forward': 6, 'forward_res': 6, 'backward': 5 + 3 * 4}[kind] + (
+      3 if kind == 'backward' else 1) * COUNTED_SQUARINGS
+
+
+def _entries_product(x, y):
+  """x @ y of each matrix in the entries layout [b, b, ...]: b multiply-adds an entry."""
+  out = x[:, 0][:, None] * y[0][None]
+  for k in range(1, x.shape[1]):
+    out = out + x[:, k][:, None] * y[k][None]
+  return out
+
+
+def _entries_plus_identity(x):
+  """I + x entry by entry: a kernel holds no array constants."""
+  return jnp.stack([jnp.stack([x[i, j] + 1 if i == j else x[i, j] for j in range(x.shape[1])])
+                    for i in range(x.shape[0])])
+
+
+# The entries layout [b, b, ...]: a transpose is a renaming of the entries.
+ENTRIES = taylor_lib.Algebra(_entries_product,
+                             lambda x: jnp.stack([x[:, i] for i in range(x.shape[0])]),
+                             _entries_plus_identity)
+
+
+def _apply(body, n_in, *refs):
+  """The input refs' blocks in, body's results to the output refs: one matrix [b, b] (Triton) or
+  a tile [tile, b, b] at once (TPU: each product one batched product of the tile, which the MXU
+  streams; each matrix with its own squarings)."""
+  for ref, x in zip(refs[n_in:], body(*(r[...] for r in refs[:n_in]))):
+    ref[...] = x
+
+
+def squarings(powers, theta, entries=False):
+  """taylor.squarings for each matrix of a stack [..., b, b] inside a kernel, int32 [..., 1, 1]
+  ([...] in the entries layout): the squarings that take the spectral-radius bound
+  ||a^k||_1^(1/k) (||a||_1 where that is not finite) to at most theta, no cap; 0 for a
+  non-finite matrix. Reductions keep their dims and the power is taken in logarithms (Mosaic
+  has no scalar pow)."""
+  k = max(powers)
+  norm = functools.partial(_norm1, entries=entries)
+  log_k = jnp.log2(norm(powers[k])) / k  # -inf for a = 0: no squarings.
+  log_bound = jnp.where(jnp.isfinite(log_k) | (log_k < 0), log_k, jnp.log2(norm(powers[1])))
+  s = jnp.ceil(jnp.maximum(log_bound - np.float32(np.log2(theta)), -1.0))
+  return jnp.where(jnp.isfinite(s), jnp.maximum(s, 0.0), 0.0).astype(jnp.int32)
+
+
+def _norm1(p, entries):
+  """Each matrix's 1-norm (largest column sum): [..., 1, 1], or [...] in the entries layout."""
+  if entries:
+    return jnp.max(jnp.sum(jnp.abs(p), axis=0), axis=0)
+  return jnp.max(jnp.sum(jnp.abs(p), axis=-2, keepdims=True), axis=-1, keepdims=True)
+
+
+def _squared(alg, powers, s):
+  """p(a 2^-s)^(2^s) for a stack's powers, s [..., 1, 1] its own per matrix: the loop runs to
+  the stack's largest s, each matrix's square kept by select up to its own."""
+  scale = jnp.exp2(-s.astype(jnp.float32))
+  y = TAYLOR.polynomial(alg, {k: p * scale**k for k, p in powers.items()})
+  return jax.lax.fori_loop(0, jnp.max(s), lambda i, y: jnp.where(
+      i < s, alg.matmul(y, y), y), y)
+
+
+def _exp_one(alg, residual, a):
+  """(exp(a),) of a stack in `alg`'s layout, 'loop''s program with each matrix's own squarings;
+  with `residual` also R0, the rotation before the Newton-Schulz step (the backward's
+  residual)."""
+  powers = TAYLOR.powers(alg, a)
+  r0 = _squared(alg, powers, squarings(powers, TAYLOR.theta, alg is ENTRIES))
+  r = taylor_lib.newton_schulz(alg, r0)
+  return (r, r0) if residual else (r,)
+
+
+def _grad_one(alg, a, r0, g):
+  """(the cotangent of a,) for the cotangent g of R = NS(R0(a)) (stacks as _exp_one's): through
+  the Newton-Schulz step's adjoint at R0 (at R0, not at an orthogonal R: that keeps the
+  gradient's error at the XLA path's, 2.5e-6 against 6e-6 on LieRE64's largest matrices), then
+  L(a^T, g) as the polynomial and squarings at a^T differentiated forward in direction g."""
+  mm, t = alg.matmul, alg.transpose
+  # NS(r) = 1.5 r - 0.5 r r^T r; its adjoint: 1.5 g - 0.5 (g r^T r + r g^T r + r r^T g).
+  p = mm(t(r0), g)
+  g = 1.5 * g - 0.5 * (mm(g, mm(t(r0), r0)) + mm(r0, t(p)) + mm(r0, p))
+  powers, tangents = jax.jvp(lambda x: TAYLOR.powers(alg, x), (t(a),), (g,))
+  s = squarings(powers, TAYLOR.theta, alg is ENTRIES)
+  return jax.jvp(lambda x: _squared(alg, x, s), (powers,), (tangents,))[1],
