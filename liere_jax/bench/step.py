@@ -31,7 +31,7 @@ from liere_jax import model, rotations, switches  # pylint: disable=unused-impor
 from liere_jax.config import load
 from liere_jax.switches import SWITCHES
 from liere_jax.bench import peer
-from liere_jax.bench.compile import CHIPS
+from liere_jax.tpu_slices import CHIPS
 from liere_jax.bench.flops import liere_flops, model_flops
 from liere_jax.bench.timing import fmt, interleaved
 
