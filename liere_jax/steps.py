@@ -128,7 +128,7 @@ class EvalSteps:
                                        is_leaf=lambda x: isinstance(x, P))
     self.batch_sharding = NamedSharding(self.mesh, P('data'))
     self.replicated = NamedSharding(self.mesh, P())
-    self._pe_context = MeshJit(self.mesh, self._pe_context_fn, static_argnums=(1, 2),
+    self._pe_context = MeshJit(self.mesh, self.pe_context_fn, static_argnums=(1, 2),
                                out_shardings=self.replicated)
     # The eval steps take the encoding's context (pe_context), computed once per grid.
     eval_shardings = (self.param_sharding, self.batch_sharding, None)
@@ -172,7 +172,8 @@ class EvalSteps:
     compile per (grid, positions)."""
     return self._pe_context(params, tuple(grid), positions)
 
-  def _pe_context_fn(self, params, grid, positions):
+  def pe_context_fn(self, params, grid, positions):
+    """pe_context's function before jit (what ahead-of-time compiles trace: liere_jax/fit.py)."""
     return self.model(params).pe_context(grid, positions)
 
   def global_batch(self, local: dict) -> dict:

@@ -35,7 +35,7 @@ _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar.')
 _CHECK_FIT = flags.DEFINE_string(
     'check_fit', None, "First compile the train step for a Cloud TPU slice (e.g. v5litepod-256: "
     "deviceless, before any host waits on another) or for 'devices' (the ones it runs on), and "
-    'stop in one line, exit 2, where it does not fit their memory (liere_jax.bench.compile). '
+    'stop in one line, exit 2, where it does not fit their memory (liere_jax/fit.py). '
     'Costs one more compile.')
 # A preempted run exits with the status of a process ended by SIGTERM, after saving.
 PREEMPTED_EXIT = 143
@@ -50,17 +50,18 @@ def main(argv):
     raise app.UsageError('--workdir is required.')
   fit = _CHECK_FIT.value
   if fit and fit != 'devices':  # The slice's program, compiled here before the pod starts.
-    from liere_jax.bench import compile as tpu
+    from liere_jax import fit as fits
     with command.refusing():
-      print(f"{fit}: fits ({tpu.check_fit(_CONFIG.value, fit)['need'] / tpu.GiB:.2f} GiB a chip).")
+      print(f"{fit}: fits ({fits.check_fit(_CONFIG.value, fit)['need'] / fits.GiB:.2f} GiB a "
+            'chip).')
   with command.refusing():
     distributed.init_distributed(*(f.value for f in _PROCESS))
   # Everything is checked before anything is compiled or written.
   with command.refusing():
     run = run_spec.resolve(_CONFIG.value, jax.device_count())  # A bad config file fails here.
     if fit == 'devices':
-      from liere_jax.bench import compile as tpu
-      tpu.check_fit(_CONFIG.value, fit)
+      from liere_jax import fit as fits
+      fits.check_fit(_CONFIG.value, fit)
   if training.train_and_evaluate(run, workdir, progress=_PROGRESS.value,
                                  checks=command.refusing) is not None:
     sys.exit(PREEMPTED_EXIT)

@@ -16,11 +16,17 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 from flax import nnx
 
-from tests.helpers import tiny_model
+from liere_jax.config import model_config
+from liere_jax.config.model import resolve
+from liere_jax.model import ViT
 
 
 def program(pe: str) -> str:
-  model = tiny_model(pe=pe, width=256, heads=4)
+  # The tests' tiny model (tests/helpers.py tiny_model), 256 wide.
+  cfg = model_config(pe=pe, variant='', patch=(4, 4), input_size=(16, 16), channels=3,
+                     num_classes=5, width=256, depth=2, heads=4, pool='cls')
+  model = ViT(resolve(cfg), rngs=nnx.Rngs(0))
+  model.eval()
   x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   loss = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2)

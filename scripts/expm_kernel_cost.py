@@ -17,9 +17,8 @@ import jax.numpy as jnp
 from jax.sharding import SingleDeviceSharding
 
 sys.path.insert(0, __file__.rsplit('/scripts/', 1)[0])
-from liere_jax import expm  # pylint: disable=g-import-not-at-top
+from liere_jax import expm, tpu_slices  # pylint: disable=g-import-not-at-top
 from liere_jax.bench.expm import impl_numerics  # pylint: disable=g-import-not-at-top
-from liere_jax.bench import compile as tpu  # pylint: disable=g-import-not-at-top
 
 
 def main():
@@ -29,7 +28,7 @@ def main():
   p.add_argument('--topology', default='v5litepod-1')
   p.add_argument('--method', action='append')
   args = p.parse_args()
-  dev = tpu.parse_slice(args.topology).devices()[0]
+  dev = tpu_slices.parse_slice(args.topology).devices()[0]
   x = jax.ShapeDtypeStruct((args.m, args.b, args.b), jnp.float32,
                            sharding=SingleDeviceSharding(dev))
   print(f'{args.m} matrices of {args.b}x{args.b} float32 on {dev.device_kind}, '

@@ -2,8 +2,8 @@
 few tiny RoPEViT models (LieRE8, the paper's RoPE-Mixed = LieRE2, VisionLlama, absolute; 2D and
 3D; shared and per-layer generators), the official state_dict's keys and shapes, and the logits
 the official model gives on a fixed input with parameter values drawn from a seed
-(tests/official_fixtures.py draws the same values again). Numbers only: no official code is
-copied.
+(liere_jax/convert/official_values.py; tests/official_fixtures.py draws the same values again).
+Numbers only: no official code is copied.
 
   python scripts/official_fixtures.py --official /tmp/LieRE   # a checkout of StanfordMIMI/LieRE
 
@@ -25,8 +25,9 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from tests import official_fixtures  # noqa: E402
+from liere_jax.convert.official_values import draw_input, draw_state_dict  # noqa: E402
 
+FIXTURES = os.path.join(ROOT, 'tests', 'fixtures', 'official', 'cases.json')
 _TINY = dict(num_classes=5, dim=128, depth=2, heads=2, mlp_dim=64, pool='cls', channels=3,
              dim_head=64)
 _2D = dict(image_size=16, patch_size=4, input_dimensionality=2)
@@ -64,7 +65,7 @@ def rope_vit_class(checkout):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('--official', required=True, help='a StanfordMIMI/LieRE checkout')
-  parser.add_argument('--out', default=official_fixtures.PATH)
+  parser.add_argument('--out', default=FIXTURES)
   args = parser.parse_args()
   rope_vit = rope_vit_class(args.official)
   commit = subprocess.run(['git', '-C', args.official, 'rev-parse', 'HEAD'], check=True,
@@ -76,12 +77,12 @@ def main():
     model = rope_vit(**kw).eval()
     keys_shapes = [(k, list(v.shape)) for k, v in model.state_dict().items()]
     zeros = [k for k, v in model.named_parameters() if not v.requires_grad and not v.any()]
-    values = official_fixtures.state_dict(keys_shapes, 100 + i, zeros)
+    values = draw_state_dict(keys_shapes, 100 + i, zeros)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in values.items()}, strict=True)
     n = kw['input_dimensionality']
     size = kw['image_size'] if n == 2 else kw['image_size'][0]
     input_shape = [2] + [size] * n + [kw['channels']]
-    x = official_fixtures.inputs(input_shape, seed=200 + i)
+    x = draw_input(input_shape, seed=200 + i)
     with torch.no_grad():
       logits = model.double()(torch.from_numpy(np.moveaxis(x, -1, 1).astype(np.float64)))
     cases[name] = dict(rope_vit_kwargs=kw, state_dict=keys_shapes, zeros=zeros,

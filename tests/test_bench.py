@@ -120,7 +120,7 @@ def test_step_mfu_counts_the_model_from_shapes_as_the_tpu_compiler_does():
   count of an abs train step compiled deviceless (every product XLA's, no loop); XLA's count is
   withheld where a library does the products (a GPU's cuBLAS GEMMs) or a loop hides work."""
   pytest.importorskip('libtpu', reason='requirements-tpu.txt')
-  from liere_jax.bench import compile as tpu
+  from liere_jax import fit, tpu_slices
   from liere_jax.bench import step
   from liere_jax.bench.flops import model_flops
   from liere_jax.config import run as run_spec
@@ -130,8 +130,8 @@ def test_step_mfu_counts_the_model_from_shapes_as_the_tpu_compiler_does():
   cfg.model.update(width=256, mlp_dim=1024, heads=2, depth=1)
   cfg.model.pe.name, cfg.batch_size = 'abs', 16
   run = run_spec.resolve(cfg, 1)
-  devices = tpu.slice_devices(tpu.parse_slice('v5litepod-1'))
-  compiled = tpu.compile_steps(run, devices, steps=('train',))['train']
+  devices = tpu_slices.slice_devices(tpu_slices.parse_slice('v5litepod-1'))
+  compiled = fit.compile_steps(run, devices, steps=('train',))['train']
   ratio = step._flops(compiled) / model_flops(run.model, 16)
   assert 1.0 <= ratio < 1.1, ratio  # XLA adds norms, softmax, GELU and Adam.
   assert step.peak_flops(devices[0].device_kind) == 197e12  # v5e

@@ -86,9 +86,9 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
   them out ([B, T, H d], 2 rows a chip), 197 tokens, nothing of [B, H, T, T] in HBM."""
   pytest.importorskip('libtpu', reason='requirements-tpu.txt')
   from jax.sharding import NamedSharding
-  from liere_jax.bench import compile as tpu
+  from liere_jax import tpu_slices
   mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
-                       devices=tpu.slice_devices(tpu.parse_slice('v5litepod-8')))
+                       devices=tpu_slices.slice_devices(tpu_slices.parse_slice('v5litepod-8')))
   x = jax.ShapeDtypeStruct((16, 197, 12, 64), jnp.bfloat16,
                            sharding=NamedSharding(mesh, P('data')))
   rot = jax.ShapeDtypeStruct((12, 197, 8, 8, 8), jnp.float32, sharding=NamedSharding(mesh, P()))

@@ -161,8 +161,8 @@ def test_compiles_for_a_tpu_v5e_deviceless(block):
   each, over its tiles (padded)."""
   pytest.importorskip('libtpu', reason='requirements-tpu.txt')
   from jax.sharding import SingleDeviceSharding
-  from liere_jax.bench import compile as tpu
-  dev = tpu.parse_slice('v5litepod-1').devices()[0]
+  from liere_jax import tpu_slices
+  dev = tpu_slices.parse_slice('v5litepod-1').devices()[0]
   x = jax.ShapeDtypeStruct((20, block, block), jnp.float32, sharding=SingleDeviceSharding(dev))
   tile = expm_kernel.LANES if block <= expm_kernel.ENTRIES_UP_TO else expm_kernel.tile_matrices(B)
   for fn, kernels in ((lambda y: rotations.exponential(y, 'pallas'), ['liere_expm_forward']),

@@ -128,9 +128,9 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
   from there (their memory space pinned)."""
   pytest.importorskip('libtpu', reason='requirements-tpu.txt')
   from jax.sharding import NamedSharding
-  from liere_jax.bench import compile as tpu
+  from liere_jax import tpu_slices
   mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
-                       devices=tpu.slice_devices(tpu.parse_slice('v5litepod-8')))
+                       devices=tpu_slices.slice_devices(tpu_slices.parse_slice('v5litepod-8')))
   x = jax.ShapeDtypeStruct((16, 197, 3, 12, 64), jnp.bfloat16,
                            sharding=NamedSharding(mesh, P('data')))
   rot = jax.ShapeDtypeStruct((12, 200, 1, 64, 64), jnp.float32,

@@ -1,7 +1,9 @@
 """The library's import layers (pyproject.toml, [tool.importlinter]): `lint-imports` keeps the
 contract, and the graph of units (each top-level module and each sub-package of liere_jax as
 one node, imports inside functions counted) has no cycle. Both checks are shown to fail on a
-graph that breaks them. And tests/ is laid out like the library (TESTED_BY)."""
+graph that breaks them. The programs' import closure leaves the benchmarks out; the scripts
+import the library, never tests/. And tests/ is laid out like the library (TESTED_BY)."""
+import ast
 import os
 import subprocess
 import sys
@@ -110,6 +112,46 @@ def test_the_checks_fail_on_a_graph_that_breaks_them(tmp_path):
   assert 'liere_jax.checkpoint is not allowed to import liere_jax.paths' in result.stdout, (
       result.stdout)
 
+
+
+def test_train_imports_no_benchmark_module():
+  """train.py --check_fit is the library's (liere_jax/fit.py): a pod's launch imports nothing
+  of liere_jax.bench, imports inside functions included."""
+  graph = grimp.build_graph('liere_jax', cache_dir=None)
+  closure = graph.find_upstream_modules('liere_jax.train')  # All it imports.
+  assert 'liere_jax.fit' in closure
+  assert sorted(m for m in closure if unit(m) == 'liere_jax.bench') == []
+
+
+def foreign_imports(source: str, local: set) -> list:
+  """The imports of a script's `source` that are neither the library, the standard library nor
+  a third-party package: relative ones and the checkout's other top-level names (`local`:
+  tests, conftest, train, ...)."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      names = [('.' * node.level) + (node.module or '')]
+    else:
+      continue
+    found += [n for n in names if n.startswith('.') or n.split('.')[0] in local]
+  return found
+
+
+def test_scripts_import_only_the_library_and_packages():
+  """scripts/ use liere_jax, the standard library and installed packages: never the tests'
+  helpers (a script must run from an installed liere_jax, tests/ aside)."""
+  local = {f.removesuffix('.py') for f in os.listdir(ROOT)
+           if f.endswith('.py') or os.path.isdir(os.path.join(ROOT, f))} - {'liere_jax'}
+  assert {'tests', 'conftest', 'scripts'} <= local
+  assert foreign_imports('import os\nfrom tests import helpers\nfrom liere_jax import fit\n'
+                         'import tests.helpers as h\nfrom . import x\nimport torch', local) == [
+                             'tests', 'tests.helpers', '.']
+  scripts = os.path.join(ROOT, 'scripts')
+  found = {f: foreign_imports(open(os.path.join(scripts, f)).read(), local)
+           for f in sorted(os.listdir(scripts)) if f.endswith('.py')}
+  assert len(found) > 3 and {f: v for f, v in found.items() if v} == {}
 
 
 # Modules whose tests live in an end-to-end file (each names the module it covers): every other

@@ -7,23 +7,16 @@ how. What they share is timing.py: a timed call (block_until_ready), rounds of i
 runs on CPU, GPU and TPU. The last line of --json output is the machine-readable result.
 
 Besides the actions' modules: flops.py (counted FLOPs of the exponentials, the model's from its
-shapes), peer.py (the official PyTorch code's train step, for `step --official`), timing.py.
+shapes), peer.py (the official PyTorch code's train step, for `step --official`), hlo.py (a
+compiled module's HBM traffic, for `compile`), timing.py. Whether a run fits its chips and the
+Cloud TPU slices are the library's: liere_jax/fit.py, liere_jax/tpu_slices.py.
 """
-from liere_jax.bench.expm import (ALL_IMPLS, CASES, DEFAULT_CASES, IMPLS, ROW_KEYS, Case,
-                                  available_bytes, bench_expm, case_inputs, expm_table, is_oom,
-                                  parse_case)
-from liere_jax.bench.data import bench_data, data_table
+from liere_jax.bench.expm import CASES, ROW_KEYS, Case, bench_expm, expm_table, parse_case
 from liere_jax.bench.flops import fast_flops, liere_flops
 from liere_jax.bench.peer import Official, OfficialError, official_kwargs, time_official
-from liere_jax.bench.rotations import (ROTATION_CASES, ROTATION_VARIANTS, TAYLOR18, TAYLORS,
-                                       bench_rotations, rotations_table)
-from liere_jax.bench.step import (bench_step, load_config, random_batches, step_table, vs_overrides,
-                                  with_args)
+from liere_jax.bench.rotations import TAYLOR18
+from liere_jax.bench.step import load_config, vs_overrides, with_args
 
-__all__ = ['ALL_IMPLS', 'CASES', 'DEFAULT_CASES', 'IMPLS', 'ROW_KEYS', 'Case', 'available_bytes',
-           'bench_expm', 'case_inputs', 'expm_table', 'is_oom', 'parse_case', 'fast_flops',
-           'liere_flops',
-           'ROTATION_CASES', 'ROTATION_VARIANTS', 'TAYLOR18', 'TAYLORS', 'bench_rotations',
-           'rotations_table', 'Official', 'OfficialError', 'official_kwargs', 'time_official',
-           'bench_step', 'load_config', 'random_batches', 'step_table', 'vs_overrides', 'with_args',
-           'bench_data', 'data_table']
+__all__ = ['CASES', 'ROW_KEYS', 'Case', 'bench_expm', 'expm_table', 'parse_case', 'fast_flops',
+           'liere_flops', 'Official', 'OfficialError', 'official_kwargs', 'time_official',
+           'TAYLOR18', 'load_config', 'vs_overrides', 'with_args']

@@ -8,7 +8,7 @@ from ml_collections import config_flags
 
 from liere_jax import command
 from liere_jax.config import parse_flags
-from liere_jax.expm import PRECISIONS
+from liere_jax.numerics import PRECISIONS
 from liere_jax.bench.data import bench_data, data_table
 from liere_jax.bench.expm import DEFAULT_CASES, IMPLS, bench_expm, expm_table, parse_case
 from liere_jax.bench.lower import PLATFORMS, bench_lower
@@ -163,6 +163,7 @@ def _step(log):
 
 
 def _compile(log):
+  from liere_jax import fit, tpu_slices
   from liere_jax.bench import compile as tpu
   from liere_jax.config import run as run_spec
   if _CONFIG.value is None:
@@ -173,7 +174,7 @@ def _compile(log):
   overrides = config_flags.get_override_values(flags.FLAGS['config'])
   configs, names, settings = [_CONFIG.value], [spec], [{}]
   with command.refusing():
-    slice_ = tpu.parse_slice(_TOPOLOGY.value)
+    slice_ = tpu_slices.parse_slice(_TOPOLOGY.value)
     if _VS.value is not None:  # The baseline: other arguments, overrides or numerics fields.
       settings.append(vs_numerics(_VS.value))
       names.append(with_args(spec, _VS.value) + ''.join(
@@ -186,7 +187,7 @@ def _compile(log):
     log(f'compiling {name} for {slice_.name} ({slice_.chips} chips, {slice_.hosts} hosts)')
     results.append(tpu.compile_report(run, slice_, eval_step=not _NO_EVAL.value,
                                       numerics=fields))
-  misfit = next((tpu.refusal(n, r) for n, r in zip(names, results) if not r['fits']), None)
+  misfit = next((fit.refusal(n, r) for n, r in zip(names, results) if not r['fits']), None)
   if misfit:  # One line, exit 2: what a pod launch would have found out on the pod.
     if _JSON.value:
       print(json.dumps(results, default=str))

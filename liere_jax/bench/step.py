@@ -30,7 +30,7 @@ from ml_collections.config_flags import config_path
 from liere_jax import numerics as numerics_lib
 from liere_jax.config import load
 from liere_jax.bench import peer
-from liere_jax.bench.compile import CHIPS
+from liere_jax.tpu_slices import CHIPS
 from liere_jax.bench.flops import liere_flops, model_flops
 from liere_jax.bench.timing import fmt, interleaved
 
