@@ -78,6 +78,17 @@ def speed():
   return '\n'.join(lines)
 
 
+def main_job():
+  r = _json(os.path.join(RESULTS, 'main_job.json'))
+  e, w = r['eval'], r['wall']
+  return (f"Held-out top-1 **{e['top1']:.3f}** [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}] "
+          f"(n={e['n']}, 95% CI), {e['patches_shuffled']:.3f} with the patches shuffled, "
+          f"{e['at_168px_normalized']} / {e['at_168px_rescaled']} at 168 px (normalized / rescaled "
+          f"positions); **{w['script']}** for the whole script (train {w['train']}, eval "
+          f"{w['eval']}): `{r['command']}` on a {r['machine']}; {r['date']}, "
+          f"{_versions(r['versions'])}.")
+
+
 def cpu_steps():
   cpu = _json(CPU)
   lines = [f"{cpu['machine']}; {_versions(cpu['versions'])}. {cpu['note'].split('. Recorded')[0]}.", '',
@@ -129,7 +140,7 @@ def tpu_paper():
           '`python scripts/tpu_table.py` (resumable: a cell whose JSON exists is kept).')
 
 
-TABLES = {'speed': speed, 'cpu-steps': cpu_steps, 'gpu-steps': gpu_steps, 'gpu-expm': gpu_expm,
+TABLES = {'main-job': main_job, 'speed': speed, 'cpu-steps': cpu_steps, 'gpu-steps': gpu_steps, 'gpu-expm': gpu_expm,
           'tpu-cost': tpu_cost, 'tpu-paper': tpu_paper}
 
 
