@@ -89,39 +89,39 @@ def main_job():
           f"{_versions(r['versions'])}.")
 
 
+def _table(caption, header, rows):
+  """A caption, then a Markdown table of the header's columns and the rows' cells."""
+  lines = [caption, '', '| ' + ' | '.join(header) + ' |', '|---' * len(header) + '|']
+  return '\n'.join(lines + ['| ' + ' | '.join(map(str, row)) + ' |' for row in rows])
+
+
 def cpu_steps():
   cpu = _json(CPU)
-  lines = [f"{cpu['machine']}; {_versions(cpu['versions'])}. {cpu['note'].split('. Recorded')[0]}.", '',
-           '| pe | train step x abs | date | measured | command |', '|---' * 5 + '|']
-  for r in cpu['rows']:
-    lines.append(f"| {r['pe']} | {r['step_ratio']:.2f} | {r['date']} | {r['measured']} | "
-                 f"`{r['command']}` |")
-  return '\n'.join(lines)
+  return _table(f"{cpu['machine']}; {_versions(cpu['versions'])}. {cpu['what']}",
+                ('pe', 'train step x abs', 'date', 'measured', 'command'),
+                [(r['pe'], f"{r['step_ratio']:.2f}", r['date'], r['measured'], f"`{r['command']}`")
+                 for r in cpu['rows']])
 
 
 def gpu_steps():
   g = _gpu()
   m, steps = g['machine'], _gpu_steps(g)
-  lines = [f"One {m['device']} ({m['memory_mib']:,} MiB, driver {m['driver']}), {m['date']}, "
-           f"{_versions(m['versions'])}; ViT-B/16 at 224 px in bf16, batch 128, A and abs "
-           'alternating in one process, medians of 8 steps.', '',
-           '| pe | step (s) | abs (s) | x abs | command |', '|---' * 5 + '|']
-  for pe in PES:
-    t, base, ratio, section = steps[pe]
-    cmd = m['commands'][section]
-    lines.append(f'| {pe} | {t:.4f} | {base:.4f} | {ratio:.2f} | `{cmd}` |')
-  return '\n'.join(lines)
+  return _table(f"One {m['device']} ({m['memory_mib']:,} MiB, driver {m['driver']}), {m['date']}, "
+                f"{_versions(m['versions'])}; ViT-B/16 at 224 px in bf16, batch 128, A and abs "
+                'alternating in one process, medians of 8 steps.',
+                ('pe', 'step (s)', 'abs (s)', 'x abs', 'command'),
+                [(pe, f'{t:.4f}', f'{base:.4f}', f'{ratio:.2f}', f"`{m['commands'][section]}`")
+                 for pe, (t, base, ratio, section) in ((pe, steps[pe]) for pe in PES)])
 
 
 def gpu_expm():
   g = _gpu()
-  lines = [f"`{g['machine']['commands']['ab_expm_pallas']}` on the same H200, ms, medians of 3, "
-           'torch.matrix_exp in the same process:', '',
-           '| case | impl | fwd ms | fwd+bwd ms | max err |', '|---' * 5 + '|']
-  for r in g['ab_expm_pallas']:
-    lines.append(f"| {r['case']} ({r['n_matrices']:,} of {r['size']}x{r['size']}) | {r['impl']} | "
-                 f"{r['fwd_s'] * 1e3:.1f} | {r['fwd_bwd_s'] * 1e3:.1f} | {r['max_abs_err']:.1e} |")
-  return '\n'.join(lines)
+  return _table(f"`{g['machine']['commands']['ab_expm_pallas']}` on the same H200, ms, medians "
+                'of 3, torch.matrix_exp in the same process:',
+                ('case', 'impl', 'fwd ms', 'fwd+bwd ms', 'max err'),
+                [(f"{r['case']} ({r['n_matrices']:,} of {r['size']}x{r['size']})", r['impl'],
+                  f"{r['fwd_s'] * 1e3:.1f}", f"{r['fwd_bwd_s'] * 1e3:.1f}",
+                  f"{r['max_abs_err']:.1e}") for r in g['ab_expm_pallas']])
 
 
 def _tpu_facts():
