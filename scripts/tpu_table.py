@@ -1,7 +1,7 @@
 """The paper's configs compiled for TPU slices (bench compile), one cell at a time, resumable:
 each cell's result is kept as OUT/CONFIG_PE_TOPOLOGY.json and skipped when there; then the
-markdown tables of docs/tpu.md and docs/benchmarks.md are made from what is there, printed and
-written between their markers in those files (--nowrite: printed only).
+markdown tables are made from what is there and printed; then scripts/docs_tables.py rewrites
+the generated blocks of docs/tpu.md and docs/performance.md from them (--nowrite: printed only).
 
   .venv-test/bin/python scripts/tpu_table.py [--out docs/results/tpu] [--jobs 1] [--only imagenet]
   .venv-test/bin/python scripts/tpu_table.py --cells imagenet:liere64:v5litepod-8:1024 ...
@@ -14,7 +14,6 @@ import argparse
 import concurrent.futures
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -23,8 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ('imagenet', 'cifar100', 'ucf101')
 PES = ('abs', 'rope_mixed', 'liere8', 'liere64')
 TOPOLOGIES = ('v5litepod-8', 'v6e-8', 'v4-8')
-# LieRE's TPU cost (docs/benchmarks.md): ImageNet ViT-B/16 at 128 images a chip on v5e-8. The
-# cells of earlier forms (XLA's attention, fast_select) are in docs/results/tpu/before/.
+# LieRE's TPU cost (docs/performance.md): ImageNet ViT-B/16 at 128 images a chip on v5e-8. The
+# cells of earlier forms are in git history (docs/decisions/ names the commits).
 COST_CELLS = tuple(f'imagenet:{pe}:v5litepod-8:1024' for pe in PES)
 
 
@@ -117,21 +116,9 @@ def cost_table(out) -> str:
   return '\n'.join(lines)
 
 
-DOCS = (('docs/tpu.md', 'TPU_TABLE', paper_table),
-        ('docs/benchmarks.md', 'COST_TABLE', cost_table))
-
-
-def write_docs(out):
-  """Each table between its markers (<!-- NAME begin --> ... <!-- NAME end -->)."""
-  for path, marker, table in DOCS:
-    path = os.path.join(ROOT, path)
-    with open(path) as f:
-      text = f.read()
-    begin, end = f'<!-- {marker} begin -->', f'<!-- {marker} end -->'
-    block = f'{begin}\n{table(out)}\n{end}'
-    text = re.sub(re.escape(begin) + '.*?' + re.escape(end), lambda _: block, text, flags=re.S)
-    with open(path, 'w') as f:
-      f.write(text)
+def write_docs():
+  import docs_tables  # scripts/docs_tables.py: every generated block, these tables among them
+  docs_tables.write()
 
 
 def main():
@@ -152,10 +139,10 @@ def main():
       print(f'{cell}: {status}', flush=True)
   print('\n## The paper configs (docs/tpu.md)\n')
   print(paper_table(args.out))
-  print('\n## LieRE on v5e-8, ImageNet ViT-B/16 at 128 a chip (docs/benchmarks.md)\n')
+  print('\n## LieRE on v5e-8, ImageNet ViT-B/16 at 128 a chip (docs/performance.md)\n')
   print(cost_table(args.out))
   if not args.nowrite:
-    write_docs(args.out)
+    write_docs()
 
 
 if __name__ == '__main__':

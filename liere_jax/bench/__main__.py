@@ -122,7 +122,7 @@ def _presets(log):
   with command.refusing():
     parse_case(case)
   rows = bench_presets(case, log=log)
-  return (f'{case}: the exponential (XLA's loop form) at emulated presets against float64 SciPy, '
+  return (f'{case}: the exponential (XLA\'s loop form) at emulated presets against float64 SciPy, '
           f"{rows[0]['n_matrices']} largest matrices", presets_table(rows), rows)
 
 
