@@ -69,8 +69,10 @@ def tiny_run_config(num_classes=5, qkv_bias=True, **kw):
   return base_config(model=model, data=data, batch_size=8, total_steps=2, lr=1e-3)
 
 
-def tiny_model(seed=0, **kw):
-  model = ViT(tiny_spec(**kw), rngs=nnx.Rngs(seed))
+def tiny_model(seed=0, numerics=None, **kw):
+  """tiny_spec(**kw)'s ViT in eval mode; numerics: its plan (liere_jax.numerics; default this
+  backend's)."""
+  model = ViT(tiny_spec(**kw), rngs=nnx.Rngs(seed), numerics=numerics)
   model.eval()
   return model
 
