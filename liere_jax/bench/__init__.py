@@ -14,9 +14,8 @@ Cloud TPU slices are the library's: liere_jax/fit.py, liere_jax/tpu_slices.py.
 from liere_jax.bench.expm import CASES, ROW_KEYS, Case, bench_expm, expm_table, parse_case
 from liere_jax.bench.flops import fast_flops, liere_flops
 from liere_jax.bench.peer import Official, OfficialError, official_kwargs, time_official
-from liere_jax.bench.rotations import TAYLOR18
 from liere_jax.bench.step import load_config, vs_overrides, with_args
 
 __all__ = ['CASES', 'ROW_KEYS', 'Case', 'bench_expm', 'expm_table', 'parse_case', 'fast_flops',
            'liere_flops', 'Official', 'OfficialError', 'official_kwargs', 'time_official',
-           'TAYLOR18', 'load_config', 'vs_overrides', 'with_args']
+           'load_config', 'vs_overrides', 'with_args']
