@@ -77,9 +77,10 @@ def linear_inits(init: str, fan_in: int, kernel, kernel_axes, bias_axes=None) ->
 
 class Attention(nnx.Module):
 
-  def __init__(self, width, heads, *, qkv_bias, init, dtype, numerics, rngs):
+  def __init__(self, width, heads, *, qkv_bias, init, dtype, rngs, numerics=None):
     self.heads = heads
-    self.numerics = numerics  # Static: how attention runs (liere_jax.attention.path).
+    # Static: how attention runs (liere_jax.attention.path); default this backend's plan.
+    self.numerics = numerics or numerics_lib.plan()
     self.qkv = nnx.Linear(width, 3 * width, use_bias=qkv_bias, dtype=dtype, rngs=rngs,
                           **linear_inits(init, width, _XAVIER, ('embed', 'heads'), ('heads',)))
     self.proj = nnx.Linear(width, width, dtype=dtype, rngs=rngs,
@@ -119,7 +120,7 @@ class Mlp(nnx.Module):
 class Block(nnx.Module):
 
   def __init__(self, width, heads, mlp_dim, *, qkv_bias, dropout, dropout_sites, init, dtype,
-               numerics, rngs, layer_norm_eps=LN_EPS):
+               rngs, layer_norm_eps=LN_EPS, numerics=None):
     norm = dict(epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
     self.norm1 = nnx.LayerNorm(width, **norm)
     self.attn = Attention(width, heads, qkv_bias=qkv_bias, init=init, dtype=dtype,

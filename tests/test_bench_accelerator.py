@@ -1,13 +1,14 @@
 """The accelerator tools of bench, checked without one: the profile summary on a GPU-shaped
-trace, the A/B switches, rotate's forms."""
+trace, the A/B's numerics fields, rotate's forms, and what the accelerators' plans lower to."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.profiler import ProfileData
 
-from liere_jax import rotations, switches
+from liere_jax import rotations
 from liere_jax.bench import step
+from liere_jax.numerics import plan
 from liere_jax.bench.profile import profile_table, summarize_xspace
 
 # A GPU trace as XLA writes one: stream lines with kernels and copies, a derived line beside.
@@ -48,125 +49,118 @@ def test_profile_summary_of_a_trace_without_a_device_says_so():
   assert res['device_planes'] == 0 and 'no device plane' in profile_table(res)
 
 
-def test_vs_switches_set_a_form_for_the_baseline_only_and_refuse_unknown_forms():
-  assert step.vs_switches('pe=abs,apply=einsum,attention=xla,config.a=1') == {
-      'apply': 'einsum', 'attention': 'xla'}
-  assert step.with_args('c.py:pe=liere8', 'pe=abs,apply=einsum') == 'c.py:pe=abs'
-  with pytest.raises(ValueError, match=r"apply=fused is unknown; use one of \('einsum', "):
-    step.vs_switches('apply=fused')
-  with switches.using({'apply': 'direct'}):
-    assert rotations.APPLY.get() == 'direct'
-  assert rotations.APPLY.get() == 'einsum'
+def test_vs_numerics_replace_plan_fields_for_the_baseline_only_and_refuse_unknown_values():
+  """--vs items naming a field of the numerics plan are parsed by the field's type (strings,
+  booleans, integers), the rest are arguments or overrides; an unknown value (or one this
+  backend's plan cannot take) is refused in one line."""
+  assert step.vs_numerics('pe=abs,attention=xla,pairs=swap_roll,split_qkv=true,'
+                          'chunk_bytes=1024,config.a=1') == {
+      'attention': 'xla', 'pairs': 'swap_roll', 'split_qkv': True, 'chunk_bytes': 1024}
+  assert step.vs_numerics('pe=abs,config.a=1') == {}
+  assert step.with_args('c.py:pe=liere8', 'pe=abs,attention=xla') == 'c.py:pe=abs'
+  for bad, message in (('attention=fused', r"attention='fused' is unknown; use one of "
+                                           r"\('xla', 'cudnn', 'kernel'\)"),
+                       ('pairs=direct', r"pairs='direct' is unknown"),
+                       ('attention=cudnn', r"attention='cudnn' needs platform='cuda'")):
+    with pytest.raises(ValueError, match=message) as e:
+      step.vs_numerics(f'pe=abs,{bad}')
+    assert str(e.value).startswith('--vs: ') and '\n' not in str(e.value), str(e.value)
+  assert plan('cpu').replace(**step.vs_numerics('attention=kernel')).attention == 'kernel'
 
 
 @pytest.mark.parametrize('block', [2, 4, 8, 16, 64])
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-def test_rotate_forms_agree_and_apply_r(block, dtype):
-  """'direct' (elementwise up to b = 8, x on the left above) and 'einsum' (the default) both
-  give x' = R x per block; dims past the last block pass through."""
+def test_each_platform_s_rotate_applies_r(block, dtype):
+  """Each platform's form (its plan's: blocks of 2 on x's layout or as pairs, the einsum above)
+  gives x' = R x per block against float64; dims past the last block pass through."""
   rng = np.random.default_rng(block)
   x = jnp.asarray(rng.standard_normal((2, 5, 3, 70)), dtype)
   rot = jnp.asarray(rng.standard_normal((3, 5, 64 // block, block, block)), jnp.float32)
-  with rotations.APPLY('direct'):
-    new = rotations.rotate(x, rot)
-  with rotations.APPLY('einsum'):
-    old = rotations.rotate(x, rot)
   f64 = lambda a: np.asarray(jnp.asarray(a, dtype).astype(jnp.float32), np.float64)
   ref = np.einsum('htkij,bthkj->bthki', f64(rot),
                   f64(x[..., :64]).reshape(2, 5, 3, 64 // block, block)).reshape(2, 5, 3, 64)
   tol = 1e-5 if dtype == jnp.float32 else 2e-2 * np.abs(ref).max()
-  assert np.abs(f64(new[..., :64]) - ref).max() <= tol
-  assert np.abs(f64(new) - f64(old)).max() <= tol
-  np.testing.assert_array_equal(new[..., 64:], x[..., 64:])
-  np.testing.assert_array_equal(rotations.rotate(x, rot), old)  # the default
+  for platform in ('cpu', 'tpu', 'cuda'):
+    got = rotations.rotate(x, rot, plan(platform))
+    assert got.dtype == dtype
+    assert np.abs(f64(got[..., :64]) - ref).max() <= tol, platform
+    np.testing.assert_array_equal(got[..., 64:], x[..., 64:])
 
 
 def test_rotate_takes_the_einsum_everywhere():
-  """The elementwise form ('direct') lost on the CPU (1.2x) and on an H200 (1.35x, LieRE8 step):
-  every platform lowers the einsum, a dot for b = 8 (a TPU's attention kernel rotates such
-  blocks itself); 'direct' lowers none."""
+  """The elementwise form of blocks above 2 lost on the CPU (1.2x) and on an H200 (1.35x,
+  LieRE8 step) and left the library: every platform's plan lowers the einsum, a dot for b = 8
+  (a TPU's attention kernel rotates such blocks itself)."""
   x = jnp.ones((2, 5, 3, 64), jnp.bfloat16)
   rot = jnp.ones((3, 5, 8, 8, 8), jnp.float32)
-  lowered = lambda p: jax.jit(lambda *a: rotations.rotate(*a)).trace(x, rot).lower(
-      lowering_platforms=(p,)).as_text()  # A new function each time: jit's cache ignores APPLY.
+  lowered = lambda p: jax.jit(lambda *a: rotations.rotate(*a, plan(p))).trace(x, rot).lower(
+      lowering_platforms=(p,)).as_text()
   for platform in ('cpu', 'cuda', 'tpu'):
-    assert 'dot_general' in lowered(platform)
-  with rotations.APPLY('direct'):
-    assert 'dot_general' not in lowered('cuda')
+    assert rotations.rotation_form(plan(platform), 8) == 'einsum'
+    assert 'dot_general' in lowered(platform), platform
 
 
-def _compiled_ops(cfg, overrides, settings):
+def _compiled_ops(cfg, overrides, numerics=None):
   """The op names of the config's compiled train step on this CPU, in order."""
   import re
   from liere_jax import steps
-  from liere_jax.bench.step import load_config, random_batches
+  from liere_jax.bench.step import random_batches
   from liere_jax.config import run as run_spec
   cfg = cfg.copy_and_resolve_references()
   for key, value in overrides.items():
     cfg.model.pe[key] = value
-  with switches.using(settings):
-    t = steps.Trainer(run_spec.resolve(cfg, 1), steps.make_mesh(jax.devices()[:1]))
-    train, _ = random_batches(cfg)
-    hlo = t.train_step.lower(t.abstract_state, t.global_batch(train)).compile().as_text()
+  t = steps.Trainer(run_spec.resolve(cfg, 1), steps.make_mesh(jax.devices()[:1]), numerics)
+  train, _ = random_batches(cfg)
+  hlo = t.train_step.lower(t.abstract_state, t.global_batch(train)).compile().as_text()
   return re.findall(r'= \S+ ([a-z][\w-]*)\(', hlo)
 
 
 def test_the_cpu_compiles_the_earlier_train_step_op_for_op():
-  """What the GPU path changed folds away on this CPU: the default step compiles to the same
-  ops as the one with every earlier form asked for (branches per chunk, float32 products,
-  rotate's einsum, XLA attention); so its speed here is the earlier step's."""
+  """What the GPU path changed folds away on this CPU: the default step (the mesh's plan)
+  compiles to the same ops as the one with every earlier form asked for (the stored runs'
+  expm name fast_cond, float32 products, branches per chunk, pairs by a product with the
+  permutation, XLA attention); so its speed here is the earlier step's."""
   from tests import helpers
   cfg, _ = helpers.tiny_config_and_batch(4)
-  new = _compiled_ops(cfg, {}, {})
+  new = _compiled_ops(cfg, {})
   old = _compiled_ops(cfg, {'expm': 'fast_cond', 'expm_precision': 'highest'},
-                      {'apply': 'einsum', 'attention': 'xla'})
+                      plan('cpu', expm='cond', pairs='swap_matmul', attention='xla'))
   assert 'conditional' in new and new == old
 
 
-def test_select_form_chunks_and_recomputes_only_past_its_memory_rule(monkeypatch):
-  """fast_select runs in one piece (no loop) while its residuals fit REMAT_ABOVE_BYTES, and in
-  chunks under remat (a lax.map: a while loop) past it; lowered for cuda."""
-  from liere_jax import expm, platforms
+def test_select_form_chunks_and_recomputes_only_past_its_memory_rule():
+  """The cuda plan's exponential (select) runs in one piece (no loop) while its residuals fit
+  REMAT_ABOVE_BYTES, and in chunks under remat (a lax.map: a while loop) past it; lowered for
+  cuda with the cuda plan."""
+  from liere_jax import expm
   from liere_jax.bench import lower
-  # Branches are traced once per shape: each half takes its own stack size.
-  loops = lambda m: lower.summarize(jax.jit(jax.grad(lambda x: jnp.sum(expm.fast_expm(
-      x, form='select')))).trace(
+  cuda = plan('cuda')
+  assert expm.form(cuda, 8) == 'select'
+  loops = lambda m, fn: lower.summarize(jax.jit(jax.grad(lambda x: jnp.sum(fn(x)))).trace(
       jnp.zeros((m, 8, 8))).lower(lowering_platforms=('cuda',)).compiler_ir('stablehlo'),
-                                    'cuda')['while_loops']
-  assert not expm.select_remat(expm.TAYLOR12_PS, 63, 8) and loops(63) == 0
-  monkeypatch.setattr(expm, 'REMAT_ABOVE_BYTES', 1000)
-  monkeypatch.setitem(platforms.PLATFORMS, 'cuda', platforms.PLATFORMS['cuda']._replace(
-      chunk_bytes=4 * 64 * 8))  # 4 matrices a chunk
-  assert expm.select_remat(expm.TAYLOR12_PS, 64, 8) and loops(64) > 0
+                                        'cuda')['while_loops']
+  assert not expm.select_remat(63, 8) and loops(63, lambda x: expm.expm(x, cuda)) == 0
+  four = cuda.replace(chunk_bytes=4 * 64 * 4)  # 4 matrices a chunk
+  assert expm.select_remat(64, 8, limit=1000)
+  assert loops(64, lambda x: expm._select(four, x, limit=1000)) > 0
+  assert loops(64, lambda x: expm._select(four, x)) == 0  # The limit decides, not the chunks.
 
 
-def test_attention_asks_for_cudnn_on_a_gpu_unless_switched_to_xla(monkeypatch):
-  """On a GPU (faked: cuDNN itself cannot run here) bf16 heads go to cuDNN's kernel; float32,
-  the CPU and attention=xla go to XLA's."""
-  from liere_jax import model
+def test_attention_asks_for_cudnn_on_a_gpu_unless_the_plan_says_xla(monkeypatch):
+  """Under the cuda plan (cuDNN itself cannot run here) bf16 heads go to cuDNN's kernel;
+  float32, the cpu plan and the cuda plan with attention='xla' go to XLA's."""
+  from liere_jax import attention
+  from liere_jax.encodings.base import LayerContext
   asked = []
   real = jax.nn.dot_product_attention
   monkeypatch.setattr(jax.nn, 'dot_product_attention', lambda *a, implementation=None, **k: (
       asked.append(implementation), real(*a, **k))[1])
-  q = jnp.ones((1, 5, 2, 16), jnp.bfloat16)
-  model._fused_attention(q, q, q, None)
-  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
-  model._fused_attention(q, q, q, None)
-  f32 = q.astype(jnp.float32)
-  model._fused_attention(f32, f32, f32, None)
-  with model.ATTENTION('xla'):
-    model._fused_attention(q, q, q, None)
+  ctx, x = LayerContext(), jnp.ones((1, 5, 32), jnp.bfloat16)
+  cases = ((plan('cpu'), jnp.bfloat16, 'xla'), (plan('cuda'), jnp.bfloat16, 'cudnn'),
+           (plan('cuda'), jnp.float32, 'cudnn'), (plan('cuda', attention='xla'), jnp.bfloat16,
+                                                  'xla'))
+  for numerics, dtype, path in cases:
+    assert attention.path(numerics, ctx, (1, 5, 2, 16)) == path
+    out = attention.attend(x.astype(dtype), jnp.ones((32, 96), dtype), None, 2, ctx, numerics)
+    assert out.shape == (1, 5, 2, 16) and out.dtype == dtype
   assert asked == [None, 'cudnn', None, None]
-
-
-def test_emulating_a_gpu_on_cpu_changes_the_products_to_its_presets(monkeypatch):
-  """LIERE_EXPM_EMULATE=cuda: 'auto' on this CPU computes the GPU's bf16 x6 products as the
-  emulation does (not float32's)."""
-  from liere_jax import dots, expm
-  rng = np.random.default_rng(0)
-  x, y = (jnp.asarray(rng.standard_normal((2, 16, 16)), jnp.float32) for _ in range(2))
-  plain = np.asarray(jax.jit(expm.matmul)(x, y))
-  monkeypatch.setenv('LIERE_EXPM_EMULATE', 'cuda')
-  emulated = np.asarray(jax.jit(lambda a, b: expm.matmul(a, b))(x, y))
-  np.testing.assert_array_equal(emulated, np.asarray(dots.emulated('BF16_BF16_F32_X6')(x, y)))
-  assert not np.array_equal(emulated, plain)

@@ -44,13 +44,14 @@ def test_a_tiny_run_compiles_for_a_one_host_and_a_multi_host_slice(topology, mod
   assert len(train['largest']) == 5
 
 
-def test_vs_compiles_the_baseline_under_its_switches():
-  """bench compile --vs NAME=FORM: the baseline is traced with that switch set (RoPE's pair swap
-  as a product instead of the TPU's lane shifts), so the two programs differ."""
+def test_vs_compiles_the_baseline_with_its_numerics_field():
+  """bench compile --vs FIELD=VALUE: the baseline's numerics plan has that field replaced
+  (RoPE's pair swap as a product instead of the TPU's lane shifts: the tiny model's heads are
+  too narrow for the attention kernel), so the two programs differ."""
   flags = [f'--config.{k}={v}' for k, v in helpers.TINY.items()]
   cmd = [sys.executable, '-m', 'liere_jax.bench', 'compile', '--config',
          f'{helpers.ARROWS}:grid=4,pe=rope_mixed', '--topology', 'v5litepod-1', '--train_only',
-         '--vs', 'swap=matmul', '--json'] + flags
+         '--vs', 'pairs=swap_matmul', '--json'] + flags
   p = subprocess.run(cmd, capture_output=True, text=True, cwd=helpers.ROOT)
   assert p.returncode == 0, p.stderr[-2000:]
   roll, matmul = json.loads(p.stdout.strip().splitlines()[-1])

@@ -19,6 +19,7 @@ from flax import nnx
 from liere_jax import convert, encodings
 from liere_jax.config import model as model_spec
 from liere_jax.model import ViT
+from liere_jax.numerics import plan
 from liere_jax.positions import grid_positions, with_prefix
 from tests.helpers import tiny_model_config, tiny_spec
 
@@ -59,7 +60,7 @@ def _through_attention(enc, ctx, layer, q, k):
     qkv, _ = pe.project(qkv.reshape(qkv.shape[:-2] + (-1,)), None)
     q, k, _ = jnp.split(qkv.reshape(q.shape[:-2] + (3,) + q.shape[-2:]), 3, axis=-3)
     q, k = q[..., 0, :, :], k[..., 0, :, :]
-  q, k, _ = pe.attend(q, k)
+  q, k, _ = pe.attend(q, k, plan())
   return q, k
 
 

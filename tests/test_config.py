@@ -213,13 +213,10 @@ def test_a_stored_config_gets_an_options_old_value_only_where_its_encoding_reads
   assert MODEL.upgrade(user, stored=False)['pe'] == {**PE.defaults(), 'name': pe}
 
 
-def test_a_config_argument_that_is_a_switch_points_to_vs():
-  """`configs/imagenet.py:pe=rope_mixed,pairs=blocks`: pairs is a switch (how a form is traced),
-  not a config argument; the refusal names the arguments and where the switch goes."""
-  from liere_jax import rotations  # noqa: F401  (registers the rotation switches)
+def test_a_config_argument_that_is_not_one_is_refused_naming_them():
+  """`configs/imagenet.py:depth=2`: depth is no argument of the config file; the refusal names
+  the arguments and the form."""
   from liere_jax.config import files
-  with pytest.raises(ValueError, match=r"not one of \['pe'\].*--vs pairs=blocks"):
-    files.parse_arg('pe=rope_mixed,pairs=blocks', pe='liere8')
   with pytest.raises(ValueError, match=r"not one of \['pe'\] \(write key=value pairs"
                                        r" separated by commas\)\.$"):
     files.parse_arg('depth=2', pe='liere8')

@@ -35,7 +35,7 @@ NUMERICS = pytest.mark.numerics
 def _logits(model, pos, q, k, layer=0):
   """Attention logits [H, T, T] of fixed q, k [1, T, H, d] at positions pos [T, n]."""
   ctx = model.pe.context(jnp.asarray(pos))
-  q, k, bias = model.pe.layer(ctx, layer).attend(q, k)
+  q, k, bias = model.pe.layer(ctx, layer).attend(q, k, model.numerics)
   out = jnp.einsum('bqhd,bkhd->hqk', q, k)
   return out if bias is None else out + bias
 
@@ -95,7 +95,7 @@ def _rotations(model, grid=(4, 4)):
   d, heads = model.spec.head_dim, model.spec.heads
   tokens = model.num_prefix + math.prod(grid)
   basis = jnp.broadcast_to(jnp.eye(d)[:, None, None, :], (d, tokens, heads, d))
-  return jnp.stack([jnp.moveaxis(model.pe.layer(ctx, i).attend(basis, basis)[0], 0, -1)
+  return jnp.stack([jnp.moveaxis(model.pe.layer(ctx, i).attend(basis, basis, model.numerics)[0], 0, -1)
                     for i in range(model.spec.depth)]).transpose(0, 2, 1, 3, 4)
 
 

@@ -1,8 +1,9 @@
-"""expm.py: the exponential's pieces (each Taylor scheme, the squarings, the memory rule), its
-forms against SciPy in float64, and on accelerators, checked on this CPU: the platform's form
-and product precision as `bench lower` sees them in the lowered train step, and the error of
-each product preset, emulated (liere_jax.dots) since the CPU computes the BF16 presets in float32
-and refuses TF32. The tests marked `numerics` (tiny stacks, seconds) are the numerics scope's
+"""expm.py and taylor.py: the exponential's pieces (each Taylor scheme, the squarings, the memory
+rule), its forms against SciPy in float64, and on accelerators, checked on this CPU: each
+platform's plan (liere_jax.numerics) as its lowered program shows it, the form and product
+precision as `bench lower` sees them in the lowered train step, and the error of each product
+preset, emulated (liere_jax.dots) since the CPU computes the BF16 presets in float32 and refuses
+TF32. The tests marked `numerics` (tiny stacks, seconds) are the numerics scope's
 selection for expm.py in the mutation runs (docs/mutation.md)."""
 import math
 
@@ -12,11 +13,14 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from liere_jax import dots, expm, expm_kernel, platforms
+from liere_jax import dots, expm, numerics, taylor as taylor_lib
 from liere_jax.bench import lower, presets
+from liere_jax.kernels import expm as expm_kernel
+from liere_jax.numerics import plan
 from tests import helpers
 
 AUTO_ALGORITHMS = {'cuda': ['BF16_BF16_F32_X6'], 'tpu': ['HIGHEST']}  # TPU HIGHEST: bf16 x6.
+ALG = expm.xla_algebra(dots.CPU)  # The CPU's products (float32).
 
 
 def _skew(seed, block, radius):
@@ -37,23 +41,32 @@ def _planes(angles, block=4):
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize('name,degree', [('TAYLOR12_PS', 12), ('TAYLOR12', 12), ('TAYLOR18', 18)])
-def test_each_scheme_is_exp_s_taylor_polynomial_coefficient_by_coefficient(name, degree):
+@pytest.mark.parametrize('name,layout', [('TAYLOR12_PS', 'stacked'), ('TAYLOR12', 'stacked'),
+                                         ('TAYLOR12', 'entries')])
+def test_each_scheme_is_exp_s_taylor_polynomial_coefficient_by_coefficient(name, layout):
   # On the shift matrix J (ones above the diagonal), p(J) = sum_k c_k J^k: row 0 holds c_0..c_18,
   # each checked against 1/k! to float32's resolution (a published coefficient off in its 6th
-  # digit, or a lost term, shows); nothing past the degree.
-  taylor = getattr(expm, name)
-  shift = jnp.asarray(np.eye(19, k=1, dtype=np.float32))
-  got = np.asarray(taylor.polynomial(taylor.powers(shift)), np.float64)[0]
-  want = [1 / math.factorial(k) if k <= degree else 0. for k in range(19)]
+  # digit, or a lost term, shows); nothing past degree 12. TAYLOR12 also in the Pallas kernel's
+  # entries layout [b, b, m] (its Algebra: products as multiply-adds, I entry by entry).
+  taylor = getattr(taylor_lib, name)
+  shift = np.eye(19, k=1, dtype=np.float32)
+  if layout == 'entries':
+    alg, x = expm_kernel.ENTRIES, jnp.asarray(shift[:, :, None])
+  else:
+    alg, x = ALG, jnp.asarray(shift)
+  got = np.asarray(taylor.polynomial(alg, taylor.powers(alg, x)), np.float64)[0].ravel()
+  want = [1 / math.factorial(k) if k <= 12 else 0. for k in range(19)]
   np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30)
 
 
 @pytest.mark.numerics
 def test_the_squarings_thresholds_are_the_published_float32_ones():
-  assert (expm.TAYLOR12_PS.theta, expm.TAYLOR12.theta, expm.TAYLOR18.theta) == (
-      1.0, 1.461661507209034, 3.010066362817634)
-  assert (expm.TAYLOR12.products, expm.TAYLOR18.products) == (4, 5)
+  assert (taylor_lib.TAYLOR12_PS.theta, taylor_lib.TAYLOR12.theta) == (1.0, 1.461661507209034)
+  assert (taylor_lib.TAYLOR12_PS.products, taylor_lib.TAYLOR12.products) == (5, 4)
+  # Bader-Blanes-Casas for 'loop' and the kernel, Paterson-Stockmeyer for 'cond' and 'select'.
+  assert taylor_lib.TAYLORS == {'loop': taylor_lib.TAYLOR12, 'cond': taylor_lib.TAYLOR12_PS,
+                                'select': taylor_lib.TAYLOR12_PS}
+  assert expm_kernel.TAYLOR is taylor_lib.TAYLOR12
 
 
 @pytest.mark.numerics
@@ -61,10 +74,10 @@ def test_the_squarings_thresholds_are_the_published_float32_ones():
 @pytest.mark.parametrize('name', ['TAYLOR12_PS', 'TAYLOR12'])
 def test_each_matrix_gets_the_fewest_squarings_that_bring_its_bound_under_theta(name, theta, cap):
   # 5e7 > 2**24: past the cond form's cap; 1e12: a^4 overflows float32 (the bound falls back
-  # to ||a||_1, here the same); no cap (fast_loop): every matrix its own count.
+  # to ||a||_1, here the same); no cap ('loop'): every matrix its own count.
   angles = [0., 0.3, 0.9, 1.5, 3.0, 100., 5e7, 1e12]
   a = jnp.asarray(_planes(angles))
-  s = expm._squarings(getattr(expm, name).powers(a), theta, cap)
+  s = taylor_lib.squarings(getattr(taylor_lib, name).powers(ALG, a), theta, cap)
   want = []
   for t in angles:
     n = 0
@@ -76,33 +89,38 @@ def test_each_matrix_gets_the_fewest_squarings_that_bring_its_bound_under_theta(
 
 @pytest.mark.numerics
 def test_a_non_finite_matrix_gets_no_squarings():
-  # fast_loop's trip count: a NaN or infinite bound must not become a huge or endless loop.
+  # 'loop''s trip count: a NaN or infinite bound must not become a huge or endless loop.
   a = jnp.asarray(_planes([1.0, np.nan, np.inf, 4.0]))
-  s = expm._squarings(expm.TAYLOR12.powers(a), expm.TAYLOR12.theta)
+  s = taylor_lib.squarings(taylor_lib.TAYLOR12.powers(ALG, a), taylor_lib.TAYLOR12.theta)
   assert s.tolist() == [0, 0, 0, 2], s
 
 
+@pytest.mark.parametrize('form', ['cond', 'loop', 'select'])
 @pytest.mark.parametrize('angle', [0.6, 1.99, 5.0, 100.0])
-def test_fast_takes_the_fewest_squarings_that_bring_the_radius_under_theta(angle):
-  """`fast` evaluates its Taylor polynomial at A / 2^s with s the fewest squarings that bring
-  the scaled spectral radius under theta (one squaring fewer is numerically harmless in
-  float32, ~3x the error at the boundary, issue 31: so count what the polynomial sees). A
-  rotation generator (angle t in each 2 x 2 plane) has rho = t exactly."""
+def test_each_form_takes_the_fewest_squarings_that_bring_the_radius_under_theta(
+    angle, form, monkeypatch):
+  """Each XLA form evaluates its Taylor polynomial at A / 2^s with s the fewest squarings that
+  bring the scaled spectral radius under its scheme's theta (one squaring fewer is numerically
+  harmless in float32, ~3x the error at the boundary, issue 31: so count what the polynomial
+  sees). A rotation generator (angle t in each 2 x 2 plane) has rho = t exactly."""
   b = 4
   a = np.zeros((3, b, b), np.float32)
   for i in range(0, b, 2):
     a[:, i, i + 1], a[:, i + 1, i] = angle, -angle
   a[1] *= 0.5
   seen = []
+  scheme = taylor_lib.TAYLORS[form]
 
-  def polynomial(x):
+  def polynomial(alg, x):
     jax.debug.callback(lambda v: seen.append(float(v)), jnp.max(jnp.abs(x[1])))
-    return expm.TAYLOR12.polynomial(x)
-  taylor = expm.TAYLOR12._replace(polynomial=polynomial)
-  r = np.asarray(jax.block_until_ready(expm.fast_expm(jnp.asarray(a), taylor)))
-  s = max(0, math.ceil(math.log2(angle / expm.TAYLOR12.theta)))
+    return scheme.polynomial(alg, x)
+  monkeypatch.setitem(taylor_lib.TAYLORS, form, scheme._replace(polynomial=polynomial))
+  r = np.asarray(jax.block_until_ready(jax.jit(lambda x: expm.expm(x, plan('cpu', expm=form)))(
+      jnp.asarray(a))))
+  s = max(0, math.ceil(math.log2(angle / scheme.theta)))
   assert seen and max(seen) == pytest.approx(angle / 2**s, rel=1e-6), (seen, s)
-  assert int(expm.squarings(jnp.asarray(a), form='loop')) == s
+  if form != 'select':
+    assert int(expm.squarings(jnp.asarray(a), expm_form=form)) == s
   c, sn = np.cos(np.float64(a[0, 0, 1])), np.sin(np.float64(a[0, 0, 1]))
   np.testing.assert_allclose(r[0, :2, :2], [[c, sn], [-sn, c]], atol=1e-6 * max(1, angle))
 
@@ -115,33 +133,49 @@ def test_each_form_matches_scipy_on_small_and_large_matrices(form, block=5):
   # compile.
   for radii in ([0.05, 0.1, 0.2, 0.3], [0.05, 0.7, 3.0, 40.0]):
     a = np.concatenate([_skew(i, block, r)[:1] for i, r in enumerate(radii)])
-    got = np.asarray(expm.fast_expm(jnp.asarray(a, jnp.float32), form=form))
+    got = np.asarray(expm.expm(jnp.asarray(a, jnp.float32), plan('cpu', expm=form)))
     want = np.stack([scipy.linalg.expm(m) for m in a])
     np.testing.assert_allclose(got, want, atol=2e-6 * max(1, math.sqrt(max(radii))), rtol=0)
 
 
-# fast_select's memory rule (expm.select_remat) weighs its residuals in bytes: n matrices of
+# The select form's memory rule (expm.select_remat) weighs its residuals in bytes: n matrices of
 # b x b count as 4n of (b/2) x (b/2), whatever the threshold.
 @pytest.mark.numerics
-def test_the_remat_rule_counts_matrix_entries_so_halving_the_block_is_four_times_the_stack(
-    monkeypatch):
-  monkeypatch.setattr(expm, 'REMAT_ABOVE_BYTES', 4 * 64 * 100 * 40)  # A flip inside n < 400.
-  big = [expm.select_remat(expm.TAYLOR12, n, 8) for n in range(1, 400)]
-  small = [expm.select_remat(expm.TAYLOR12, 4 * n, 4) for n in range(1, 400)]
+def test_the_remat_rule_counts_matrix_entries_so_halving_the_block_is_four_times_the_stack():
+  limit = 4 * 64 * 100 * 40  # A flip inside n < 400.
+  big = [expm.select_remat(n, 8, limit) for n in range(1, 400)]
+  small = [expm.select_remat(4 * n, 4, limit) for n in range(1, 400)]
   assert not big[0] and big[-1], 'the threshold must fall inside the range'
   assert big == small
+  assert not expm.select_remat(400, 8)  # The default limit (16 GiB) is far above.
+
+
+def test_select_recomputes_past_its_limit_to_the_same_result():
+  """expm._select under the limit keeps its residuals; past it (`limit`, not the default) it
+  runs under jax.checkpoint, the same exponential."""
+  u = np.random.default_rng(0).standard_normal((40, 8, 8)).astype(np.float32)
+  a = jnp.asarray(u - np.swapaxes(u, 1, 2))
+  n = plan('cpu', expm='select')
+  program = lambda limit: str(jax.make_jaxpr(lambda x: expm._select(n, x, limit=limit))(a))
+  assert expm.select_remat(40, 8, 1) and 'checkpoint' in program(1)
+  assert 'checkpoint' not in program(expm.REMAT_ABOVE_BYTES)
+  np.testing.assert_array_equal(jax.jit(lambda x: expm._select(n, x, limit=1))(a),
+                                jax.jit(lambda x: expm.expm(x, n))(a))
 
 
 def test_identity_at_zero_and_many_chunks():
-  a = jnp.zeros((70_000, 8, 8))  # several chunks of the fast path, padded at the end
-  r = expm.expm(a)
+  a = jnp.zeros((70_000, 8, 8))  # several chunks of the CPU's 'cond', padded at the end
+  assert expm.chunked(a, plan('cpu').chunk_bytes).shape[0] > 1
+  r = expm.expm(a, plan('cpu'))
   assert r.shape == a.shape
   np.testing.assert_array_equal(np.asarray(r[-1]), np.eye(8))
 
 
-def test_bad_method_names_the_fix():
-  with pytest.raises(ValueError, match=r"method='pade'.*fast"):
-    expm.expm(jnp.zeros((1, 4, 4)), 'pade')
+def test_bad_form_names_the_fix():
+  with pytest.raises(ValueError, match=r"expm='pade' is unknown; use one of .*'cond'"):
+    plan('cpu', expm='pade')
+  with pytest.raises(ValueError, match='square'):
+    expm.expm(jnp.zeros((1, 4, 3)), plan('cpu'))
 
 
 @pytest.mark.parametrize('range_scale', [1, 4])
@@ -162,8 +196,8 @@ def test_fewer_passes_are_too_coarse_for_the_exponential():
   a, _ = presets.largest('imagenet_vitb16_liere64', 16)
   ref = np.stack([scipy.linalg.expm(x) for x in a.astype(np.float64)])
   for name in ('TF32_TF32_F32', 'BF16_BF16_F32_X3'):
-    prec = dots.Dots(dots.emulated(name), dots.emulated(name))
-    r = jax.jit(lambda x: expm.fast_expm(x, form='loop', precision=prec))(a)
+    n = plan('cpu', expm='loop', products=dots.emulated_dots(name, name))
+    r = jax.jit(lambda x: expm.expm(x, n))(a)
     assert np.abs(np.asarray(r, np.float64) - ref).max() > 1e-5, name
 
 
@@ -177,14 +211,13 @@ def test_emulated_presets_split_operands_into_narrower_numbers():
     np.testing.assert_allclose(sum(pieces), x, rtol=2.0**(-bits * parts + 1))
 
 
-@pytest.mark.parametrize('taylor', ['TAYLOR12', 'TAYLOR18'])
-def test_loop_form_and_its_gradient_within_1e_5_of_float64_at_training(taylor):
-  """fast_loop in float32 on LieRE64's largest matrices at the training range: R within 1e-5 of
+def test_loop_form_and_its_gradient_within_1e_5_of_float64_at_training():
+  """'loop' in float32 on LieRE64's largest matrices at the training range: R within 1e-5 of
   float64 SciPy and orthogonal to 1e-6, the gradient (its VJP: the program run forward on a^T)
-  within 1e-5 relative. Each Bader-Blanes-Casas scheme, with the identity split off (as
-  published, the gradient missed: 1.2e-5)."""
+  within 1e-5 relative. Bader-Blanes-Casas, with the identity split off (as published, the
+  gradient missed: 1.2e-5)."""
   a, g = presets.largest('imagenet_vitb16_liere64', 16)
-  fn = lambda x: expm.fast_expm(x, getattr(expm, taylor), 'loop', dots.CPU)
+  fn = lambda x: expm.expm(x, plan('cpu', expm='loop'))
   r, grad = jax.jit(lambda x: (fn(x), jax.grad(lambda y: jnp.sum(fn(y) * g))(x)))(a)
   a64, r = a.astype(np.float64), np.asarray(r, np.float64)
   ref = np.stack([scipy.linalg.expm(x) for x in a64])
@@ -208,19 +241,19 @@ def test_loop_form_stays_the_exponential_past_any_cap():
   a = a.astype(np.float32)
   ref = np.stack([scipy.linalg.expm(x) for x in a.astype(np.float64)])
   err = lambda form: np.abs(np.asarray(jax.jit(
-      lambda x: expm.fast_expm(x, form=form))(a), np.float64) - ref).max(axis=(1, 2))
+      lambda x: expm.expm(x, plan('cpu', expm=form)))(a), np.float64) - ref).max(axis=(1, 2))
   loop, select = err('loop'), err('select')
   assert loop[0] <= 1e-5 and loop[1] <= 1e-6 * 2**(expm.SELECT_CAP + 4), loop
   assert not select[1] <= 1e-1, select
 
 
 def test_loop_form_s_vjp_keeps_no_intermediate():
-  """fast_loop's backward stores a and its count alone (and Newton-Schulz's few stacks):
+  """'loop''s backward stores a and its count alone (and Newton-Schulz's few stacks):
   fwd+bwd temp memory a fraction of the select form's, which keeps every squaring."""
   u = np.random.default_rng(0).standard_normal((256, 16, 16)).astype(np.float32)
   a = 4 * (u - np.swapaxes(u, 1, 2))
-  temp = lambda form: jax.jit(jax.grad(lambda x: jnp.sum(expm.fast_expm(
-      x, form=form)**2))).lower(a).compile().memory_analysis().temp_size_in_bytes
+  temp = lambda form: jax.jit(jax.grad(lambda x: jnp.sum(expm.expm(
+      x, plan('cpu', expm=form))**2))).lower(a).compile().memory_analysis().temp_size_in_bytes
   assert temp('loop') * 3 < temp('select'), (temp('loop'), temp('select'))
 
 
@@ -232,34 +265,27 @@ def test_select_form_scales_each_matrix_and_stops_at_the_cap():
   a = (u - np.swapaxes(u, 1, 2)) / 8
   a[1] *= 1e-3
   a[2] *= 2.0**(expm.SELECT_CAP + 3)
-  r = np.asarray(jax.jit(lambda x: expm.fast_expm(x, form='select'))(a.astype(np.float32)))
+  r = np.asarray(jax.jit(lambda x: expm.expm(x, plan('cpu', expm='select')))(
+      a.astype(np.float32)))
   ref = [scipy.linalg.expm(x) for x in a]
   assert np.abs(r[1] - ref[1]).max() <= 1e-6 and np.abs(r[0] - ref[0]).max() <= 1e-5
   assert not np.allclose(r[2], ref[2], atol=1e-2)  # NaN, or far off
 
 
-def test_platform_cases_fold_away_when_compiled():
-  """platform_dependent's cases have a constant selector: XLA removes them before running, so
-  the select form compiles to no conditional at all (the CPU's compiled program here)."""
-  u = np.random.default_rng(0).standard_normal((4, 8, 8)).astype(np.float32)
-  a = u - np.swapaxes(u, 1, 2)
-  hlo = jax.jit(lambda x: expm.fast_expm(x, form='select')).lower(a).compile().as_text()
-  assert 'conditional' not in hlo
-  cond = jax.jit(lambda x: expm.fast_expm(x, form='cond')).lower(a).compile().as_text()
-  assert 'conditional' in cond  # The check sees conditionals where there are some.
-
-
-def test_each_platform_runs_the_form_its_row_of_the_table_names(monkeypatch):
-  """liere_jax.platforms decides: lowered for tpu, 'fast' is the loop form (a while loop on the
-  device); for cuda the select form (none), until cuda's row names the loop."""
-  a = jnp.zeros((4, 8, 8))
-  loops = lambda platform: lower.summarize(jax.jit(lambda x: expm.expm(x, 'fast')).trace(
-      a).lower(lowering_platforms=(platform,)).compiler_ir('stablehlo'), platform)['while_loops']
-  assert platforms.PLATFORMS['tpu'].expm_form == 'loop' and loops('tpu') > 0
-  assert platforms.PLATFORMS['cuda'].expm_form == 'select' and loops('cuda') == 0
-  monkeypatch.setitem(platforms.PLATFORMS, 'cuda', platforms.PLATFORMS['cuda']._replace(
-      expm_form='loop'))
-  assert loops('cuda') > 0
+def test_each_platform_runs_the_form_its_plan_names():
+  """liere_jax.numerics decides: lowered for tpu with its plan, 12 x 12 blocks (which its kernel
+  does not take) run the loop form (a while loop on the device), 8 x 8 the kernel; for cuda the
+  select form (no loop), until cuda's plan names the loop."""
+  loops = lambda n, b=8: lower.summarize(jax.jit(lambda x: expm.expm(x, n)).trace(
+      jnp.zeros((4, b, b))).lower(lowering_platforms=(n.platform,)).compiler_ir('stablehlo'),
+      n.platform)['while_loops']
+  tpu, cuda = plan('tpu'), plan('cuda')
+  assert numerics.PLATFORMS['tpu'].expm == 'loop' and expm.form(tpu, 12) == 'loop'
+  assert loops(tpu, 12) > 0 and expm.form(tpu, 8) == 'kernel'
+  assert numerics.PLATFORMS['cuda'].expm == 'select' and expm.form(cuda, 8) == 'select'
+  assert loops(cuda) == 0
+  assert loops(cuda.replace(expm='loop')) > 0
+  assert [expm.form(plan(p), 2) for p in ('cpu', 'cuda', 'tpu')] == ['closed form'] * 3
 
 
 @pytest.mark.parametrize('pe', ['liere8', 'liere64'])
@@ -275,7 +301,7 @@ def test_lowered_train_step_has_no_conditionals_on_accelerators(pe):
   rows = {r['platform']: r for r in lower.bench_lower(cfg, ['cuda', 'tpu'])}
   for platform in ('cuda', 'tpu'):
     assert rows[platform]['conditionals'] == 0, rows[platform]
-    row, block = platforms.PLATFORMS[platform], int(pe[len('liere'):])
+    row, block = numerics.PLATFORMS[platform], int(pe[len('liere'):])
     no_dots = row.elementwise_blocks >= block or (
         row.expm_kernel and expm_kernel.supported(block, platform))
     assert rows[platform]['expm_dot_algorithms'] == (
@@ -295,41 +321,41 @@ def test_expm_precision_highest_keeps_float32_products_on_accelerators():
     enc = model_lib.create_encoding('liere8', grid=(3, 3), heads=2, head_dim=16,
                                     rngs=nnx.Rngs(0), expm_precision=precision)
     graphdef, state = nnx.split(enc)
-    rot_sum = lambda s: jnp.sum(nnx.merge(graphdef, s).context(pos).rot)
+    rot_sum = lambda s: jnp.sum(nnx.merge(graphdef, s).context(pos, plan('cuda')).rot)
     module = jax.jit(jax.grad(rot_sum)).trace(state).lower(
         lowering_platforms=('cuda',)).compiler_ir('stablehlo')
     found[precision] = lower.summarize(module, 'cuda')['expm_dot_algorithms']
   assert found == {'auto': ['BF16_BF16_F32_X6'], 'highest': ['HIGHEST']}, found
 
 
-@pytest.mark.parametrize('method', ['fast_loop', 'fast_cond', 'fast_select'])
-def test_small_blocks_multiply_add_on_the_vector_units_as_the_dots_compute(method):
-  """block_products=elementwise: products of blocks up to 8 as float32 multiply-adds, no dot in
-  the exponential lowered for any platform (forward and backward, fast_loop's VJP included, which
-  is traced outside the platform's branch); R and the gradient as the dots give them."""
+@pytest.mark.parametrize('form', ['loop', 'cond', 'select'])
+def test_small_blocks_multiply_add_on_the_vector_units_as_the_dots_compute(form):
+  """Numerics.elementwise_blocks: products of blocks up to 8 as float32 multiply-adds, no dot in
+  the exponential (forward and backward, the loop form's VJP included); R and the gradient as
+  the dots give them."""
   rng = np.random.default_rng(8)
   a = rng.standard_normal((16, 8, 8)).astype(np.float32) * 3
   a = jnp.asarray(a - np.swapaxes(a, -1, -2))
   g = jnp.asarray(rng.standard_normal(a.shape), jnp.float32)
-  loss = lambda a: jnp.sum(expm.expm(a, method) * g)
-  with expm.BLOCK_PRODUCTS('dot'):
-    want = expm.expm(a, method), jax.grad(loss)(a)
-  with expm.BLOCK_PRODUCTS('elementwise'):
-    got = expm.expm(a, method), jax.grad(loss)(a)
-    text = jax.jit(jax.grad(lambda a: loss(a))).trace(a).lower(  # Every platform's branch.
-        lowering_platforms=('cpu', 'cuda', 'tpu')).as_text()
-    assert 'dot_general' not in text
+  run = lambda n: jax.jit(lambda a: (expm.expm(a, n), jax.grad(
+      lambda a: jnp.sum(expm.expm(a, n) * g))(a)))
+  dot, elementwise = plan('cpu', expm=form), plan('cpu', expm=form, elementwise_blocks=8)
+  want, got = run(dot)(a), run(elementwise)(a)
+  assert 'dot_general' in run(dot).trace(a).lower().as_text()
+  assert 'dot_general' not in run(elementwise).trace(a).lower().as_text()
   np.testing.assert_allclose(got[0], want[0], atol=1e-6)
   np.testing.assert_allclose(got[1], want[1], atol=1e-5 * float(jnp.max(jnp.abs(want[1]))))
 
 
 def test_a_tpu_multiplies_blocks_up_to_8_on_its_vector_units_and_dots_the_rest():
-  """liere_jax.platforms' elementwise_blocks: LieRE8's exponential lowered for a TPU has no dot,
-  forward or backward; for a GPU and this CPU it has dots, and so has a TPU's 16 x 16."""
-  def dots(b, platform):
+  """The TPU plan's elementwise_blocks: LieRE8's XLA exponential (its kernel off) lowered for a
+  TPU has no dot, forward or backward; for a GPU and this CPU it has dots, and so has a TPU's
+  16 x 16."""
+  def dots_in(b, n):
     a = jnp.zeros((4, b, b))
-    grad = jax.grad(lambda a: jnp.sum(expm.expm(a, 'fast')))  # A new function: switches.
-    return jax.jit(grad).trace(a).lower(lowering_platforms=(platform,)).as_text().count(
+    grad = jax.grad(lambda a: jnp.sum(expm.expm(a, n)))
+    return jax.jit(grad).trace(a).lower(lowering_platforms=(n.platform,)).as_text().count(
         'dot_general')
-  assert dots(8, 'tpu') == 0
-  assert min(dots(8, 'cuda'), dots(8, 'cpu'), dots(16, 'tpu')) > 0
+  tpu = plan('tpu', expm_kernel=False)
+  assert tpu.elementwise_blocks == 8 and dots_in(8, tpu) == 0
+  assert min(dots_in(8, plan('cuda')), dots_in(8, plan('cpu')), dots_in(16, tpu)) > 0

@@ -162,12 +162,11 @@ TESTED_BY = {
     'liere_jax/eval.py': 'test_cli.py', 'liere_jax/summary.py': 'test_cli.py',
     'liere_jax/steps.py': 'test_training.py', 'liere_jax/evaluation.py': 'test_training.py',
     'liere_jax/distributed.py': 'test_pipeline_workers.py',
-    'liere_jax/dots.py': 'test_expm.py', 'liere_jax/platforms.py': 'test_expm.py',
-    'liere_jax/switches.py': 'test_bench_accelerator.py',
+    'liere_jax/dots.py': 'test_expm.py', 'liere_jax/numerics.py': 'test_bench_plan.py',
+    'liere_jax/taylor.py': 'test_expm.py', 'liere_jax/lattice.py': 'test_rotations.py',
+    'liere_jax/kernels/common.py': 'test_kernels_attention.py',
     'liere_jax/param_tree.py': 'test_checkpoint.py', 'liere_jax/paths.py': 'test_gcs.py',
     'liere_jax/torch_vit.py': 'test_convert.py', 
-    'liere_jax/attention_kernel.py': 'test_attention_kernel.py',
-    'liere_jax/rotation_kernel.py': 'test_rotation_kernel.py',
     'liere_jax/configs': 'test_user_paths.py',
 }
 

@@ -12,8 +12,9 @@ from flax import nnx
 
 from liere_jax.config import model_config
 from liere_jax.config.model import MODEL
-from liere_jax import encodings
+from liere_jax import attention, encodings
 from liere_jax import model as model_lib
+from liere_jax.numerics import plan
 from liere_jax.config import model as model_spec
 from liere_jax import torch_vit
 from liere_jax.model import Block, Mlp, ViT
@@ -252,29 +253,28 @@ def test_bfloat16_computes_in_bf16_with_float32_parameters_and_rotations():
 
 @pytest.mark.parametrize('pe', ['liere64', 'liere8', 'rope_mixed', 'string_cayley', 'abs'])
 def test_q_k_and_v_as_three_products_equal_one_product(pe):
-  """model's qkv: three products (a TPU's where the einsum rotates q and k) give the model one
-  product gives, to float32 rounding, and the encodings ask for them exactly there
-  (LayerContext.split_qkv, liere_jax.platforms): LieRE64 on a TPU where its rotation cannot go
-  to the rotation kernel (785 tokens: XLA's attention), no other here."""
+  """The qkv projection as three products (a TPU's where XLA's einsum rotates q and k) gives the
+  model one product gives, to float32 rounding, and the plan asks for them exactly there
+  (attention.split_qkv): LieRE64 on a TPU where its rotation cannot go to the rotation kernel
+  (785 tokens: XLA's attention), no other here."""
   cfg = tiny_model_config(pe=pe, width=128)  # 2 heads of 64 dims
   cfg.qkv_bias = True
-  vit = ViT(model_spec.resolve(cfg), rngs=nnx.Rngs(0))
+  spec = model_spec.resolve(cfg)
   x = jax.random.normal(jax.random.key(1), (2, 16, 16, 3))
-  with model_lib.QKV('fused'):
-    one = vit(x)
-  with model_lib.QKV('split'):
-    three = vit(x)
-  np.testing.assert_allclose(three, one, rtol=1e-5, atol=1e-5 * float(np.abs(one).max()))
+  vit = ViT(spec, rngs=nnx.Rngs(0), numerics=plan('cpu'))
+  one = vit(x)
   ctx = vit.pe.layer(vit.pe_context(vit.grid(x.shape)), 0)
-  like = lambda t: jax.ShapeDtypeStruct((2, t, 2, 64), jnp.float32)
-  assert ctx.split_qkv(like(17)) == set(), ctx.split_qkv(like(17))  # the TPU's kernels
-  assert ctx.split_qkv(like(785)) == ({'tpu'} if pe == 'liere64' else set())
+  split = lambda t, platform='tpu': attention.split_qkv(plan(platform), ctx, (2, t, 2, 64))
+  assert not split(17) and not split(785, 'cpu') and not split(785, 'cuda')  # the TPU's kernels
+  assert split(785) == (pe == 'liere64')
+  if pe == 'liere64':  # Three products where the kernels do not take it: XLA's attention.
+    three = ViT(spec, rngs=nnx.Rngs(0), numerics=plan('cpu', split_qkv=True))(x)
+    np.testing.assert_allclose(three, one, rtol=1e-5, atol=1e-5 * float(np.abs(one).max()))
 
 
-def test_qkv_split_on_a_platform_is_three_products_there_and_one_elsewhere():
-  """model._qkv with split={'tpu'}: the program lowered for tpu has three products, for cpu one."""
+def test_qkv_as_three_products_is_three_dots_and_one_product_one():
+  """attention.project: three products, or one."""
   x, kernel = jnp.ones((2, 5, 16)), jnp.ones((16, 48))
-  dots = lambda platform: jax.jit(lambda x: model_lib._qkv(x, kernel, None, 2, frozenset({'tpu'}))
-                                  ).trace(x).lower(lowering_platforms=(platform,)).as_text(
-                                  ).count('dot_general')
-  assert (dots('tpu'), dots('cpu')) == (3, 1)
+  dots = lambda three: jax.jit(lambda x: attention.project(x, kernel, None, 2, three)
+                               ).trace(x).lower().as_text().count('dot_general')
+  assert (dots(True), dots(False)) == (3, 1)

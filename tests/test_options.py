@@ -16,6 +16,8 @@ import pytest
 from flax import nnx
 
 from liere_jax import convert, encodings, expm as expm_lib, rotations
+from liere_jax.encodings import liere
+from liere_jax.numerics import plan
 from liere_jax.config import model as model_spec
 from liere_jax.data import randaugment
 from tests.helpers import tiny_model_config, tiny_spec
@@ -37,19 +39,26 @@ def test_init_scale_sets_the_range_of_the_liere_generators(init_scale):
   assert abs(g.mean() / init_scale - 0.5) < 0.05
 
 
+# model.pe.expm -> what expm.expm runs for LieRE8 on this CPU (the names of earlier versions
+# are the platform's or SciPy's); 'pallas' (interpret mode here): test_kernels_expm.py.
+EXPM_FORMS = {'fast': 'cond', 'scipy': 'scipy', 'fast_loop': 'cond', 'fast_cond': 'cond',
+              'fast_select': 'cond', 'scipy_remat': 'scipy'}
+
+
 def test_each_expm_method_is_the_one_called_and_agrees_with_the_others(monkeypatch):
-  """model.pe.expm reaches the exponential: a spy on the one rotations.py calls records the
-  method of each config; rotations and their gradients agree across the methods."""
+  """model.pe.expm reaches the exponential: a spy on the one rotations.py calls records the form
+  its plan names for each config; rotations and their gradients agree across the methods."""
   called = []
   real = rotations.expm
 
-  def spy(a, method='fast', *args, **kwargs):
-    called.append(method)
-    return real(a, method, *args, **kwargs)
+  def spy(a, numerics):
+    called.append(expm_lib.form(numerics, a.shape[-1]))
+    return real(a, numerics)
   monkeypatch.setattr(rotations, 'expm', spy)
   pos = np.random.default_rng(0).uniform(-2, 2, (6, 2)).astype(np.float32)  # Off any lattice.
   results = {}
-  for method in expm_lib.METHODS:
+  assert set(EXPM_FORMS) == set(liere.METHODS[:2] + tuple(liere.LEGACY_METHODS))
+  for method, form in EXPM_FORMS.items():
     enc, spec = _liere(expm=method)
     assert spec.pe.expm == method
     graphdef, state = nnx.split(enc)
@@ -57,12 +66,12 @@ def test_each_expm_method_is_the_one_called_and_agrees_with_the_others(monkeypat
     @jax.jit
     def rot_and_grad(state):
       def loss(state):
-        rot = nnx.merge(graphdef, state).context(pos).rot
+        rot = nnx.merge(graphdef, state).context(pos, plan('cpu')).rot
         return jnp.sum(jnp.sin(rot)), rot
       return jax.grad(loss, has_aux=True)(state)
     called.clear()
     grad, rot = rot_and_grad(state)
-    assert called and set(called) == {method}, (method, called)
+    assert called and set(called) == {form}, (method, called)
     results[method] = np.asarray(rot), np.asarray(grad['generators'][...])
   ref_rot, ref_grad = results['scipy']
   for method, (rot, grad) in results.items():

@@ -14,6 +14,7 @@ from flax import nnx
 from liere_jax import encodings, positions, reproduce
 from liere_jax.config import model as model_spec
 from liere_jax.model import ViT
+from liere_jax.numerics import plan
 from tests.helpers import tiny_model_config, tiny_spec
 
 
@@ -50,7 +51,7 @@ def test_paper_visionllama_rotations_are_the_official_tiled_ones(n_dims, head_di
 
   # Applied to consecutive head dims (2m, 2m + 1) of every head; dims past 2 n k unchanged.
   q = np.random.default_rng(0).normal(size=(1, len(want), 2, head_dim)).astype(np.float32)
-  out, _, bias = pe.layer(ctx, 1).attend(jnp.asarray(q), jnp.asarray(q))  # Every layer alike.
+  out, _, bias = pe.layer(ctx, 1).attend(jnp.asarray(q), jnp.asarray(q), plan())  # Every layer alike.
   pairs = q[..., :2 * n_dims * k].reshape(1, len(want), 2, n_dims * k, 2)
   rotated = np.einsum('tmij,bthmj->bthmi', want, pairs).reshape(1, len(want), 2, -1)
   np.testing.assert_allclose(np.asarray(out)[..., :2 * n_dims * k], rotated, atol=1e-5)
@@ -67,7 +68,7 @@ def test_paper_visionllama_is_exactly_relative():
   q, k = (jnp.asarray(rng.normal(size=(1, 6, 2, 16)), jnp.float32) for _ in range(2))
 
   def scores(p):
-    rq, rk, _ = pe.layer(pe.context(jnp.asarray(p)), 0).attend(q, k)
+    rq, rk, _ = pe.layer(pe.context(jnp.asarray(p)), 0).attend(q, k, plan())
     return np.einsum('bthd,bshd->bhts', rq, rk)
 
   np.testing.assert_allclose(scores(pos + shift), scores(pos), atol=1e-5)

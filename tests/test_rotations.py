@@ -10,9 +10,12 @@ from jax.sharding import PartitionSpec as P
 import pytest
 import scipy.linalg
 
-from liere_jax import rotations
+from liere_jax import lattice, rotations
 from liere_jax.expm import expm
+from liere_jax.numerics import plan
 from liere_jax.positions import grid_positions
+
+CPU = plan('cpu')  # This CPU's plan (liere_jax.numerics); the kernels' tests emulate a TPU's.
 
 BLOCKS = (2, 3, 4, 8, 16, 32, 48, 64)
 
@@ -34,7 +37,7 @@ def _coeffs(block, seed=0):
 def test_rotations_orthogonal_and_match_float64(block):
   # jax.scipy.linalg.expm in float32 itself reaches 1.4e-5 at b=32 here: the bench reports it.
   a = np.asarray(rotations.skew(jnp.asarray(_coeffs(block)), block))
-  r = np.asarray(expm(jnp.asarray(a)))
+  r = np.asarray(expm(jnp.asarray(a), CPU))
   eye = np.eye(block)
   orth = np.abs(np.einsum('...ji,...jk->...ik', r, r) - eye).max()
   ref = np.stack([scipy.linalg.expm(x) for x in a.reshape(-1, block, block).astype(np.float64)])
@@ -61,7 +64,7 @@ def test_fast_gradient_matches_float64(block):
   rng = np.random.default_rng(1)
   c = _coeffs(block, seed=1)
   g = rng.normal(size=c.shape[:-1] + (block, block))
-  fast = jax.grad(lambda c: jnp.sum(expm(rotations.skew(c, block)) * g))(jnp.asarray(c))
+  fast = jax.grad(lambda c: jnp.sum(expm(rotations.skew(c, block), CPU) * g))(jnp.asarray(c))
   a = np.asarray(rotations.skew(jnp.asarray(c, jnp.float32), block), np.float64)
   a, gf = a.reshape(-1, block, block), g.reshape(-1, block, block)
   grad_a = np.stack([scipy.linalg.expm_frechet(x.T, y, compute_expm=False)
@@ -80,29 +83,42 @@ def test_fast_gradient_matches_float64(block):
 def test_lattice_plan_of_a_grid_counts_primitive_points():
   from liere_jax.positions import with_prefix
   pos = np.asarray(with_prefix(grid_positions((14, 14), (14, 14), 'normalized'), 1))
-  plan = rotations.lattice_plan(pos)
-  assert len(plan.primitives) == 117  # of 195 nonzero points (60%): gcd(i, j) = 1
-  assert plan.n_products == 195 - 117  # one product per other point (no intermediates)
-  assert len(plan.levels) == 4  # multiples up to 13: ceil(log2 13) levels
-  assert plan.token_slot[0] == 0 and not plan.transpose.any()  # CLS: the identity slot
+  lat = lattice.lattice_plan(pos)
+  assert len(lat.primitives) == 117  # of 195 nonzero points (60%): gcd(i, j) = 1
+  assert lat.n_products == 195 - 117  # one product per other point (no intermediates)
+  assert len(lat.levels) == 4  # multiples up to 13: ceil(log2 13) levels
+  assert lat.token_slot[0] == 0 and not lat.transpose.any()  # CLS: the identity slot
   for mode in ('integer', 'rescaled'):
-    assert rotations.lattice_plan(grid_positions((5, 7), (3, 3), mode)) is not None
-  assert rotations.lattice_plan(np.array([[0.1, 0.], [0.33, 0.]])) is None  # off a lattice
+    assert lattice.lattice_plan(grid_positions((5, 7), (3, 3), mode)) is not None
+  assert lattice.lattice_plan(np.array([[0.1, 0.], [0.33, 0.]])) is None  # off a lattice
+
+
+def _count_exponentials(monkeypatch, identity=False):
+  """rotations.expm spied on: the list of matrices each call exponentiates (and the plans it
+  was handed), by the real exponential or (identity) the identity."""
+  counts, real = [], expm
+
+  def spy(a, numerics):
+    counts.append((int(np.prod(a.shape[:-2])), numerics))
+    return jnp.broadcast_to(jnp.eye(a.shape[-1]), a.shape) if identity else real(a, numerics)
+  monkeypatch.setattr(rotations, 'expm', spy)
+  return counts
 
 
 @pytest.mark.numerics
-def test_by_default_a_small_grid_takes_the_lattice_path_and_each_token_gets_its_exponential():
+def test_by_default_a_small_grid_takes_the_lattice_path_and_each_token_gets_its_exponential(
+    monkeypatch):
   layers, heads, block, n_blocks = 2, 1, 4, 2
   gens = np.random.default_rng(0).uniform(
       -1, 1, (layers, heads, 2, n_blocks, rotations.num_free(block))).astype(np.float32)
   pos = grid_positions((3, 4), (3, 4), 'integer')  # (2, 0) = 2 (1, 0): powers to share
-  plan = rotations.lattice_plan(pos)
-  assert plan is not None and len(plan.primitives) < len(pos) - 1
-  matrices = []  # exponentiated, by the function given as the method (the lattice path: the
-  #               primitive points' only)
-  exp = lambda a: matrices.append(np.prod(a.shape[:-2])) or expm(a)
-  got = np.asarray(rotations.liere_rotations(jnp.asarray(gens), pos, block, method=exp))
-  assert matrices == [layers * heads * len(plan.primitives) * n_blocks], matrices
+  lat = lattice.lattice_plan(pos)
+  assert lat is not None and len(lat.primitives) < len(pos) - 1
+  assert rotations.path(CPU, block, pos) == 'lattice'
+  # Exponentiated (the lattice path: the primitive points' only), with the plan handed down.
+  counts = _count_exponentials(monkeypatch)
+  got = np.asarray(rotations.liere_rotations(jnp.asarray(gens), pos, block, CPU))
+  assert counts == [(layers * heads * len(lat.primitives) * n_blocks, CPU)], counts
   assert got.shape == (layers, heads, len(pos), n_blocks, block, block)
   a = np.asarray(rotations.skew(jnp.asarray(np.einsum('tn,lhnkf->lhtkf', pos, gens)), block))
   want = np.vectorize(scipy.linalg.expm, signature='(b,b)->(b,b)')(a.astype(np.float64))
@@ -110,17 +126,19 @@ def test_by_default_a_small_grid_takes_the_lattice_path_and_each_token_gets_its_
 
 
 @pytest.mark.numerics
-def test_lattice_false_and_2x2_blocks_exponentiate_every_token_and_3x3_the_primitives_only():
+def test_lattice_off_and_2x2_blocks_exponentiate_every_token_and_3x3_the_primitives_only(
+    monkeypatch):
   # 2 x 2 blocks have a closed form: cheap enough that the lattice's products would cost more.
   pos = grid_positions((3, 4), (3, 4), 'integer')
-  n_primitive = len(rotations.lattice_plan(pos).primitives)
-  for block, lattice, want in ((4, False, len(pos)), (2, True, len(pos)), (3, True, n_primitive)):
-    matrices = []
-    exp = lambda a: matrices.append(np.prod(a.shape[:-2])) or jnp.broadcast_to(
-        jnp.eye(block), a.shape)
+  n_primitive = len(lattice.lattice_plan(pos).primitives)
+  for block, lattice_ok, want, how in ((4, False, len(pos), 'every token'),
+                                       (2, True, len(pos), 'every token'),
+                                       (3, True, n_primitive, 'lattice')):
+    assert rotations.path(CPU, block, pos, lattice_ok) == how, (block, lattice_ok)
+    counts = _count_exponentials(monkeypatch, identity=True)
     gens = jnp.zeros((1, 1, 2, 1, rotations.num_free(block)))
-    rotations.liere_rotations(gens, pos, block, method=exp, lattice=lattice)
-    assert matrices == [want], (block, lattice, matrices)
+    rotations.liere_rotations(gens, pos, block, CPU, lattice_ok=lattice_ok)
+    assert [n for n, _ in counts] == [want], (block, lattice_ok, counts)
 
 
 # concrete_positions: positions known at trace time are read (the lattice path needs them),
@@ -128,7 +146,7 @@ def test_lattice_false_and_2x2_blocks_exponentiate_every_token_and_3x3_the_primi
 @pytest.mark.numerics
 def test_positions_traced_by_grad_or_vmap_are_unknown_and_constants_under_jit_are_read():
   seen = []
-  record = lambda p: seen.append(rotations.concrete_positions(p)) or jnp.sum(p)
+  record = lambda p: seen.append(lattice.concrete_positions(p)) or jnp.sum(p)
   jax.grad(record)(jnp.ones((4, 2)))
   jax.vmap(record)(jnp.ones((3, 4, 2)))
   assert seen == [None, None]
@@ -159,11 +177,11 @@ def test_lattice_path_matches_float64_and_the_general_path(block, grid):
   g = np.zeros((1, 1, len(pos), 64 // block, block, block), np.float32)
   g[:, :, tokens] = np.random.default_rng(2).normal(size=g[:, :, tokens].shape)
   out, grads = {}, {}
-  for lattice in (False, True):  # One compile each: the rotations and their gradient.
-    rot = lambda p, lattice=lattice: rotations.liere_rotations(p, pos, block, lattice=lattice)
+  for ok in (False, True):  # One compile each: the rotations and their gradient.
+    rot = lambda p, ok=ok: rotations.liere_rotations(p, pos, block, CPU, lattice_ok=ok)
     loss = lambda p, rot=rot: (jnp.sum(rot(p) * g), rot(p))
     (_, r), dp = jax.jit(jax.value_and_grad(loss, has_aux=True))(gens)
-    out[lattice], grads[lattice] = np.asarray(r), np.asarray(dp)
+    out[ok], grads[ok] = np.asarray(r), np.asarray(dp)
   assert np.abs(out[True] - out[False]).max() <= 1e-5
   # float64: R(p) by SciPy, the gradient through the Frechet derivative (see above).
   a = np.asarray(rotations.liere_generators(gens.astype(np.float64), pos, block), np.float64)
@@ -178,9 +196,9 @@ def test_lattice_path_matches_float64_and_the_general_path(block, grid):
   rows, cols = np.triu_indices(block, 1)
   gc = (la[:, rows, cols] - la[:, cols, rows]).reshape(len(tokens), 64 // block, -1)
   gref = np.einsum('tn,tkf->nkf', pos[tokens].astype(np.float64), gc)
-  for lattice in (False, True):
-    rel = np.abs(grads[lattice][0, 0] - gref).max() / np.abs(gref).max()
-    assert rel <= 1e-4, f'lattice={lattice}: gradient relative error {rel:.2e}'
+  for ok in (False, True):
+    rel = np.abs(grads[ok][0, 0] - gref).max() / np.abs(gref).max()
+    assert rel <= 1e-4, f'lattice_ok={ok}: gradient relative error {rel:.2e}'
   rel = np.abs(grads[True] - grads[False]).max() / np.abs(grads[False]).max()
   assert rel <= 1e-4
 
@@ -191,7 +209,7 @@ def test_lattice_path_under_jit_and_its_fallbacks():
   path; negative multiples and the origin."""
   from liere_jax.positions import with_prefix
   gens, pos = _lattice_case(8, 2, 3, grid=(5, 5))
-  general = rotations.liere_rotations(gens, pos, 8, lattice=False)
+  general = rotations.liere_rotations(gens, pos, 8, CPU, lattice_ok=False)
   calls = []
   orig = rotations._lattice_rotations
 
@@ -203,19 +221,19 @@ def test_lattice_path_under_jit_and_its_fallbacks():
   try:
     # ViT.pe_context's positions: jnp.asarray of numpy inside jit, a constant of the trace.
     inside = jax.jit(lambda p: rotations.liere_rotations(
-        p, with_prefix(grid_positions((5, 5), (9, 9), 'normalized'), 1), 8))(gens)
+        p, with_prefix(grid_positions((5, 5), (9, 9), 'normalized'), 1), 8, CPU))(gens)
     assert calls == [1]
-    traced = jax.jit(lambda p, x: rotations.liere_rotations(p, x, 8))(gens, pos)
+    traced = jax.jit(lambda p, x: rotations.liere_rotations(p, x, 8, CPU))(gens, pos)
     assert calls == [1]  # traced positions: the general path
   finally:
     rotations._lattice_rotations = orig
-  assert rotations.lattice_plan(pos[:, 0]) is None  # 1D positions: no lattice
+  assert lattice.lattice_plan(pos[:, 0]) is None  # 1D positions: no lattice
   np.testing.assert_allclose(inside, general, atol=1e-5)
   np.testing.assert_allclose(traced, general, atol=1e-6)
   # Negative multiples: R(-q) = R(q)^T; p = 0: exactly I.
   neg = np.array([[0., 0.], [1., 0.], [-1., 0.], [-2., 0.], [2., -2.], [-3., 3.], [.5, 1.]])
-  r = rotations.liere_rotations(gens, neg.astype(np.float32), 8)
-  np.testing.assert_allclose(r, rotations.liere_rotations(gens, neg, 8, lattice=False),
+  r = rotations.liere_rotations(gens, neg.astype(np.float32), 8, CPU)
+  np.testing.assert_allclose(r, rotations.liere_rotations(gens, neg, 8, CPU, lattice_ok=False),
                              atol=1e-5)
   np.testing.assert_array_equal(np.asarray(r[:, :, 0]),
                                 np.broadcast_to(np.eye(8), r[:, :, 0].shape))
@@ -234,43 +252,54 @@ def test_lattice_path_split_over_data(n, layers, heads, monkeypatch):
   np.testing.assert_array_equal(out, 2 * np.arange(20.).reshape(5, 2, 2))
   gens, pos = _lattice_case(8, layers, heads, grid=(6, 6))
   shapes, expm_ = [], rotations.expm
-  monkeypatch.setattr(rotations, 'expm', lambda a, *m: shapes.append(a.shape) or expm_(a, *m))
+  monkeypatch.setattr(rotations, 'expm', lambda a, n: shapes.append(a.shape) or expm_(a, n))
   g = jnp.asarray(np.random.default_rng(3).normal(size=(layers, heads, len(pos), 8, 8, 8)),
                   jnp.float32)
-  loss = lambda p, lattice: jnp.sum(rotations.liere_rotations(p, pos, 8, lattice=lattice) * g)
+  loss = lambda p, ok: jnp.sum(rotations.liere_rotations(p, pos, 8, CPU, lattice_ok=ok) * g)
   mesh = jax.make_mesh((n,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
                        devices=jax.devices()[:n])
   with jax.set_mesh(mesh):
     value, grad = jax.jit(jax.value_and_grad(lambda p: loss(p, True)))(gens)
-  n_exp = layers * heads * len(rotations.lattice_plan(pos).primitives) * 8  # 8 blocks of 8
+  n_exp = layers * heads * len(lattice.lattice_plan(pos).primitives) * 8  # 8 blocks of 8
   assert np.prod(shapes[0][:-2]) == -(-n_exp // n)  # per device, at matrix granularity
-  n_prim = len(rotations.lattice_plan(pos).primitives)
+  n_prim = len(lattice.lattice_plan(pos).primitives)
   assert shapes[0] == (layers * heads * 8 // n, n_prim, 8, 8), shapes  # stacks of one block
   ref_value, ref_grad = jax.value_and_grad(lambda p: loss(p, False))(gens)
   np.testing.assert_allclose(value, ref_value, rtol=1e-5)
   assert np.abs(grad - ref_grad).max() <= 1e-4 * np.abs(ref_grad).max()
 
 
+# The TPU's exponential of blocks of 16 and up (the Pallas kernel, every token's), here in
+# interpret mode: the plan under which liere_rotations splits the tokens.
+KERNEL_EVERY_TOKEN = CPU.replace(expm_kernel=True, every_token=True)
+
+
 @pytest.mark.parametrize('on_lattice', [False, True])
 def test_split_tokens_pads_them_by_identities_and_leaves_them_split_over_data(on_lattice):
-  """split_tokens, where the rotation kernel takes the blocks (b = 16 here): on a mesh of 4 data
-  devices 10 tokens become 12, split over 'data' by tokens (positions off a lattice: each
-  device exponentiates its tokens; on a grid: the table on this CPU, then split), the
-  padding the identity; values and gradients equal the unsplit rotations'. Without a mesh
-  nothing changes."""
+  """split_tokens, where the plan exponentiates every token by the Pallas kernel (a TPU's, in
+  interpret mode here; b = 16, which the rotation kernel takes): on a mesh of 4 data devices 10
+  tokens become 12, split over 'data' by tokens (each device exponentiates its tokens, on a
+  grid too: the plan's every_token passes over the lattice), the padding the identity; values
+  and gradients equal the unsplit rotations'. Without a mesh, or under a plan without the
+  kernel, nothing changes."""
   gens, pos = _lattice_case(16, 2, 3, grid=(3, 3))  # 10 tokens (CLS)
   if not on_lattice:
     pos = pos + np.random.default_rng(0).uniform(0, 0.1, pos.shape).astype(np.float32)
+  assert rotations.path(CPU, 16, pos) == ('lattice' if on_lattice else 'every token')
+  assert rotations.path(KERNEL_EVERY_TOKEN, 16, pos) == 'every token'
   g = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, 12, 4, 16, 16)), jnp.float32)
   mesh = jax.make_mesh((4,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
                        devices=jax.devices()[:4])
-  want = rotations.liere_rotations(gens, pos, 16)
-  want_grad = jax.grad(lambda p: jnp.sum(rotations.liere_rotations(p, pos, 16) * g[:, :, :10]))(
-      gens)
-  assert rotations.liere_rotations(gens, pos, 16, split_tokens=True).shape == want.shape
+  rots = lambda p, split=False, numerics=KERNEL_EVERY_TOKEN: rotations.liere_rotations(
+      p, pos, 16, numerics, split_tokens=split)
+  want = rots(gens)
+  want_grad = jax.grad(lambda p: jnp.sum(rots(p) * g[:, :, :10]))(gens)
+  assert rots(gens, True).shape == want.shape
+  with jax.set_mesh(mesh):
+    assert jax.eval_shape(lambda p: rots(p, True, CPU), gens).shape == want.shape
 
   def run(p):
-    out = rotations.liere_rotations(p, pos, 16, split_tokens=True)
+    out = rots(p, True)
     return jnp.sum(out * g), out
   with jax.set_mesh(mesh):
     (_, out), grad = jax.jit(jax.value_and_grad(run, has_aux=True))(gens)
@@ -281,89 +310,99 @@ def test_split_tokens_pads_them_by_identities_and_leaves_them_split_over_data(on
   np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-4 * np.abs(want_grad).max())
 
 
-@pytest.mark.parametrize('lattice', [False, True])
-def test_liere_rotations_take_an_exponential_function(lattice):
-  """method may be a function [..., b, b] -> [..., b, b]: both paths call it, the lattice path
-  at the primitive points only."""
+@pytest.mark.parametrize('lattice_ok', [False, True])
+def test_liere_rotations_exponentiate_by_the_plan_s_form(lattice_ok, monkeypatch):
+  """The plan reaches the exponential on both paths (the lattice path at the primitive points
+  only): under the SciPy form the general path is SciPy's exponential of the generators,
+  exactly."""
   gens, pos = _lattice_case(8, 2, 1, grid=(5, 5))
-  shapes = []
-  exp = lambda a: shapes.append(a.shape) or expm(a, 'scipy')
-  out = rotations.liere_rotations(gens, pos, 8, exp, lattice=lattice)
-  np.testing.assert_array_equal(out, rotations.liere_rotations(gens, pos, 8, 'scipy', lattice))
-  n_points = len(rotations.lattice_plan(pos).primitives) if lattice else len(pos)
-  assert [int(np.prod(s[:-2])) for s in shapes] == [2 * n_points * 8], shapes  # L H P k
+  scipy_plan = CPU.replace(expm='scipy')
+  counts = _count_exponentials(monkeypatch)
+  out = rotations.liere_rotations(gens, pos, 8, scipy_plan, lattice_ok=lattice_ok)
+  n_points = len(lattice.lattice_plan(pos).primitives) if lattice_ok else len(pos)
+  assert counts == [(2 * n_points * 8, scipy_plan)], counts  # L H P k
+  if not lattice_ok:
+    want = expm(rotations.liere_generators(gens, pos, 8), scipy_plan)
+    np.testing.assert_array_equal(out, want)
 
 
 def test_a_single_patch_grid_is_the_identity_rotation():
   """Every position at the origin (input_size == patch): nothing to exponentiate, R = I."""
   gen = jax.random.uniform(jax.random.key(0), (1, 2, 2, 2, 28))  # b = 8: 28 free parameters.
   for pos in (np.zeros((2, 2), np.float32), jnp.zeros((2, 2))):
-    rot = rotations.liere_rotations(gen, pos, 8)
+    rot = rotations.liere_rotations(gen, pos, 8, CPU)
     np.testing.assert_array_equal(np.asarray(rot), np.broadcast_to(np.eye(8), rot.shape))
 
 
 @pytest.mark.parametrize('heads, d', [(3, 64), (1, 70), (3, 7)])
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 def test_pairs_on_x_layout_equal_the_blocks_form_forward_and_backward(heads, d, dtype):
-  """Blocks of 2 on x's own layout (CPU and TPU) and as [..., k, 2] x [2, 2] blocks (a GPU's
-  form, PAIRS 'blocks'): the same x' and the same gradients in x and R, bit for bit; rotations
-  per head or shared (H or 1), dims past the last pair pass through, any 2 x 2 block."""
+  """Blocks of 2 on x's own layout (CPU and TPU: pairs 'swap_matmul', 'swap_roll') and as
+  [..., k, 2] x [2, 2] blocks (a GPU's form, pairs 'blocks'): the same x' and the same gradients
+  in x and R, bit for bit; rotations per head or shared (H or 1), dims past the last pair pass
+  through, any 2 x 2 block."""
   rng = np.random.default_rng(d)
   x = jnp.asarray(rng.standard_normal((2, 5, 3, d)), dtype)
   rot = jnp.asarray(rng.standard_normal((heads, 5, min(32, d // 2), 2, 2)), jnp.float32)
   weight = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
-  run = lambda: jax.value_and_grad(lambda x, r: jnp.sum(
-      rotations.rotate(x, r).astype(jnp.float32) * weight), (0, 1))(x, rot)
-  with rotations.PAIRS('blocks'):
-    old = run()
-  for swap in ('matmul', 'roll'):  # Each platform's exchange of the pair's dims (platforms).
-    with rotations.PAIRS('swap'), rotations.SWAP(swap):
-      new = run()
+  run = lambda pairs: jax.value_and_grad(lambda x, r: jnp.sum(
+      rotations.rotate(x, r, CPU.replace(pairs=pairs)).astype(jnp.float32) * weight),
+                                         (0, 1))(x, rot)
+  old = run('blocks')
+  for pairs in ('swap_matmul', 'swap_roll'):  # Each platform's exchange of the pair's dims.
+    new = run(pairs)
     for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(old)):
       np.testing.assert_array_equal(a, b)
-  np.testing.assert_array_equal(rotations.rotate(x, rot)[..., 64:], x[..., 64:])
+  np.testing.assert_array_equal(rotations.rotate(x, rot, CPU)[..., 64:], x[..., 64:])
 
 
 def test_rotate_takes_each_platforms_form():
-  """liere_jax.platforms' forms, forward and backward: the program lowered for tpu exchanges the
-  dims of pairs without a product (roll), for cpu with one (matmul); for cuda it rotates
-  [..., k, 2] blocks, the program PAIRS 'blocks' gives; larger blocks by an einsum everywhere (a
-  TPU's attention kernel rotates blocks up to 8 itself: test_attention_kernel)."""
+  """Each platform's plan, forward and backward: the program lowered for tpu exchanges the dims
+  of pairs without a product (roll), for cpu with one (matmul); for cuda it rotates [..., k, 2]
+  blocks, the program pairs='blocks' gives on any platform; larger blocks by an einsum
+  everywhere (a TPU's attention kernel rotates blocks up to 8 itself:
+  tests/test_kernels_attention.py)."""
   x = jnp.ones((2, 3, 2, 16), jnp.bfloat16)
-  lowered = lambda platform, block=2: jax.jit(jax.value_and_grad(  # A new function each time:
-      lambda x: jnp.sum(rotations.rotate(x, jnp.ones((2, 3, 16 // block, block, block)))
-                        .astype(jnp.float32)))  # switches are read when it is traced.
+  lowered = lambda platform, block=2, **fields: jax.jit(jax.value_and_grad(
+      lambda x: jnp.sum(rotations.rotate(x, jnp.ones((2, 3, 16 // block, block, block)),
+                                         plan(platform, **fields)).astype(jnp.float32)))
   ).trace(x).lower(lowering_platforms=(platform,)).as_text()
-  assert rotations.forms(8) == rotations.forms(16) == dict.fromkeys(('cpu', 'tpu', 'cuda'),
-                                                                  'einsum')
-  assert rotations.forms(2) == {'cpu': 'matmul', 'tpu': 'roll', 'cuda': 'blocks'}
+  platforms = ('cpu', 'tpu', 'cuda')
+  for block in (8, 16):
+    assert {p: rotations.rotation_form(plan(p), block) for p in platforms} == dict.fromkeys(
+        platforms, 'einsum')
+  assert {p: rotations.rotation_form(plan(p), 2) for p in platforms} == {
+      'cpu': 'swap_matmul', 'tpu': 'swap_roll', 'cuda': 'blocks'}
   assert all('@tpu_custom_call' not in lowered(p, 8) for p in ('tpu', 'cpu'))
   dots = lambda platform: lowered(platform).count('dot_general')
   assert dots('tpu') == 0 and dots('cpu') > 0, (dots('tpu'), dots('cpu'))
   blocks_shape = 'tensor<2x3x2x8x2xbf16>'  # x as [B, T, H, k, 2]
   assert blocks_shape in lowered('cuda') and blocks_shape not in lowered('tpu')
-  with rotations.PAIRS('blocks'):
-    assert blocks_shape in lowered('tpu')
+  assert blocks_shape in lowered('tpu', pairs='blocks')
 
 
 @pytest.mark.numerics
+@pytest.mark.parametrize('platform', ['cpu', 'tpu', 'cuda'])
 @pytest.mark.parametrize('block', [2, 4, 16])
-def test_rotate_applies_r_to_each_block_of_each_token(block):
+def test_rotate_applies_r_to_each_block_of_each_token(block, platform):
   """x' = R x per block (not R^T x): a quarter turn takes e_1 to e_2 and e_2 to -e_1 in the
   plane (0, 1), and a random orthogonal R gives numpy's R @ x, head by head and token by token
-  (b = 2, 4 and 16: rotate's forms differ by block size and platform)."""
+  (b = 2, 4 and 16 under each platform's plan, run here: rotate's forms differ by block size
+  and platform)."""
+  numerics = plan(platform)
   angles = jnp.asarray([[[np.pi / 2], [np.pi]]])  # [H, T, k]: a quarter and a half turn
   x = jnp.asarray([[[[1.0, 0.0]], [[0.0, 1.0]]]])  # [B, T, H, d]: e_1, then e_2
-  np.testing.assert_allclose(rotations.rotate(x, rotations.angle_rotations(angles)),
+  np.testing.assert_allclose(rotations.rotate(x, rotations.angle_rotations(angles), numerics),
                              [[[[0.0, 1.0]], [[0.0, -1.0]]]], atol=1e-6)
   x = jnp.asarray([[[[0.0, 1.0]]]])
   quarter = rotations.angle_rotations(jnp.full((1, 1, 1), np.pi / 2))
-  np.testing.assert_allclose(rotations.rotate(x, quarter), [[[[-1.0, 0.0]]]], atol=1e-7)
+  np.testing.assert_allclose(rotations.rotate(x, quarter, numerics), [[[[-1.0, 0.0]]]],
+                             atol=1e-7)
   rng = np.random.default_rng(0)
   heads, tokens, k = 2, 3, 2
   q = np.linalg.qr(rng.normal(size=(heads, tokens, k, block, block)))[0].astype(np.float32)
   x = rng.normal(size=(2, tokens, heads, k * block + 1)).astype(np.float32)  # 1 dim unrotated
-  out = np.asarray(rotations.rotate(jnp.asarray(x), jnp.asarray(q)))
+  out = np.asarray(rotations.rotate(jnp.asarray(x), jnp.asarray(q), numerics))
   xr = x[..., :k * block].reshape(2, tokens, heads, k, block)
   want = np.einsum('htkij,bthkj->bthki', q, xr).reshape(2, tokens, heads, k * block)
   np.testing.assert_allclose(out[..., :-1], want, atol=1e-5)
@@ -378,7 +417,7 @@ def test_take_static_gradient_is_jnp_take_s():
   x = jnp.asarray(rng.standard_normal((3, 40, 2, 2)), jnp.float32)
   idx = np.concatenate([np.arange(0, 30), [0, 0, 0, 0, 5, 7], np.arange(10, 30)])  # 30..39: none
   g = jnp.asarray(rng.standard_normal((3, len(idx), 2, 2)), jnp.float32)
-  got = jax.grad(lambda x: jnp.sum(rotations.take_static(x, idx) * g))(x)
+  got = jax.grad(lambda x: jnp.sum(lattice.take_static(x, idx) * g))(x)
   want = jax.grad(lambda x: jnp.sum(jnp.take(x, idx, axis=1) * g))(x)
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-  np.testing.assert_array_equal(rotations.take_static(x, idx), jnp.take(x, idx, axis=1))
+  np.testing.assert_array_equal(lattice.take_static(x, idx), jnp.take(x, idx, axis=1))

@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 from liere_jax import param_tree, rotations
+from liere_jax.numerics import plan
 from liere_jax.config import model as model_spec
 from liere_jax.expm import expm
 from liere_jax.model import ViT
@@ -29,14 +30,14 @@ def test_split_over_data_computes_a_share_per_device_and_equals_one_device(n):
 
   def fn(x):
     shapes.append(x.shape)
-    return expm(x)
+    return expm(x, plan())
 
   def loss(a):
     return jnp.sum(rotations.split_over_data(fn, a) * g)
 
   with jax.set_mesh(_mesh(n)):
     value, grad = jax.jit(jax.value_and_grad(loss))(a)
-  ref_value, ref_grad = jax.value_and_grad(lambda a: jnp.sum(expm(a) * g))(a)
+  ref_value, ref_grad = jax.value_and_grad(lambda a: jnp.sum(expm(a, plan()) * g))(a)
   assert np.prod(shapes[0][:-2]) == -(-2 * 3 * 17 // n)  # each device: 1/n of 102 matrices
   np.testing.assert_allclose(value, ref_value, rtol=1e-6)
   np.testing.assert_allclose(grad, ref_grad, atol=1e-5)
@@ -55,10 +56,11 @@ def test_fused_attention_equals_the_explicit_path(pe):
 
 def test_bf16_rotations_apply_in_bf16_with_a_small_error():
   gen = jax.random.uniform(jax.random.key(0), (1, 3, 2, 8, 28)) * 2 * np.pi
-  rot = rotations.liere_rotations(gen, jax.random.uniform(jax.random.key(1), (50, 2)) * 4, 8)
+  rot = rotations.liere_rotations(gen, jax.random.uniform(jax.random.key(1), (50, 2)) * 4, 8,
+                                 plan())
   x = jax.random.normal(jax.random.key(2), (4, 50, 3, 64)).astype(jnp.bfloat16)
-  out = rotations.rotate(x, rot[0])
-  ref = rotations.rotate(x.astype(jnp.float32), rot[0])
+  out = rotations.rotate(x, rot[0], plan())
+  ref = rotations.rotate(x.astype(jnp.float32), rot[0], plan())
   assert out.dtype == jnp.bfloat16
   rel = jnp.linalg.norm(out.astype(jnp.float32) - ref) / jnp.linalg.norm(ref)
   assert 1e-4 < rel < 5e-3  # a bf16 rounding of R, not float32 and not worse
