@@ -43,10 +43,10 @@ def test_expm_bench_unknown_names_fail_clearly():
 
 def test_expm_bench_takes_a_shape_the_user_names():
   """'MxB' is M matrices of B x B, 'LxHxGRID/B' a model's stack: the rows say so, with each
-  implementation's counted FLOPs (fast_select: SELECT_CAP squarings for every matrix)."""
+  implementation's counted FLOPs (select: SELECT_CAP squarings for every matrix)."""
   assert bench.parse_case('12x3x4x5/8') == bench.Case(12, 3, (4, 5), 8)
   assert bench.parse_case('2x3x2x4x5/16').n_matrices == 2 * 3 * 40 * 4
-  rows = bench.bench_expm(['10x16'], ['fast_select', 'fast_cond'], repeats=1,
+  rows = bench.bench_expm(['10x16'], ['select', 'cond'], repeats=1,
                           precision='highest', log=lambda s: None)
   assert [(r['n_matrices'], r['size'], r['precision']) for r in rows] == [(10, 16, 'highest')] * 2
   select, cond = rows
@@ -57,14 +57,14 @@ def test_expm_bench_takes_a_shape_the_user_names():
 def test_fast_flops_counts_squarings_from_the_spectral_radius():
   b = 8
   # A rotation generator by angle 5 in the (0, 1) plane: rho = 5 (its 1-norm is also 5), and
-  # ||a^k||_1^(1/k) = 5 exactly. fast_cond (degree 12 at theta 1): ceil(log2 5) = 3 squarings,
-  # 7 + 3 products of 2 b^3 FLOPs; fast_loop (degree 12 at 1.46, 4 products): 2, 6 + 2.
+  # ||a^k||_1^(1/k) = 5 exactly. 'cond' (this CPU's plan; degree 12 at theta 1): ceil(log2 5) =
+  # 3 squarings, 7 + 3 products of 2 b^3 FLOPs; 'loop' (degree 12 at 1.46, 4 products): 2, 6 + 2;
+  # 'select': 7 + SELECT_CAP.
   a = np.zeros((3, b, b), np.float32)
   a[:, 0, 1], a[:, 1, 0] = 5.0, -5.0
   assert bench.fast_flops(a, form='cond') == bench.fast_flops(a) == 3 * 10 * 2 * b**3
   assert bench.fast_flops(a, form='loop') == 3 * 8 * 2 * b**3
-  # Degree 18 scales to a spectral radius of 3: ceil(log2(5 / 3)) = 1 squaring.
-  assert bench.fast_flops(a, bench.TAYLOR18, 'cond') == 3 * 8 * 2 * b**3
+  assert bench.fast_flops(a, form='select') == 3 * (7 + expm.SELECT_CAP) * 2 * b**3
   # The all-ones skew matrix (upper +1, lower -1): ||a||_1 = 7, rho 5.03, bound 5.32.
   u = np.triu(np.ones((b, b), np.float32), 1)
   a = np.stack([u - u.T] * 2)
@@ -85,34 +85,18 @@ def _lattice_case(block, layers, heads, grid):
 
 
 def test_liere_flops_counts_exponentials_and_powers():
-  from liere_jax import rotations
+  from liere_jax import lattice, rotations
   gens, pos = _lattice_case(8, 2, 3, grid=(6, 6))
-  plan = rotations.lattice_plan(pos)
+  plan = lattice.lattice_plan(pos)
   a = np.asarray(rotations.liere_generators(gens, plan.primitives, 8)).reshape(-1, 8, 8)
   per_device, total = bench.liere_flops(gens, pos, 8)
   assert per_device == total == bench.fast_flops(a) + plan.n_products * 2 * 3 * 8 * 2 * 8**3
-  assert total < bench.liere_flops(gens, pos, 8, lattice=False)[1]
+  assert total < bench.liere_flops(gens, pos, 8, lattice_ok=False)[1]
   per_device, one_device = bench.liere_flops(gens, pos, 8, n_devices=3)
   assert per_device < total and one_device == total
-  assert bench.liere_flops(gens, pos, 8, taylor=bench.TAYLOR18)[1] < total
-
-
-def test_taylor18_matches_float64_and_the_library_keeps_degree_12():
-  """The degree-18 scheme (bench rotations): within the library's 1e-5 at 4x the training range
-  too, but a different polynomial from degree 12's; expm(a, 'fast') is still fast_expm's
-  default scheme."""
-  import jax.numpy as jnp
-  import scipy.linalg
-  from liere_jax import expm, rotations
-  gens, pos = _lattice_case(8, 1, 1, grid=(9, 9))
-  a = np.asarray(rotations.liere_generators(gens, pos * 4, 8)).reshape(-1, 8, 8)  # 4x range
-  ref = np.stack([scipy.linalg.expm(x) for x in a.astype(np.float64)])
-  r18 = np.asarray(expm.fast_expm(jnp.asarray(a), bench.TAYLOR18), np.float64)
-  r12 = np.asarray(expm.expm(jnp.asarray(a), 'fast'), np.float64)
-  assert np.abs(r12 - ref).max() <= 1e-5 and np.abs(r18 - ref).max() <= 1e-5
-  assert 1e-7 < np.abs(r18 - r12).max()
-  assert np.abs(np.einsum('mji,mjk->mik', r18, r18) - np.eye(8)).max() <= 1e-5
-  np.testing.assert_array_equal(np.asarray(expm.fast_expm(jnp.asarray(a))), r12)
+  # 'loop': one product fewer a matrix, and no more squarings (theta 1.46 against 1).
+  assert bench.liere_flops(gens, pos, 8, form='loop')[1] == (
+      bench.fast_flops(a, 'loop') + plan.n_products * 2 * 3 * 8 * 2 * 8**3) < total
 
 
 def test_step_mfu_counts_the_model_from_shapes_as_the_tpu_compiler_does():
@@ -177,8 +161,7 @@ def test_expm_bench_cli_json():
 def test_rotations_bench_cli_json():
   out = _run('rotations', '--case', 'tiny', '--repeats', '1', '--json')
   rows = json.loads(out.strip().splitlines()[-1])
-  assert [(r['path'], r['degree']) for r in rows] == [
-      ('general', 12), ('lattice', 12), ('general', 18), ('lattice', 18)]
+  assert [r['path'] for r in rows] == ['general', 'lattice']
   general, lattice = rows[0], rows[1]
   assert lattice['n_exp'] < general['n_exp'] and lattice['gflop'] < general['gflop']
   assert lattice['diff'] <= 1e-5 and min(r['fwd_bwd'] for r in rows) > 0

@@ -1,7 +1,7 @@
-"""expm(a, 'pallas') (liere_jax/expm_kernel.py): the exponential as one Pallas kernel, run here in
-interpret mode against SciPy in float64, its Frechet VJP against SciPy's and the XLA path's
-gradient, and the same program compiled for a TPU v5e (Mosaic, deviceless) and lowered for a GPU
-(Triton)."""
+"""expm.expm's 'kernel' form (liere_jax/kernels/expm.py): the exponential as one Pallas kernel, run
+here in interpret mode (a CPU plan with expm_kernel) against SciPy in float64, its Frechet VJP
+against SciPy's and the XLA path's gradient, and the same program compiled for a TPU v5e (Mosaic,
+deviceless) and lowered for a GPU (Triton), each with its platform's plan."""
 import functools
 
 import jax
@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from liere_jax import dots, expm, expm_kernel, rotations
+from liere_jax import expm, lattice, rotations, taylor as taylor_lib
 from liere_jax.bench import expm as bench_expm
-from liere_jax.platforms import PLATFORMS
+from liere_jax.kernels import expm as expm_kernel
+from liere_jax.numerics import PLATFORMS, plan
 
 B = 64
+KERNEL = plan('cpu', expm_kernel=True)  # The kernel in interpret mode, a TPU's tiling.
+XLA_LOOP = plan('cpu', expm='loop')  # The XLA program the kernel runs (float32 products).
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,8 +38,12 @@ def _skew(x):
   return x - np.swapaxes(x, -1, -2)
 
 
+def _kernel(x):
+  return expm.expm(x, KERNEL)
+
+
 def _pallas_and_grad(a, g):
-  fn = lambda x: rotations.exponential(x, 'pallas')
+  fn = _kernel
   r, grad = jax.jit(lambda x: (fn(x), jax.grad(lambda y: jnp.sum(fn(y) * g))(x)))(a)
   return np.asarray(r, np.float64), np.asarray(grad, np.float64)
 
@@ -46,8 +53,8 @@ def test_forward_within_1e_5_of_float64_at_training_range_and_orthogonal():
   within 1e-5 and orthogonal to 1e-5; the kernel ran (a pallas_call in the program)."""
   a, _ = _training()
   assert a.shape[0] % expm_kernel.tile_matrices(B)
-  assert 'pallas_call' in str(jax.make_jaxpr(lambda x: rotations.exponential(x, 'pallas'))(a))
-  r = np.asarray(jax.jit(lambda x: rotations.exponential(x, 'pallas'))(a), np.float64)
+  assert expm.form(KERNEL, B) == 'kernel' and 'pallas_call' in str(jax.make_jaxpr(_kernel)(a))
+  r = np.asarray(jax.jit(_kernel)(a), np.float64)
   err = np.abs(r - _expm64(a)).max()
   orth = np.abs(np.einsum('mji,mjk->mik', r, r) - np.eye(B)).max()
   assert err <= 1e-5 and orth <= 1e-5, (err, orth)
@@ -56,7 +63,7 @@ def test_forward_within_1e_5_of_float64_at_training_range_and_orthogonal():
 def test_gradient_is_the_frechet_derivative_and_the_xla_path_s():
   """jax.grad of a random linear functional of R: its skew part (what a skew-symmetric
   parametrisation sees) within 1e-5 relative of SciPy's Frechet derivative L(a^T, G) in float64
-  and of the XLA path's gradient (fast_loop, float32 products), and the whole matrix, whose
+  and of the XLA path's gradient ('loop', float32 products), and the whole matrix, whose
   Newton-Schulz step projects the non-skew part alike, within 3e-5 of it (float32 rounding
   through 8 squarings: the kernel's batched products round otherwise than XLA's; 1.0e-5 to
   1.4e-5 measured, the skew part 1.9e-6)."""
@@ -66,7 +73,7 @@ def test_gradient_is_the_frechet_derivative_and_the_xla_path_s():
   ref = np.stack([scipy.linalg.expm_frechet(x.T, y, compute_expm=False)
                   for x, y in zip(a64, g64)])
   gerr = np.abs(_skew(grad) - _skew(ref)).max() / np.abs(_skew(ref)).max()
-  xla = lambda x: expm.fast_expm(x, form='loop', precision=dots.CPU)
+  xla = lambda x: expm.expm(x, XLA_LOOP)
   gx = np.asarray(jax.jit(jax.grad(lambda y: jnp.sum(xla(y) * g)))(a), np.float64)
   xerr = np.abs(grad - gx).max() / np.abs(gx).max()
   skew_err = np.abs(_skew(grad) - _skew(gx)).max() / np.abs(_skew(gx)).max()
@@ -91,10 +98,10 @@ def test_each_matrix_gets_its_own_squarings_past_any_cap(block):
   r, grad = _pallas_and_grad(a, g)
   err = np.abs(r - _expm64(a)).max(axis=(1, 2))
   assert err[0] <= 1e-6 and err[1] <= 1e-5 and err[2] <= 1e-6 * 2**(expm.SELECT_CAP + 4), err
-  with expm._products(dots.CPU.forward):  # pylint: disable=protected-access
-    powers = expm.TAYLOR12.powers(jnp.asarray(a))
-    counts = np.asarray(expm_kernel.squarings(powers, expm.TAYLOR12.theta)).ravel().tolist()
-    assert counts == list(expm._squarings(powers, expm.TAYLOR12.theta)), counts
+  taylor = taylor_lib.TAYLOR12
+  powers = taylor.powers(expm.xla_algebra(XLA_LOOP.products), jnp.asarray(a))
+  counts = np.asarray(expm_kernel.squarings(powers, taylor.theta)).ravel().tolist()
+  assert counts == list(taylor_lib.squarings(powers, taylor.theta)), counts
   assert counts[0] == 0 and counts[2] >= expm.SELECT_CAP + 4, counts
   ref = np.stack([scipy.linalg.expm_frechet(x.T, y, compute_expm=False)
                   for x, y in zip(a[:2].astype(np.float64), g[:2].astype(np.float64))])
@@ -106,9 +113,12 @@ def test_2x2_blocks_take_the_xla_path():
   """b = 2 (RoPE's, and a LieRE's of 2): no kernel, the closed form exactly."""
   u = np.random.default_rng(0).standard_normal((5, 2, 2)).astype(np.float32)
   a = u - np.swapaxes(u, 1, 2)
-  assert 'pallas_call' not in str(jax.make_jaxpr(lambda x: rotations.exponential(x, 'pallas'))(a))
-  np.testing.assert_array_equal(jax.jit(lambda x: rotations.exponential(x, 'pallas'))(a),
-                                jax.jit(lambda x: rotations.exponential(x, 'fast'))(a))
+  assert expm.form(KERNEL, 2) == expm.form(plan('tpu'), 2) == 'closed form'
+  assert 'pallas_call' not in str(jax.make_jaxpr(_kernel)(a))
+  np.testing.assert_array_equal(jax.jit(_kernel)(a),
+                                jax.jit(lambda x: expm.expm(x, plan('cpu')))(a))
+  c, s = np.cos(a[:, 0, 1]), np.sin(a[:, 0, 1])
+  np.testing.assert_allclose(jax.jit(_kernel)(a)[:, 0], np.stack([c, s], -1), atol=1e-6)
 
 
 @pytest.mark.parametrize('block,n', [(8, 1100), (4, 20)])
@@ -121,7 +131,7 @@ def test_small_blocks_in_the_entries_layout_against_float64(block, n):
   idx = np.argsort(np.abs(a).sum(-2).max(-1))[::-1][:n]  # The largest first.
   a, g = a[idx], g[idx]
   assert len(a) == n and (n <= expm_kernel.LANES or n > expm_kernel.ENTRY_ROWS * 128)
-  assert 'pallas_call' in str(jax.make_jaxpr(lambda x: rotations.exponential(x, 'pallas'))(a))
+  assert 'pallas_call' in str(jax.make_jaxpr(_kernel)(a))
   r, grad = _pallas_and_grad(a, g)
   b64 = lambda x: x.astype(np.float64)
   err = np.abs(r - _expm64(a)).max()
@@ -129,27 +139,35 @@ def test_small_blocks_in_the_entries_layout_against_float64(block, n):
   ref = np.stack([scipy.linalg.expm_frechet(x.T, y, compute_expm=False)
                   for x, y in zip(b64(a[:64]), b64(g[:64]))])
   gerr = np.abs(_skew(grad[:64]) - _skew(ref)).max() / np.abs(_skew(ref)).max()
-  xla = lambda x: expm.fast_expm(x, form='loop', precision=dots.CPU)
+  xla = lambda x: expm.expm(x, XLA_LOOP)
   gx = np.asarray(jax.jit(jax.grad(lambda y: jnp.sum(xla(y) * g)))(a), np.float64)
   xerr = np.abs(grad - gx).max() / np.abs(gx).max()
   assert err <= 1e-5 and orth <= 1e-5 and gerr <= 1e-5 and xerr <= 1e-5, (err, orth, gerr, xerr)
 
 
-def test_liere_rotations_take_the_method_by_name():
-  """`model.pe.expm=pallas` reaches the kernel: LieRE rotations of 16 x 16 blocks on a lattice
-  match the fast path's."""
-  assert 'pallas' in rotations.METHODS and 'pallas' not in expm.METHODS
+def test_liere_rotations_take_the_kernel_from_the_plan():
+  """`model.pe.expm=pallas` reaches the kernel: the encoding's plan takes it, and LieRE rotations
+  of 16 x 16 blocks on a lattice under that plan run it and match the CPU plan's ('cond')."""
+  from flax import nnx
+  from liere_jax import model as model_lib
+  enc = lambda m: model_lib.create_encoding('liere16', grid=(3, 3), heads=1, head_dim=16,
+                                             rngs=nnx.Rngs(0), expm=m)
+  assert enc('pallas').numerics(plan('cpu')) == KERNEL
+  assert enc('fast').numerics(plan('cpu')) == plan('cpu')
   gens = np.random.default_rng(0).uniform(0, 2 * np.pi, (1, 1, 2, 1, 120)).astype(np.float32)
   pos = np.stack(np.meshgrid(np.arange(3) / 2, np.arange(3) / 2, indexing='ij'), -1)
   pos = pos.reshape(-1, 2).astype(np.float32)
-  rot = lambda m: np.asarray(jax.jit(lambda g: rotations.liere_rotations(g, pos, 16, m))(gens))
-  np.testing.assert_allclose(rot('pallas'), rot('fast'), atol=1e-5)
+  fn = lambda n: lambda g: rotations.liere_rotations(g, pos, 16, n)
+  assert 'pallas_call' in str(jax.make_jaxpr(fn(KERNEL))(gens))
+  assert 'pallas_call' not in str(jax.make_jaxpr(fn(plan('cpu')))(gens))
+  rot = lambda n: np.asarray(jax.jit(fn(n))(gens))
+  np.testing.assert_allclose(rot(KERNEL), rot(plan('cpu')), atol=1e-5)
   with pytest.raises(ValueError, match='expm_precision'):
-    rotations.exponential(jnp.zeros((2, 16, 16)), 'pallas', precision='float64')
+    KERNEL.at_precision('float64')
 
 
-def _loss(x):
-  return jnp.sum(rotations.exponential(x, 'pallas') * jnp.arange(x.shape[-1], dtype=jnp.float32))
+def _loss(numerics):
+  return lambda x: jnp.sum(expm.expm(x, numerics) * jnp.arange(x.shape[-1], dtype=jnp.float32))
 
 
 @pytest.mark.parametrize('block', [B, 8])
@@ -165,8 +183,10 @@ def test_compiles_for_a_tpu_v5e_deviceless(block):
   dev = tpu_slices.parse_slice('v5litepod-1').devices()[0]
   x = jax.ShapeDtypeStruct((20, block, block), jnp.float32, sharding=SingleDeviceSharding(dev))
   tile = expm_kernel.LANES if block <= expm_kernel.ENTRIES_UP_TO else expm_kernel.tile_matrices(B)
-  for fn, kernels in ((lambda y: rotations.exponential(y, 'pallas'), ['liere_expm_forward']),
-                      (jax.grad(_loss), ['liere_expm_forward_res', 'liere_expm_backward'])):
+  tpu = plan('tpu')
+  assert expm.form(tpu, block) == 'kernel'
+  for fn, kernels in ((lambda y: expm.expm(y, tpu), ['liere_expm_forward']),
+                      (jax.grad(_loss(tpu)), ['liere_expm_forward_res', 'liere_expm_backward'])):
     compiled = jax.jit(fn).trace(x).lower().compile()
     hlo = compiled.as_text()
     n = -(-20 // tile) * tile
@@ -178,72 +198,72 @@ def test_compiles_for_a_tpu_v5e_deviceless(block):
 
 
 def test_lowers_for_a_gpu_as_triton_kernels():
-  """Lowered for cuda on this CPU: the forward is one Triton custom call, the gradient two (the
-  forward with its residual, the backward), and no XLA loop around them."""
+  """Lowered for cuda on this CPU with the kernel in its plan (model.pe.expm=pallas): the forward
+  is one Triton custom call, the gradient two (the forward with its residual, the backward), and
+  no XLA loop around them."""
   x = jax.ShapeDtypeStruct((20, B, B), jnp.float32)
-  for fn, n in ((lambda y: rotations.exponential(y, 'pallas'), 1), (jax.grad(_loss), 2)):
+  cuda = plan('cuda', expm_kernel=True)
+  assert expm.form(cuda, B) == 'kernel'
+  for fn, n in ((lambda y: expm.expm(y, cuda), 1), (jax.grad(_loss(cuda)), 2)):
     text = jax.jit(fn).trace(x).lower(lowering_platforms=('cuda',)).as_text()
     assert text.count('xla.gpu.triton') == n and 'stablehlo.while' not in text, text[-3000:]
 
 
-def test_blocks_a_platform_s_kernel_does_not_take_run_the_xla_program(monkeypatch):
-  """Triton takes power-of-2 blocks up to GPU_MAX_BLOCK: 48 lowers for cuda with no Triton call
-  (it does lower for the TPU). That fallback (here forced on the CPU) is fast_loop's program,
-  forward and gradient."""
+def test_blocks_a_platform_s_kernel_does_not_take_run_the_plan_s_xla_form():
+  """Triton takes power-of-2 blocks up to GPU_MAX_BLOCK: 48 lowers for cuda with no Triton call,
+  as the cuda plan's XLA form (it does take the TPU's kernel); expm.expm decides before calling
+  the kernel, which refuses the blocks it does not take."""
   x = jax.ShapeDtypeStruct((5, 48, 48), jnp.float32)
   assert not expm_kernel.supported(48, 'cuda') and expm_kernel.supported(48, 'tpu')
-  text = jax.jit(jax.grad(_loss)).trace(x).lower(lowering_platforms=('cuda',)).as_text()
-  assert 'xla.gpu.triton' not in text
-  monkeypatch.setattr(expm_kernel, 'supported', lambda b, platform='tpu': platform != 'cpu')
-  kinds, xla_pass = [], expm_kernel._xla  # pylint: disable=protected-access
-  monkeypatch.setattr(expm_kernel, '_xla', lambda kind, *args: kinds.append(kind) or xla_pass(
-      kind, *args))
-  expm_kernel._stack_fn.cache_clear()  # pylint: disable=protected-access
-  a, g = (a[:5, :48, :48] for a in _training())
-  a = a - np.swapaxes(a, 1, 2)
-  r, grad = _pallas_and_grad(a, g)
-  xla = lambda y: expm.fast_expm(y, form='loop', precision=dots.CPU)
-  rx, gx = jax.jit(lambda y: (xla(y), jax.grad(lambda z: jnp.sum(xla(z) * g))(y)))(a)
-  np.testing.assert_allclose(r, rx, atol=1e-6)
-  np.testing.assert_allclose(grad, gx, atol=1e-5 * np.abs(gx).max())
-  assert set(kinds) == {'forward', 'forward_res', 'backward'}, kinds
-  expm_kernel._stack_fn.cache_clear()  # pylint: disable=protected-access
+  cuda = plan('cuda', expm_kernel=True)
+  assert expm.form(cuda, 48) == 'select' and expm.form(plan('tpu'), 48) == 'kernel'
+  lower = lambda n: jax.jit(jax.grad(_loss(n))).trace(x).lower(
+      lowering_platforms=(n.platform,)).as_text()
+  text = lower(cuda)
+  assert 'xla.gpu.triton' not in text and 'stablehlo.dot_general' in text
+  assert lower(plan('tpu')).count('tpu_custom_call') == 2
+  with pytest.raises(ValueError, match='no blocks of 48 on cuda'):
+    expm_kernel.expm_pallas(jnp.zeros((5, 48, 48)), cuda)
 
 
-def test_fast_is_the_kernel_on_a_tpu_and_xla_elsewhere():
-  """model.pe.expm='fast' (the default) lowers to the Mosaic kernel for a TPU (platforms' TPU row:
-  expm_kernel), to XLA's forms for cpu and cuda; fast_loop keeps XLA's on a TPU too; 8 x 8
-  blocks take it in the entries layout, 2 x 2 never."""
+def test_the_default_is_the_kernel_on_a_tpu_and_xla_elsewhere():
+  """Each platform's plan (model.pe.expm='fast', the default) lowers to the Mosaic kernel for a
+  TPU (its row: expm_kernel), to XLA's forms for cpu and cuda; the TPU plan with the kernel off
+  keeps XLA's 'loop'; 8 x 8 blocks take it in the entries layout, 2 x 2 never."""
   x = jax.ShapeDtypeStruct((4, 64, 64), jnp.float32)
-  lower = lambda fn, p, x=x: jax.jit(jax.grad(lambda y: jnp.sum(fn(y)))).trace(x).lower(
-      lowering_platforms=(p,)).as_text()
-  fast = lambda y: rotations.exponential(y, 'fast')
+  lower = lambda n, x=x: jax.jit(jax.grad(lambda y: jnp.sum(expm.expm(y, n)))).trace(x).lower(
+      lowering_platforms=(n.platform,)).as_text()
   assert PLATFORMS['tpu'].expm_kernel and not PLATFORMS['cpu'].expm_kernel
-  assert lower(fast, 'tpu').count('tpu_custom_call') == 2  # forward and backward kernels
-  assert 'tpu_custom_call' not in lower(lambda y: rotations.exponential(y, 'fast_loop'), 'tpu')
-  small = lambda b: lower(fast, 'tpu', jax.ShapeDtypeStruct((4, b, b), jnp.float32))
+  assert not PLATFORMS['cuda'].expm_kernel
+  assert lower(plan('tpu')).count('tpu_custom_call') == 2  # forward and backward kernels
+  no_kernel = lower(plan('tpu', expm_kernel=False))
+  assert 'tpu_custom_call' not in no_kernel and 'stablehlo.while' in no_kernel
+  small = lambda b: lower(plan('tpu'), jax.ShapeDtypeStruct((4, b, b), jnp.float32))
   assert small(8).count('tpu_custom_call') == 2 and 'tpu_custom_call' not in small(2)
-  assert 'pallas' not in lower(fast, 'cpu') and 'xla.gpu.triton' not in lower(fast, 'cuda')
+  assert 'pallas' not in lower(plan('cpu')) and 'xla.gpu.triton' not in lower(plan('cuda'))
 
 
-@pytest.mark.parametrize('expm_method', ['fast', 'pallas'])
-def test_a_tpu_exponentiates_every_token_where_the_kernel_runs_them(expm_method):
+def test_a_tpu_exponentiates_every_token_where_the_kernel_runs_them():
   """On a grid the lattice path exponentiates the primitive points only (9 of a 4 x 4 grid's 16)
   and multiplies the rest from a table; where a TPU's exponential is the Pallas kernel, the
   TPU's program exponentiates every token instead (it moves less: docs/benchmarks.md), the
-  same rotations (CPU: the general path against the lattice, to float32 rounding)."""
+  same rotations (CPU, the TPU's path in interpret mode against the CPU plan's lattice, to
+  float32 rounding)."""
   from liere_jax import positions
   pos = positions.grid_positions((4, 4), (4, 4), 'normalized')
-  assert len(rotations.lattice_plan(pos).primitives) == 9
+  assert len(lattice.lattice_plan(pos).primitives) == 9
   gens = jnp.asarray(np.random.default_rng(0).standard_normal((1, 2, 2, 1, 2016)) / 16,
                      jnp.float32)
-  fn = lambda g, lattice=True: rotations.liere_rotations(g, pos, 64, expm_method,
-                                                         lattice=lattice)
-  text = jax.jit(fn).trace(gens).lower(lowering_platforms=('tpu',)).as_text()
+  fn = lambda n: lambda g: rotations.liere_rotations(g, pos, 64, n)
+  emulated = KERNEL.replace(every_token=True)  # The TPU's choice, in interpret mode.
+  assert rotations.path(plan('tpu'), 64, pos) == rotations.path(emulated, 64, pos) == 'every token'
+  assert rotations.path(plan('cpu'), 64, pos) == rotations.path(KERNEL, 64, pos) == 'lattice'
+  text = jax.jit(fn(plan('tpu'))).trace(gens).lower(lowering_platforms=('tpu',)).as_text()
   calls = [line for line in text.splitlines() if 'tpu_custom_call' in line]
   # L H T = 32 matrices (the lattice's 2 x 9 would be padded to 24: 8 a grid step)
   assert len(calls) == 1 and '(tensor<32x64x64xf32>)' in calls[0], calls
-  np.testing.assert_allclose(fn(gens), fn(gens, lattice=False), atol=2e-5)
+  np.testing.assert_allclose(jax.jit(fn(emulated))(gens), jax.jit(fn(plan('cpu')))(gens),
+                             atol=2e-5)
 
 
 def test_small_blocks_keep_the_lattice_on_a_tpu_its_points_in_the_kernel():
@@ -254,7 +274,8 @@ def test_small_blocks_keep_the_lattice_on_a_tpu_its_points_in_the_kernel():
   from liere_jax import positions
   pos = positions.grid_positions((4, 4), (4, 4), 'normalized')
   gens = jnp.asarray(np.random.default_rng(0).standard_normal((1, 2, 2, 2, 28)) / 4, jnp.float32)
-  fn = lambda g: rotations.liere_rotations(g, pos, 8, 'fast')
+  assert rotations.path(plan('tpu'), 8, pos) == 'lattice'
+  fn = lambda g: rotations.liere_rotations(g, pos, 8, plan('tpu'))
   text = jax.jit(jax.grad(lambda g: jnp.sum(fn(g) ** 3))).trace(gens).lower(
       lowering_platforms=('tpu',)).as_text()
   calls = [line for line in text.splitlines() if 'tpu_custom_call' in line]
