@@ -33,8 +33,10 @@ from liere_jax.numerics import Numerics
 
 def path(numerics: Numerics, ctx: LayerContext, shape) -> str:
   """How `attend` runs for q of `shape` [B, T, H, d] under ctx and the plan (module doc)."""
-  if numerics.attention != 'kernel' or not _kernel_takes(ctx, shape):
+  if numerics.attention != 'kernel':
     return numerics.attention
+  if not _kernel_takes(ctx, shape):  # A logit bias, or shapes it does not take.
+    return 'xla'
   if isinstance(ctx, Angles) or (isinstance(ctx, Rotate)
                                   and ctx.block <= attention_kernel.MAX_BLOCK):
     return 'kernel, band'

@@ -2,7 +2,7 @@
 
 `expm(a, numerics)` computes exp(a) as the plan says (liere_jax.numerics; `form` names what
 runs): blocks of 2 in closed form; the Pallas kernel where the plan takes it and the kernel takes
-the blocks (liere_jax.expm_kernel); otherwise scaling and squaring in XLA, from a
+the blocks (liere_jax.kernels.expm); otherwise scaling and squaring in XLA, from a
 spectral-radius bound, a Taylor polynomial (liere_jax.taylor) and a final Newton-Schulz step:
   cond    one scale a chunk (`Numerics.chunk_bytes`, chunks under jax.checkpoint in lax.map), the
           squarings lax.cond branches up to 2^MAX_SQUARINGS.

@@ -265,14 +265,19 @@ class ViT(nnx.Module):
                        'the input to a multiple of the patch size.')
     return tuple(s // p for s, p in zip(spatial, self.patch))
 
-  def pe_context(self, grid: Sequence[int], positions: Optional[str] = None, offsets=None):
-    """The encoding's per-forward-pass context for a patch grid (e.g. LieRE rotations), every
-    layer's; `offsets` [prod(grid), n] move the patches, in patch units (PositionJitter)."""
+  def pe_positions(self, grid: Sequence[int], positions: Optional[str] = None, offsets=None):
+    """The token positions [T, n] of a patch grid (prefix tokens first, at the origin);
+    `offsets` [prod(grid), n] move the patches, in patch units (PositionJitter)."""
     mode, base = positions or self.spec.pe.positions, self.spec.pe.positions
     pos = positions_lib.grid_positions(grid, self.train_grid, mode, base)
     if offsets is not None:
       pos = pos + offsets * positions_lib.patch_step(grid, self.train_grid, mode, base)
-    return self.pe.context(positions_lib.with_prefix(pos, self.num_prefix), self.numerics)
+    return positions_lib.with_prefix(pos, self.num_prefix)
+
+  def pe_context(self, grid: Sequence[int], positions: Optional[str] = None, offsets=None):
+    """The encoding's per-forward-pass context for a patch grid (e.g. LieRE rotations), every
+    layer's, computed as the model's numerics plan says."""
+    return self.pe.context(self.pe_positions(grid, positions, offsets), self.numerics)
 
   def _scan_blocks(self, x, ctx):
     """The stacked blocks (model.scan_layers) under one jax.lax.scan: the body is traced once,

@@ -1,6 +1,6 @@
 """The exponential's polynomials, written once over an `Algebra` (the matrix operations they run
 in): XLA's batched products at a precision, float32 multiply-adds for small blocks, or a Pallas
-kernel's entries layout (liere_jax.expm, liere_jax.expm_kernel). Each is exp's Taylor sum to
+kernel's entries layout (liere_jax.expm, liere_jax.kernels.expm). Each is exp's Taylor sum to
 2e-16 relative (tests/test_expm.py).
 """
 import math

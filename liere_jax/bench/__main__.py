@@ -12,6 +12,7 @@ from liere_jax.numerics import PRECISIONS
 from liere_jax.bench.data import bench_data, data_table
 from liere_jax.bench.expm import DEFAULT_CASES, IMPLS, bench_expm, expm_table, parse_case
 from liere_jax.bench.lower import PLATFORMS, bench_lower
+from liere_jax.bench.plan import plan_of, plan_table
 from liere_jax.bench.presets import bench_presets, presets_table
 from liere_jax.bench.profile import profile_step, profile_table
 from liere_jax.bench.peer import OfficialError
@@ -56,8 +57,9 @@ _WORKERS = flags.DEFINE_list('workers', ['0', '1', '2'], 'data: Grain worker pro
                               'to time (0 = threads of the main process only).')
 _BATCHES = flags.DEFINE_integer('batches', 10, 'data: timed batches of each (after warm-up); '
                                 'the batch is --config.batch_size.')
-_PLATFORM = flags.DEFINE_enum('platform', 'cuda', PLATFORMS, 'lower: the platform to lower '
-                              'the train step for.')
+_PLATFORM = flags.DEFINE_enum('platform', None, PLATFORMS, 'lower: the platform to lower the '
+                              'train step for (default cuda); plan: the platform whose plan to '
+                              'print (default: this backend).')
 _TOPOLOGY = flags.DEFINE_string('topology', 'v5litepod-8', 'compile: the Cloud TPU slice, as '
                                 'its accelerator type: v4-8 .. v4-4096, v5litepod-1 .. '
                                 'v5litepod-256, v5p-8 .., v6e-1 .. v6e-256.')
@@ -109,12 +111,22 @@ def _data(log):
 def _lower(log):
   if _CONFIG.value is None:
     raise app.UsageError('lower needs --config CONFIG[:args].')
-  log(f'lowering the train step for {_PLATFORM.value}')
-  res, = bench_lower(_CONFIG.value, [_PLATFORM.value])
+  platform = _PLATFORM.value or 'cuda'
+  log(f'lowering the train step for {platform}')
+  res, = bench_lower(_CONFIG.value, [platform])
   res['config'] = config_flags.get_config_filename(flags.FLAGS['config'])
   table = '\n'.join(f'{k}: {res[k]}' for k in ('conditionals', 'platform_cases', 'while_loops',
                                                 'expm_dot_algorithms', 'expm_dots'))
   return f"{res['config']} lowered for {res['platform']} on {_platform()}", table, res
+
+
+def _plan(log):
+  if _CONFIG.value is None:
+    raise app.UsageError('plan needs --config CONFIG[:args].')
+  with command.refusing():
+    res = plan_of(_CONFIG.value, _PLATFORM.value)
+  res['config'] = config_flags.get_config_filename(flags.FLAGS['config'])
+  return f"{res['config']} on {res['platform']} (liere_jax.numerics)", plan_table(res), res
 
 
 def _presets(log):
@@ -204,6 +216,7 @@ ACTIONS = {
     'step': (_step, 'train and eval steps of --config against --vs (and the official code)'),
     'data': (_data, "the config's train batches per second against Grain worker count"),
     'lower': (_lower, 'the train step lowered for --platform: conditionals, loops, precisions'),
+    'plan': (_plan, 'what --platform computes for --config: exponential, rotations, attention'),
     'profile': (_profile, "a profiler trace of the train step: where the device's time goes"),
     'presets': (_presets, "the exponential's error at each dot-algorithm preset (emulated)"),
     'compile': (_compile, 'the train and eval steps compiled for a Cloud TPU slice (--topology)'),

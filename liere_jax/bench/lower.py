@@ -3,11 +3,11 @@ machine, exactly as that platform would run it, and what it holds.
 
   python -m liere_jax.bench lower --config configs/imagenet.py:pe=liere64 --platform cuda [--json]
 
-`jax.lax.platform_dependent` picks each platform's exponential and product precisions when the
-step is lowered, so no accelerator is needed. Its choice shows in StableHLO as `case` ops whose
-selector is a constant of the lowering platform; XLA folds those before anything runs
-(`platform_cases`). `conditionals` counts the others: the data-dependent `case` and `if` ops,
-each a host round trip on a GPU (XLA copies the predicate to the host).
+The step is traced with that platform's numerics plan (liere_jax.numerics: the model a Trainer
+builds on its devices) and lowered for it, so no accelerator is needed. `conditionals` counts
+the data-dependent `case` and `if` ops, each a host round trip on a GPU (XLA copies the
+predicate to the host); `platform_cases` the `case` ops with a constant selector (XLA folds
+them; none are expected).
 """
 import jax
 import numpy as np
@@ -21,21 +21,26 @@ PRODUCT_SCOPES = ('liere_expm', 'liere_lattice')
 
 def lower_train_step(config, platforms):
   """The config's train step lowered for each of `platforms` (MLIR modules), from abstract
-  inputs on a one-device mesh of this machine."""
-  from liere_jax import steps
+  inputs on a one-device mesh of this machine, traced with each platform's numerics plan."""
+  from liere_jax import numerics, steps
   from liere_jax.config import run as run_spec
   for platform in platforms:
     if platform not in PLATFORMS:
       raise ValueError(f'--platform={platform!r} is unknown; use one of {PLATFORMS}.')
-  t = steps.Trainer(run_spec.resolve(config, 1), steps.make_mesh(jax.devices()[:1]))
+  run = run_spec.resolve(config, 1)
+  mesh = steps.make_mesh(jax.devices()[:1])
   train, _ = random_batches(config)
-  if t.pixels is not None:  # data.normalise='device': the step takes uint8 pixels.
-    train['image'] = train['image'].astype(np.uint8)
-  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=t.batch_sharding)
-           for k, v in train.items()}
-  with jax.set_mesh(t.mesh):
-    traced = t.train_step.jitted.trace(t.abstract_state, batch)
-    return [traced.lower(lowering_platforms=(p,)).compiler_ir('stablehlo') for p in platforms]
+  out = []
+  for p in platforms:
+    t = steps.Trainer(run, mesh, numerics.plan(p))
+    if t.pixels is not None:  # data.normalise='device': the step takes uint8 pixels.
+      train['image'] = train['image'].astype(np.uint8)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=t.batch_sharding)
+             for k, v in train.items()}
+    with jax.set_mesh(t.mesh):
+      traced = t.train_step.jitted.trace(t.abstract_state, batch)
+      out.append(traced.lower(lowering_platforms=(p,)).compiler_ir('stablehlo'))
+  return out
 
 
 def _ops(module):
@@ -51,8 +56,7 @@ def _ops(module):
 
 def _static(value) -> bool:
   """Whether a case selector is known when the module is compiled: a constant, or a result of
-  a case with such a selector whose branches all return such values there (platform_dependent's
-  platform index, and its copy carried to the backward pass)."""
+  a case with such a selector whose branches all return such values there."""
   from jax._src.lib import mlir
   owner = value.owner
   name = getattr(owner, 'name', None)  # None: a block argument.

@@ -7,8 +7,8 @@ r"""bench step: train and eval steps of a config (A) against a baseline (B).
 B is the config with --vs applied to its argument string; overrides --config.key=value apply to
 both, --vs items config.key=value to B only (e.g. `--config.model.scan_layers=True --vs
 config.model.scan_layers=False`: scan against loop), --vs items FIELD=VALUE replace a field of
-B's numerics plan (liere_jax.numerics, e.g. attention=xla, pairs=swap_matmul, expm=cond). Train steps, then eval steps (rotations cached:
-computed once outside the timed loop) of the two alternate in one process (A B, B A, A B, ...);
+B's numerics plan (liere_jax.numerics, e.g. attention=xla, pairs=swap_matmul, expm=cond).
+Train steps, then eval steps (rotations cached: computed once outside the timed loop) of the two alternate in one process (A B, B A, A B, ...);
 medians after warm-up, ratios A / B, random inputs of the config's shape. --breakdown adds the
 train step with the rotations fed in (their gradient dropped), the encoding's own
 forward+backward, and XLA FLOP counts (XLA counts a while loop's body once: the chunked

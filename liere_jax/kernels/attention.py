@@ -1,16 +1,16 @@
 """Self-attention with the rotations of q and k inside, one Pallas TPU kernel a pass: a TPU's
-attention (liere_jax.platforms), for every encoding whose attention has no logit bias.
+attention (liere_jax.numerics), for every encoding whose attention has no logit bias.
 
 XLA's attention on a TPU writes the logits [B, H, T, T] to HBM and reads them back, forward and
 backward, and a rotary encoding adds its own passes over q and k (reads, shifts, writes: a
-ViT-B/16 step on v5e-8 moved 113 GB for abs, 147 for rope_mixed). Here a grid step holds a few
+ViT-B/16 step moved 1.6x as much for abs: docs/decisions/002). Here a grid step holds a few
 batch elements' q, k, v of 128 lanes (128 // d heads) for all T tokens in VMEM: q and k rotate
 in registers, the logits and softmax never leave the chip. The backward recomputes the logits
 and keeps nothing but q, k, v and the output (which the projection after it keeps anyway). For
 a ViT's token counts (`supported`: up to 512) a whole row of logits fits: no online softmax.
 
 q, k, v are read in place, as the qkv projection writes them: [B, T, 3 H d] (`attention_qkv`)
-or three [B, T, H d] (`attention`), or q and k rotated by liere_jax.rotation_kernel and v from
+or three [B, T, H d] (`attention`), or q and k rotated by liere_jax.kernels.rotation and v from
 the projection's array; a grid step reads lanes [128 j, 128 (j + 1)) of each. Each
 head's products run on all 128 lanes, the other heads' lanes masked to zero (d = 64: the MXU
 does twice the logits' useful work, which a 128-deep MXU would spend on 64-deep products
@@ -33,7 +33,7 @@ from jax.experimental import pallas as pl
 
 from liere_jax.kernels.common import LANES, call_kw, in_hbm, nt as _nt, pltpu, vmem
 
-MAX_BLOCK = 8  # Larger blocks rotate before the kernel (liere_jax.rotation_kernel or an einsum).
+MAX_BLOCK = 8  # Larger blocks rotate before the kernel (liere_jax.kernels.rotation or an einsum).
 MAX_TOKENS = 512
 ROW_BYTES = 2**18  # q's bytes a grid step, about: a few batch elements a step.
 
@@ -101,7 +101,7 @@ def attention_qkv(qkv, diag=None, interpret: bool = False):
 
 
 def forward(xs, diag, head_dim: int, interpret: bool = False):
-  """The forward pass alone (for a composition's own VJP: liere_jax.rotation_kernel): xs as
+  """The forward pass alone (for a composition's own VJP: liere_jax.kernels.rotation): xs as
   `_call` reads them -> out [B, T, H d]."""
   return _pass(_forward_kernel, interpret, head_dim)(xs, diag)
 
@@ -148,7 +148,7 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
   [B, T, 3 H d] from one or two arrays xs, three [B, T, H d] from three; ddiag float32) pass.
   xs: q, k, v [B, T, H d] each; one array [B, T, 3 H d] that a grid step reads at three lane
   offsets; or rotated q and k [B, T, 2 H d] and v in place in the projection's [B, T, 3 H d]
-  (liere_jax.rotation_kernel)."""
+  (liere_jax.kernels.rotation)."""
   one_grad = len(xs) < 3
   batch, t, _ = xs[0].shape
   width = xs[-1].shape[-1] // (3 if one_grad else 1)
@@ -166,9 +166,8 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
   d_spec = pl.BlockSpec((n, t, LANES), lambda j, *_: (0, 0, j))
   sources = _sources(len(xs), blocks)
   if len(xs) == 2 and not interpret:
-    # Rotated q' and k' (liere_jax.rotation_kernel, in HBM) read from HBM as they are: the
-    # compiler would prefetch them into VMEM in slices first (v5e-8 ImageNet LieRE64 cell:
-    # 76.44 -> 73.90 GB a step).
+    # Rotated q' and k' (liere_jax.kernels.rotation, in HBM) read from HBM as they are: the
+    # compiler would prefetch them into VMEM in slices first (docs/decisions/005).
     xs = (in_hbm(xs[0]),) + tuple(xs[1:])
   ins = [xs[a] for a, _ in sources] + ([diag] if rotated else [])
   in_specs = [spec(o) for _, o in sources] + [d_spec] * rotated

@@ -1,18 +1,16 @@
 """Rotations of large blocks (LieRE64's 64 x 64) applied to q and k as one Pallas TPU kernel a
 pass, the batch as the products' M, then the attention kernel: a TPU's attention for them
-(liere_jax.attention_kernel takes blocks up to 8 itself).
+(liere_jax.kernels.attention takes blocks up to 8 itself).
 
 XLA applies a per-token rotation as a batched product over (token, head) with the batch as M: it
 lays q out token-major for it and back, and a 64-wide minor dimension fills half of a TPU's 128
-lanes (a ViT-B/16 LieRE64 step on v5e-8 spent 14% of its traffic there). Here a grid step reads
-q or k in place from the projection's one array [B, T, 3 H d], a few tokens and 128 lanes at a
-time, and multiplies each token's [B, 128] rows by its 128 x 128 tile of the rotation: the
+lanes (docs/decisions/003-rotation-kernel.md). Here a grid step reads q or k in place from the
+projection's one array [B, T, 3 H d], a few tokens and 128 lanes at a time, and multiplies each token's [B, 128] rows by its 128 x 128 tile of the rotation: the
 block-diagonal rotation's diagonal tile, built on chip from the blocks of the tile's heads side
 by side (`rows`: whole lanes), rounded to x's dtype (zeros off the blocks add nothing,
 exactly). Products of x's dtype, float32 sums, as the einsum's. The attention kernel then reads
 q' and k', and v where the projection left it (slicing q, k, v out of the one array cost XLA
-copies: the 2-layer v5e-8 ImageNet proxy moved 20.57 GB a step with them, 18.82 without). The
-backward turns the attention kernel's gradient of q' and k' back in place in its one array, and
+copies). The backward turns the attention kernel's gradient of q' and k' back in place in its one array, and
 the blocks' gradient, sum_b g^T x over q and k, accumulates on chip across the batch. On CPU the
 kernels run in interpret mode (tests).
 """
@@ -53,7 +51,7 @@ def attention(qkv, rot, interpret: bool = False, gather=None):
   """Self-attention of q, k, v in the projection's one array qkv [B, T, 3 W] (W = H d), q and k
   rotated by `rows` of their block rotations, [H / n, T' >= T, d, n b] float32 (x' = R x per
   block, in x's dtype; tokens past T are padding) -> [B, T, W] in qkv's dtype. The rotation
-  kernel writes q' and k' [B, T, 2 W] to HBM; the attention kernel (liere_jax.attention_kernel)
+  kernel writes q' and k' [B, T, 2 W] to HBM; the attention kernel (liere_jax.kernels.attention)
   reads them from there, and v in place. Differentiable in qkv and rot: the attention kernel's
   gradient [B, T, 3 W], whose q and k parts the rotation's backward turns back in place (dv
   stays), and rot's (summed in float32).
@@ -125,8 +123,8 @@ def _call(backward, interpret, qkv, rot, g=None):
   outs = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in outs]
   if not backward and not interpret:
     # q' and k' straight to HBM: left to it, the compiler wrote them to VMEM, copied them out
-    # and prefetched them back in slices for the attention backward (v5e-8 ImageNet LieRE64
-    # cell: 80.84 -> 76.44 GB a step; docs/benchmarks.md, sixth round).
+    # and prefetched them back in slices for the attention backward
+    # (docs/decisions/005-memory-space-pins.md).
     outs = [hbm(o.shape, o.dtype) for o in outs]
   flops = (4 if backward else 2) * 2 * batch * t * 2 * blocks * LANES * LANES
   xs_bytes = 2 * batch * t * blocks * LANES * dtype.itemsize  # q and k of one array
