@@ -1,14 +1,27 @@
-"""A TPU's attention kernel (liere_jax.attention_kernel), run here in interpret mode, against
-XLA's attention and the XLA rotations; the model's train step either way; its TPU compile."""
+"""A TPU's attention kernel (liere_jax.kernels.attention), run here in interpret mode (the cpu
+plan with attention='kernel'), against XLA's attention and the XLA rotations; the model's train
+step either way; its TPU compile (the tpu plan)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from liere_jax import attention_kernel, model as model_lib, rotations
+from liere_jax import attention, rotations
 from liere_jax.encodings.base import Rotate
+from liere_jax.kernels import attention as attention_kernel
+from liere_jax.numerics import plan
 from tests.helpers import tiny_model
+
+CPU = plan('cpu')
+KERNEL = plan('cpu', attention='kernel')  # The TPU's kernels, in interpret mode.
+
+
+def _band(rot, q, numerics=KERNEL):
+  """The attention kernel's band of blocks up to 8 for q [B, T, H, d] (attention's)."""
+  ctx = Rotate(rot=rot)
+  assert attention.path(numerics, ctx, q.shape) == 'kernel, band'
+  return attention._band(ctx, q.shape, q.dtype)
 
 
 def _close(got, want, rtol=1e-5):
@@ -38,14 +51,14 @@ def test_the_kernel_equals_xla_attention_after_the_rotation_forward_and_backward
 
   def xla(q, k, v, rot):
     if rot is not None:
-      q, k = rotations.rotate(q, rot), rotations.rotate(k, rot)
+      q, k = rotations.rotate(q, rot, CPU), rotations.rotate(k, rot, CPU)
     return jax.nn.dot_product_attention(q, k, v)
 
   def kernel(q, k, v, rot):
-    band = None if rot is None else Rotate(rot=rot).band(q)
+    band = None if rot is None else _band(rot, q)
     if fused:  # one array, read at three lane offsets; its gradient one array too
-      return model_lib._kernel_attention((jnp.stack([q, k, v], 2),), band, interpret=True)
-    return model_lib._kernel_attention((q, k, v), band, interpret=True)
+      return attention._kernel_attention((jnp.stack([q, k, v], 2),), band, KERNEL)
+    return attention._kernel_attention((q, k, v), band, KERNEL)
 
   def run(fn):  # the output, the gradients
     loss = lambda *a: (jnp.sum(fn(*a) * w), fn(*a))
@@ -56,27 +69,43 @@ def test_the_kernel_equals_xla_attention_after_the_rotation_forward_and_backward
   _close(run(kernel), run(xla))
 
 
-@pytest.mark.parametrize('pe, qkv', [('abs', 'fused'), ('rope_mixed', 'fused'),
-                                     ('liere8', 'fused'), ('liere8', 'split'),
-                                     ('liere64', 'fused'), ('liere64', 'split'),
-                                     ('alibi', 'fused')])
-def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe, qkv):
-  """The tiny ViT (2 heads of 64) with attention=kernel (the kernel where the encoding allows:
-  rotations up to 8 inside it, LieRE64's by the rotation kernel before it, ALiBi's bias by XLA), from one qkv
-  product or three, gives XLA's logits and parameter gradients to float32 rounding."""
-  model = tiny_model(pe=pe, width=128, heads=2)
-  model.head.kernel[...] = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
-  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+@pytest.mark.parametrize('pe, split_qkv, kernel', [
+    ('abs', False, (1, 'no band')), ('rope_mixed', False, (1, 'band')),
+    ('liere8', False, (1, 'band')), ('liere8', True, (1, 'band')),
+    ('liere12', True, (3, 'no band')), ('liere64', False, (1, 'rows')),
+    ('liere64', True, (1, 'rows')), ('alibi', False, None)])
+def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe, split_qkv, kernel, monkeypatch):
+  """The tiny ViT (2 heads of 64) built with attention='kernel' (the kernel where the encoding
+  allows: rotations up to 8 inside it by the band, LieRE64's by the rotation kernel before it,
+  LieRE12's (5 blocks and 4 dims that pass through) by XLA before it from three qkv products,
+  ALiBi's bias by XLA), gives the logits and parameter gradients of the one built with XLA's
+  attention (the qkv projection one product or, where split_qkv and XLA rotates blocks above
+  8, three) to float32 rounding. `kernel`: what each layer's kernel is handed (arrays, how it
+  rotates), None where it never runs."""
   from flax import nnx
+  models = {mode: tiny_model(pe=pe, width=128, heads=2,
+                             numerics=plan('cpu', attention=mode, split_qkv=split_qkv))
+            for mode in ('xla', 'kernel')}
+  for model in models.values():
+    model.head.kernel[...] = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
+  x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
+  _, params, _ = nnx.split(models['kernel'], nnx.Param, ...)
+  calls, real = [], attention._kernel_attention
 
-  def run():
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  def spy(xs, band, numerics, rot=None):
+    calls.append((len(xs), 'band' if band is not None else 'rows' if rot is not None
+                  else 'no band'))
+    return real(xs, band, numerics, rot)
+  monkeypatch.setattr(attention, '_kernel_attention', spy)
+
+  def run(mode):
+    graphdef, _, rest = nnx.split(models[mode], nnx.Param, ...)
     loss = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2)
     return jax.jit(jax.value_and_grad(loss))(params)
-  with model_lib.ATTENTION('xla'), model_lib.QKV(qkv):
-    want = run()
-  with model_lib.ATTENTION('kernel'), model_lib.QKV(qkv):
-    got = run()
+  want = run('xla')
+  assert calls == []
+  got = run('kernel')
+  assert set(calls) == ({kernel} if kernel else set()), calls
   _close(got, want, rtol=2e-5)
 
 
@@ -94,8 +123,8 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
   rot = jax.ShapeDtypeStruct((12, 197, 8, 8, 8), jnp.float32, sharding=NamedSharding(mesh, P()))
 
   def loss(q, k, v, rot):
-    band = Rotate(rot=rot).band(q)
-    return jnp.sum(model_lib._kernel_attention((q, k, v), band, False).astype(jnp.float32))
+    band = _band(rot, q, plan('tpu'))
+    return jnp.sum(attention._kernel_attention((q, k, v), band, plan('tpu')).astype(jnp.float32))
   with jax.set_mesh(mesh):
     hlo = jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3))).trace(x, x, x, rot).lower().compile(
     ).as_text()
@@ -106,7 +135,7 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
 
 
 def test_rope_s_band_from_its_angles_is_the_band_of_its_blocks():
-  """attention_kernel.pair_band (cos and sin, no 2 x 2 blocks) equals `band` of
+  """kernels.attention.pair_band (cos and sin, no 2 x 2 blocks) equals `band` of
   angle_rotations' blocks in float32 and bf16, pass-through dims included, per head or shared."""
   angles = jax.random.normal(jax.random.key(0), (5, 1, 12)) * 3  # [T, 1, k]: shared by heads
   for dtype in (jnp.float32, jnp.bfloat16):
@@ -143,9 +172,9 @@ def test_the_kernel_splits_heads_over_a_model_axis(fused):
   rot = jax.scipy.linalg.expm(rot - jnp.swapaxes(rot, -1, -2))
 
   def loss(q, k, v, rot):
-    band = Rotate(rot=rot).band(q)
+    band = _band(rot, q)
     xs = (jnp.stack([q, k, v], 2),) if fused else (q, k, v)
-    out = model_lib._kernel_attention(xs, band, interpret=True)
+    out = attention._kernel_attention(xs, band, KERNEL)
     return jnp.sum(out * w), out
 
   def run(mesh):
@@ -172,9 +201,10 @@ def test_the_kernel_in_bf16_stays_within_bf16_rounding_of_float32():
   q, k, v = (jnp.asarray(rng.standard_normal((2, 13, 2, 64)), jnp.float32) for _ in range(3))
   rot = jnp.asarray(rng.standard_normal((2, 13, 8, 8, 8)) / 2)
   rot = jax.scipy.linalg.expm(rot - jnp.swapaxes(rot, -1, -2))
-  want = jax.nn.dot_product_attention(rotations.rotate(q, rot), rotations.rotate(k, rot), v)
+  want = jax.nn.dot_product_attention(rotations.rotate(q, rot, CPU), rotations.rotate(k, rot, CPU),
+                                      v)
   b16 = [a.astype(jnp.bfloat16) for a in (q, k, v)]
-  got = model_lib._kernel_attention(tuple(b16), Rotate(rot=rot).band(b16[0]), interpret=True)
+  got = attention._kernel_attention(tuple(b16), _band(rot, b16[0]), KERNEL)
   assert got.dtype == jnp.bfloat16
   rel = jnp.linalg.norm(got.astype(jnp.float32) - want) / jnp.linalg.norm(want)
   assert 1e-4 < rel < 1e-2, rel

@@ -1,6 +1,6 @@
-"""A TPU's rotation kernel for large blocks (liere_jax.rotation_kernel), run here in interpret
-mode, against the einsum rotation then XLA's attention; the blocks it takes; the model's path
-through it; its TPU compile."""
+"""A TPU's rotation kernel for large blocks (liere_jax.kernels.rotation), run here in interpret
+mode (the cpu plan with attention='kernel'), against the einsum rotation then XLA's attention;
+the blocks it takes; the model's path through it; its TPU compile (the tpu plan)."""
 import re
 
 import jax
@@ -10,9 +10,20 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from liere_jax import model as model_lib, rotation_kernel, rotations
+from liere_jax import attention, rotations
 from liere_jax.encodings.base import Rotate
+from liere_jax.kernels import rotation as rotation_kernel
+from liere_jax.numerics import plan
 from tests.helpers import tiny_model
+
+CPU = plan('cpu')
+
+
+def _kernel_rows(rot, shape):
+  """The rotation kernel's operand for rot [H or 1, T, k, b, b] against q of `shape` [B, T, H,
+  d] (attention's), or None where the kernel does not take the blocks."""
+  ctx = Rotate(rot=rot)
+  return attention._rows(ctx, shape) if attention._rotation_kernel_takes(ctx, shape) else None
 
 
 def _close(got, want, rtol=1e-5):
@@ -51,10 +62,11 @@ def test_the_kernels_equal_the_einsum_rotation_then_attention(batch, t, heads, d
   def einsum(qkv, rot):
     q, kk, v = (qkv[:, :, i] for i in range(3))
     rot = rot[:, :t]
-    return jax.nn.dot_product_attention(rotations.rotate(q, rot), rotations.rotate(kk, rot), v)
+    return jax.nn.dot_product_attention(rotations.rotate(q, rot, CPU),
+                                        rotations.rotate(kk, rot, CPU), v)
 
   def kernel(qkv, rot):
-    rows = Rotate(rot=rot).kernel_rows(qkv[:, :, 0])
+    rows = _kernel_rows(rot, qkv[:, :, 0].shape)
     gather = 'data' if pad else None
     run = lambda qkv, rows: rotation_kernel.attention(qkv, rows, True, gather)
     out = jax.shard_map(run, in_specs=(P('data'), P(None, gather)), out_specs=P('data'),
@@ -79,10 +91,12 @@ def test_the_kernel_takes_blocks_that_divide_a_tile(block, d, heads, takes):
   with unrotated dims past the last block attend too."""
   assert rotation_kernel.supported(block, d, heads) is takes
   rot = jnp.zeros((heads, 3, d // block, block, block))
-  q = jax.ShapeDtypeStruct((2, 3, heads, d), jnp.float32)
-  assert (Rotate(rot=rot).kernel_rows(q) is not None) is takes
+  shape = (2, 3, heads, d)
+  assert (_kernel_rows(rot, shape) is not None) is takes
+  kernel = plan('cpu', attention='kernel')
+  assert (attention.path(kernel, Rotate(rot=rot), shape) == 'rotation kernel') is takes
   if takes and d > block:
-    assert Rotate(rot=rot[:, :, 1:]).kernel_rows(q) is None
+    assert _kernel_rows(rot[:, :, 1:], shape) is None
 
 
 @pytest.mark.parametrize('data, model_parallel', [(1, 1), (1, 2), (2, 1)])
@@ -93,16 +107,20 @@ def test_the_model_rotates_liere64_by_the_kernel_before_the_attention_kernel(dat
   mesh each device rotates its heads; over 'data' the rotations come split by tokens (17
   padded to 18) and are gathered a layer at a time, their gradient reduce-scattered. Loss and
   gradients equal XLA's attention after the einsum rotation."""
-  model = tiny_model(pe='liere64', width=256, heads=4)
+  # The TPU's plan in interpret mode: every token's exponential by the Pallas kernel (which
+  # splits the rotations over 'data' by tokens), attention by the kernels or by XLA.
+  models = {mode: tiny_model(pe='liere64', width=256, heads=4, numerics=plan(
+      'cpu', attention=mode, expm_kernel=True, every_token=True)) for mode in ('kernel', 'xla')}
   x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  loss = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2)
+  _, params, _ = nnx.split(models['kernel'], nnx.Param, ...)  # Both models take these.
   mesh = jax.make_mesh((data, model_parallel), ('data', 'model'),
                        axis_types=(jax.sharding.AxisType.Auto,) * 2,
                        devices=jax.devices()[:data * model_parallel])
 
   def run(mode):
-    with model_lib.ATTENTION(mode), jax.set_mesh(mesh):
+    graphdef, _, rest = nnx.split(models[mode], nnx.Param, ...)
+    loss = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(x) ** 2)
+    with jax.set_mesh(mesh):
       text = str(jax.make_jaxpr(jax.grad(loss))(params))
       return jax.jit(jax.value_and_grad(loss))(params), text
   got, text = run('kernel')
@@ -137,8 +155,8 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
                              sharding=NamedSharding(mesh, P(None, 'data')))
 
   def loss(qkv, rot):
-    rows = Rotate(rot=rot).kernel_rows(qkv[:, :, 0])
-    out = model_lib._kernel_attention((qkv,), None, False, rows)
+    rows = _kernel_rows(rot, qkv[:, :, 0].shape)
+    out = attention._kernel_attention((qkv,), None, plan('tpu'), rows)
     return jnp.sum(out.astype(jnp.float32))
   with jax.set_mesh(mesh):
     hlo = jax.jit(jax.value_and_grad(loss, (0, 1))).trace(x, rot).lower().compile().as_text()
