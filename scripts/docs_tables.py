@@ -18,7 +18,7 @@ import tpu_table  # noqa: E402  (scripts/ is not a package)
 
 ROOT = tpu_table.ROOT
 RESULTS = os.path.join(ROOT, 'docs', 'results')
-TPU = os.path.join(RESULTS, 'tpu')
+TPU = os.path.join(RESULTS, 'tpu.json')
 GPU = os.path.join(RESULTS, 'gpu', 'h200_2026-11-28.jsonl')
 CPU = os.path.join(RESULTS, 'cpu_steps.json')
 PES = ('rope_mixed', 'liere8', 'liere64')
@@ -59,10 +59,11 @@ def speed():
   """README: the train step against abs's, one row a platform."""
   cpu, g = _json(CPU), _gpu()
   m, steps = g['machine'], _gpu_steps(g)
-  cost = {c.split(':')[1]: tpu_table._load(TPU, c) for c in tpu_table.COST_CELLS}
+  tpu = tpu_table.results(TPU)
+  cost = {c.split(':')[1]: tpu['cells'][c] for c in tpu_table.COST_CELLS}
   cpu_r = {r['pe']: r['step_ratio'] for r in cpu['rows']}
   tpu_r = {pe: cost[pe]['train']['step_s'] / cost['abs']['train']['step_s'] for pe in PES}
-  facts = _json(os.path.join(TPU, 'compiler.json'))
+  facts = tpu['compiler']
   rows = [
       ('CPU (measured)', f"{cpu['machine']}; {', '.join(sorted({r['date'] for r in cpu['rows']}))}; "
        f"{_versions(cpu['versions'])}", 'ViT-Ti, CIFAR-100', cpu_r),
@@ -114,30 +115,37 @@ def gpu_steps():
                  for pe, (t, base, ratio, section) in ((pe, steps[pe]) for pe in PES)])
 
 
+# bench expm's --impl names of the time -> today's for the same computation (issue 51's rename).
+IMPLS_NOW = {'fast_loop': 'loop'}
+
+
 def gpu_expm():
   g = _gpu()
-  return _table(f"`{g['machine']['commands']['ab_expm_pallas']}` on the same H200, ms, medians "
-                'of 3, torch.matrix_exp in the same process:',
+  now = lambda name: IMPLS_NOW.get(name, name)
+  command = re.sub(r'(?<=--impl )(\w+)', lambda m: now(m[1]),
+                   g['machine']['commands']['ab_expm_pallas'])
+  return _table(f"`{command}` on the same H200, ms, medians of 3, torch.matrix_exp in the same "
+                'process (impls by their names today):',
                 ('case', 'impl', 'fwd ms', 'fwd+bwd ms', 'max err'),
-                [(f"{r['case']} ({r['n_matrices']:,} of {r['size']}x{r['size']})", r['impl'],
+                [(f"{r['case']} ({r['n_matrices']:,} of {r['size']}x{r['size']})", now(r['impl']),
                   f"{r['fwd_s'] * 1e3:.1f}", f"{r['fwd_bwd_s'] * 1e3:.1f}",
                   f"{r['max_abs_err']:.1e}") for r in g['ab_expm_pallas']])
 
 
 def _tpu_facts():
-  f = _json(os.path.join(TPU, 'compiler.json'))
+  f = tpu_table.results(TPU)['compiler']
   return f"{f['compiler']}, {f['dates']}: {f['exact']}"
 
 
 def tpu_cost():
   return (f"{_tpu_facts()}\n\n{tpu_table.cost_table(TPU)}\n\nEach cell: "
           '`python scripts/tpu_table.py --cells imagenet:PE:v5litepod-8:1024` (its command is '
-          'in its JSON).')
+          'in its entry of `docs/results/tpu.json`).')
 
 
 def tpu_paper():
   return (f"{_tpu_facts()}\n\n{tpu_table.paper_table(TPU)}\n\nEvery cell: "
-          '`python scripts/tpu_table.py` (resumable: a cell whose JSON exists is kept).')
+          '`python scripts/tpu_table.py` (resumable: a cell already in `docs/results/tpu.json` is kept).')
 
 
 TABLES = {'main-job': main_job, 'speed': speed, 'cpu-steps': cpu_steps, 'gpu-steps': gpu_steps, 'gpu-expm': gpu_expm,

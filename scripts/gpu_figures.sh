@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GPU figures of docs/benchmarks.md in one call (10 min), each section under its own time
+# The GPU figures of docs/performance.md in one call (10 min), each section under its own time
 # limit, most important first:
 #   scripts/gpu_figures.sh OUT [OFFICIAL]
 # 1. the A/B of each GPU change against the path before it (issue 38's LieRE8 products as
-# multiply-adds (block_products=elementwise, untimed on a GPU), its fused exponential
+# multiply-adds (elementwise_blocks=8, untimed on a GPU), its fused exponential
 # (expm 'pallas': bench expm beside torch.matrix_exp, then the step), its squarings as a loop,
 # RoPE's pair swap and pairs on x's layout, q, k and v as three products (a TPU's); then the
 # exponential's form, its precision, rotate's form, cuDNN attention); 2. the train step of every

@@ -1,9 +1,12 @@
 """The paper's configs compiled for TPU slices (bench compile), one cell at a time, resumable:
-each cell's result is kept as OUT/CONFIG_PE_TOPOLOGY.json and skipped when there; then the
-markdown tables are made from what is there and printed; then scripts/docs_tables.py rewrites
-the generated blocks of docs/tpu.md and docs/performance.md from them (--nowrite: printed only).
+the cells are kept in ONE JSON file (--out, default docs/results/tpu.json: the compiler's facts
+under "compiler", each cell's result under "cells"), rewritten atomically after each cell; a cell
+already there is skipped. Then the markdown tables are made from what is there and printed; then
+scripts/docs_tables.py rewrites the generated blocks of docs/tpu.md and docs/performance.md from
+them (--nowrite: printed only).
 
-  .venv-test/bin/python scripts/tpu_table.py [--out docs/results/tpu] [--jobs 1] [--only imagenet]
+  .venv-test/bin/python scripts/tpu_table.py [--out docs/results/tpu.json] [--jobs 1] \\
+      [--only imagenet]
   .venv-test/bin/python scripts/tpu_table.py --cells imagenet:liere64:v5litepod-8:1024 ...
 
 A cell is config:pe:topology[:batch[:KEY=VALUE...]] (batch: the config's recipe batch when left
@@ -16,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,15 +35,32 @@ def paper_cells():  # Every config on the first slice, then on the next.
   return [f'{c}:{pe}:{t}' for t in TOPOLOGIES for c in CONFIGS for pe in PES]
 
 
-def _file(out, cell):
-  return os.path.join(out, cell.replace(':', '_').replace('=', '-') + '.json')
+_WRITE = threading.Lock()  # --jobs > 1: one cell's read-modify-write at a time
+
+
+def results(out):
+  """The file's {'compiler': facts, 'cells': {cell: result}} (empty when not written yet)."""
+  try:
+    with open(out) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return {'compiler': {}, 'cells': {}}
+
+
+def _keep(out, cell, res):
+  with _WRITE:
+    data = results(out)
+    data['cells'][cell] = res
+    with open(out + '.tmp', 'w') as f:
+      json.dump(data, f, indent=1)
+      f.write('\n')
+    os.replace(out + '.tmp', out)
 
 
 def run_cell(out, cell):
   config, pe, topology, *rest = cell.split(':')
   batch, overrides = rest[:1], rest[1:]
-  path = _file(out, cell)
-  if os.path.exists(path):
+  if cell in results(out)['cells']:
     return cell, 'kept'
   cmd = [sys.executable, '-m', 'liere_jax.bench', 'compile', '--config',
          f'configs/{config}.py:pe={pe}', '--topology', topology, '--train_only', '--json']
@@ -54,18 +75,8 @@ def run_cell(out, cell):
     return cell, f'failed ({p.returncode}): {p.stderr.strip().splitlines()[-1:]}'
   res, = json.loads(lines[-1])
   res.update(cell=cell, compile_s=round(time.time() - t0, 1), command=' '.join(cmd[1:]))
-  with open(path + '.tmp', 'w') as f:
-    json.dump(res, f, indent=1)
-  os.replace(path + '.tmp', path)
+  _keep(out, cell, res)
   return cell, f"{'fits' if res['fits'] else 'does not fit'} ({res['compile_s']:.0f} s)"
-
-
-def _load(out, cell):
-  try:
-    with open(_file(out, cell)) as f:
-      return json.load(f)
-  except FileNotFoundError:
-    return None
 
 
 def _gib(x):
@@ -75,11 +86,12 @@ def _gib(x):
 def paper_table(out) -> str:
   lines = ['| config | slice | pe | fits | GiB a chip (of HBM) | est. step ms | x abs | '
            'bytes x abs | if not: would fit (estimate) |', '|---' * 9 + '|']
+  cells = results(out)['cells']
   for config in CONFIGS:
     for topology in TOPOLOGIES:
-      base = _load(out, f'{config}:abs:{topology}')
+      base = cells.get(f'{config}:abs:{topology}')
       for pe in PES:
-        r = _load(out, f'{config}:{pe}:{topology}')
+        r = cells.get(f'{config}:{pe}:{topology}')
         if r is None:
           lines.append(f'| {config} | {topology} | {pe} | (not compiled yet) |||||')
           continue
@@ -97,11 +109,12 @@ def paper_table(out) -> str:
 
 
 def cost_table(out) -> str:
-  base = _load(out, COST_CELLS[0])
+  cells = results(out)['cells']
+  base = cells.get(COST_CELLS[0])
   lines = ['| pe | GiB a chip | XLA TFLOP | XLA GB accessed | x abs | est. step ms | x abs | '
            'est. MFU | exp. / lattice / rotation % of traffic |', '|---' * 9 + '|']
   for cell in COST_CELLS:
-    r = _load(out, cell)
+    r = cells.get(cell)
     name = cell.split(':')[1] + ''.join(f' ({o})' for o in cell.split(':')[4:])
     if r is None or not r['fits']:
       lines.append(f"| {name} | {'not compiled yet' if r is None else 'no fit'} ||||||||")
@@ -123,14 +136,14 @@ def write_docs():
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument('--out', default=os.path.join(ROOT, 'docs', 'results', 'tpu'))
+  ap.add_argument('--out', default=os.path.join(ROOT, 'docs', 'results', 'tpu.json'),
+                  help='the JSON file of the cells (made when missing)')
   ap.add_argument('--jobs', type=int, default=1, help='cells compiled at once (RAM: ~4 GB each)')
   ap.add_argument('--cells', nargs='*', help='default: the cost cells, then the paper table; '
                   'none: only the tables')
   ap.add_argument('--only', help='only cells of this config')
   ap.add_argument('--nowrite', action='store_true', help='print the tables, leave the docs')
   args = ap.parse_args()
-  os.makedirs(args.out, exist_ok=True)
   cells = (list(COST_CELLS) + paper_cells() if args.cells is None
            else args.cells)  # --cells alone: no compile, the tables from what is there.
   cells = [c for c in cells if not args.only or c.startswith(args.only + ':')]

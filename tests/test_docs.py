@@ -1,7 +1,7 @@
 """The docs stay true to the tree: every relative link and #anchor in README.md and docs/**/*.md
 resolves (GitHub's heading slugs), every generated block equals what scripts/docs_tables.py
 writes from the committed result files, and every program README.md shows answers --help and
-knows the flags README.md passes it."""
+knows the action (its first word) and the flags README.md passes it."""
 import concurrent.futures
 import glob
 import importlib.util
@@ -94,7 +94,8 @@ def test_every_generated_block_equals_what_the_result_files_give():
 
 
 def _readme_commands():
-  """{program module: the flags README.md passes it} for each python program it shows."""
+  """{program module: (its first words, the flags README.md passes it)} for each python program
+  README.md shows; a first word is an action (`bench plan`) or a positional (`prepare cifar100`)."""
   with open(os.path.join(ROOT, 'README.md')) as f:
     text = f.read()
   spans = re.findall(r'```(?:bash)?\n(.*?)```', text, re.S) + re.findall(r'`([^`\n]+)`', text)
@@ -104,9 +105,11 @@ def _readme_commands():
       m = re.search(r'python (?:-m (liere_jax[\w.]*)|(train|eval)\.py)\b(.*)', line)
       if m:
         module = m[1] or f'liere_jax.{m[2]}'
-        flags = programs.setdefault(module, set())
+        words, flags = programs.setdefault(module, (set(), set()))
+        args = m[3].split('#')[0]
+        words.update(re.findall(r'^ +([a-z]\w*)\b', args))
         # A flag of the program: not a --config.x override, not an option shown in brackets' |.
-        flags.update(f for f in re.findall(r'(?<![\w.])--(\w+)', m[3].split('#')[0]))
+        flags.update(f for f in re.findall(r'(?<![\w.])--(\w+)', args))
   return programs
 
 
@@ -121,9 +124,13 @@ def test_the_programs_readme_shows_answer_help_and_know_its_flags():
   assert {'liere_jax.train', 'liere_jax.eval', 'liere_jax.bench'} <= set(programs)
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
     helps = dict(zip(programs, pool.map(_help, programs)))
-  for module, flags in programs.items():
+  assert 'plan' in programs['liere_jax.bench'][0], 'README shows `bench plan`'
+  for module, (words, flags) in programs.items():
     rc, out = helps[module]
-    assert rc in (0, 1) and 'Traceback' not in out, f'{module} --help: {out[-2000:]}'
+    assert rc in (0, 1) and 'Traceback' not in out and 'No module named' not in out, (
+        f'{module} --help: {out[-2000:]}')
+    for word in words:
+      assert re.search(rf'\b{word}\b', out), f'{module} --help names no {word}'
     for flag in flags:
       known = flag if not flag.startswith('no') else f'(?:{flag}|\\[no\\]{flag[2:]})'
       assert re.search(rf'--(?:\[no\])?{known}\b', out), f'{module} has no --{flag}'

@@ -246,7 +246,7 @@ def test_the_default_is_the_kernel_on_a_tpu_and_xla_elsewhere():
 def test_a_tpu_exponentiates_every_token_where_the_kernel_runs_them():
   """On a grid the lattice path exponentiates the primitive points only (9 of a 4 x 4 grid's 16)
   and multiplies the rest from a table; where a TPU's exponential is the Pallas kernel, the
-  TPU's program exponentiates every token instead (it moves less: docs/benchmarks.md), the
+  TPU's program exponentiates every token instead (fewer bytes: docs/decisions/008-lattice.md), the
   same rotations (CPU, the TPU's path in interpret mode against the CPU plan's lattice, to
   float32 rounding)."""
   from liere_jax import positions
