@@ -106,9 +106,8 @@ VARIANTS = {'Ti': (192, 12, 3), 'S': (384, 12, 6), 'B': (768, 12, 12), 'L': (102
 LN_EPS = 1e-5  # PyTorch's default, as in the official LieRE code.
 # model.dropout_sites (model.py): the official code's four dropouts.
 DROPOUT_SITES = ('embed', 'attn', 'mlp_hidden', 'mlp')
-# model.scan_layers=None (the configs' default) scans models this deep and loops shallower ones.
-# Measured train steps, scan / loop (docs/design.md, "Depth"): ViT-L 0.82x (compile 0.47x, peak
-# memory 0.70x), ViT-B 1.08x, the main job's 2 blocks 1.14x.
+# model.scan_layers=None (the configs' default) scans models this deep and loops shallower ones
+# (docs/decisions/018-scan-from-depth.md).
 SCAN_FROM_DEPTH = 24
 # The model.pe options that only some encodings read (encodings.Facts.options), at their
 # defaults (PE); any other value is refused for the other encodings.

@@ -26,7 +26,7 @@ def get_config(arg=None):
   data = data_config(name='arrows', augment='none', grid=arg.grid, num_eval=2000)
   # The task has a plateau at the majority-arrow floor (about 44%), left at a random step;
   # depth 2 with mean pooling (which the paper notes suits LieRE) leaves it early, and 300 steps
-  # leave room for slower seeds (docs/design.md, "How the main job got faster").
+  # leave room for slower seeds (docs/design.md, "The main job's settings").
   return base_config(model=model, data=data, batch_size=128, total_steps=300,
                      lr=1e-4 if arg.finetune else 1e-3,
                      warmup_steps=0 if arg.finetune else 50, checkpoint_every=100,
