@@ -15,6 +15,10 @@ names it:
   'rotation kernel'     larger blocks (LieRE64) rotated by liere_jax.kernels.rotation first, which
                         runs the attention kernel after it;
   'kernel after xla'    the context applied by XLA, then the attention kernel.
+A lifting context (PaPE's `Lift`: q and k gain channels from the attention's input) runs
+'xla' on every platform for now (the kernels do not take it yet): attend, then lift, then an
+explicit softmax at the unlifted head size's scale, v unlifted (jax.nn.dot_product_attention
+wants v as wide as q and k).
 `weights` is the explicit softmax that returns the attention maps. On a mesh the kernels run
 under shard_map (a Mosaic kernel is not partitioned by XLA): each device its part of the batch,
 and of the heads over 'model'.
@@ -33,6 +37,8 @@ from liere_jax.numerics import Numerics
 
 def path(numerics: Numerics, ctx: LayerContext, shape) -> str:
   """How `attend` runs for q of `shape` [B, T, H, d] under ctx and the plan (module doc)."""
+  if ctx.lifts:  # No kernel (nor cuDNN) takes the lift yet.
+    return 'xla'
   if numerics.attention != 'kernel':
     return numerics.attention
   if not _kernel_takes(ctx, shape):  # A logit bias, or shapes it does not take.
@@ -74,6 +80,9 @@ def attend(x, kernel, bias, heads: int, ctx: LayerContext, numerics: Numerics):
     return _kernel_attention(qkv if three else (qkv,), _band(ctx, shape, x.dtype), numerics)
   q, k, v = project(x, kernel, bias, heads, three)
   q, k, bias = ctx.attend(q, k, numerics)
+  if ctx.lifts:
+    q, k = ctx.lift(x, q, k)
+    return _softmax_attention(q, k, v, bias, shape[-1])[0]
   return _dot_product_attention(q, k, v, None if bias is None else bias[None].astype(q.dtype),
                                 cudnn=how == 'cudnn')
 
@@ -85,7 +94,15 @@ def weights(x, kernel, bias, heads: int, ctx: LayerContext, numerics: Numerics):
   three = split_qkv(numerics, ctx, (b, t, heads, width // heads))
   q, k, v = project(x, kernel, bias, heads, three)
   q, k, bias = ctx.attend(q, k, numerics)
-  logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(q.shape[-1])
+  if ctx.lifts:
+    q, k = ctx.lift(x, q, k)
+  return _softmax_attention(q, k, v, bias, width // heads)
+
+
+def _softmax_attention(q, k, v, bias, head_dim):
+  """(attention [B, T, H, d], weights [B, H, T, T]): softmax((q k^T) / sqrt(head_dim) + bias)
+  v, logits and softmax in float32; q and k may be wider than v (a lift) and head_dim is v's."""
+  logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(head_dim)
   logits = logits.astype(jnp.float32)
   if bias is not None:
     logits = logits + bias

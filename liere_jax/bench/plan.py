@@ -95,6 +95,8 @@ def _liere(numerics, block, positions) -> dict:
 
 def _application(numerics, ctx, path, dtype) -> str:
   """How q and k are rotated on this path."""
+  if ctx.lifts:
+    return 'none (q and k lifted by XLA: Lift)'
   if not ctx.rotates:
     return 'none' + (' (a logit bias)' if ctx.biased else '')
   if path == 'kernel, band':

@@ -8,6 +8,7 @@
   rope.py       rope_axial, paper_visionllama, rope_mixed, alibi
   liere.py      liere<b> (and its alias paper_rope_mixed = liere2)
   commuting.py  comrope_ap<b>, comrope_ld<b>, string_cayley, string_circulant<b>
+  pape.py       pape, pape_ri (a lift of q and k: base.Lift)
 
 Parameters (names are an API: checkpoints and the PyTorch port depend on them):
   abs         embedding   [1, T_train, D]  (CLS slot first when there is a CLS token)
@@ -22,6 +23,8 @@ Parameters (names are an API: checkpoints and the PyTorch port depend on them):
   string_cayley        freqs [n, depth, heads * d/2] (rope_mixed's),  cayley [depth, heads,
                        d(d-1)/2] (strict upper triangle of S, np.triu_indices order)
   string_circulant<b>  circulant    [depth, heads, n, d//b, b]   first columns c of C_{a,j}
+  pape                 position [depth, n, heads * M],  ab [depth, D, 2 * heads * M]  (a | b)
+  pape_ri              position_scales [depth, heads] (fixed),  a [depth, D, heads]
   none, sincos, rope_axial, alibi: no parameters.
 """
 import importlib
@@ -34,14 +37,15 @@ from liere_jax.encodings.registry import (ALIASES, FAMILIES, NAMES, Facts, Optio
 # need no jax; the first of these imports every encoding (they register).
 _LAZY = {
     # The interface and the builder.
-    'base': ('Angles', 'Bias', 'Encoding', 'LayerContext', 'Rotate', 'build', 'families', 'layer',
-             'register', 'validate'),
+    'base': ('Angles', 'Bias', 'Encoding', 'LayerContext', 'Lift', 'Rotate', 'build', 'families',
+             'layer', 'register', 'validate'),
     # The encodings, and their math for tests and the port's parity checks.
     'absolute': ('NoPE', 'Absolute', 'SinCos', 'sincos_table'),
     'rope': ('RopeAxial', 'PaperVisionLlama', 'RopeMixed', 'ALiBi'),
     'liere': ('LieRE',),
     'commuting': ('ComRoPEAP', 'ComRoPELD', 'StringCayley', 'StringCirculant',
                   'cayley_orthogonal', 'expm_skew_lines'),
+    'pape': ('PaPE', 'PaPERI'),
 }
 __all__ = ['ALIASES', 'FAMILIES', 'NAMES', 'Facts', 'Option', 'facts', 'label', 'parse',
            'registry',

@@ -13,7 +13,12 @@ decides how it runs: `python -m liere_jax.bench plan`):
   Bias(bias)                               a logit bias broadcastable to [H, T, T] (`biased`);
   project(kernel, bias) -> kernel, bias    a position-free linear map of q and k folded into the
                                            qkv projection [D, 3D] (only when `projects`);
-  attend(q, k, numerics) -> q, k, bias     the context applied by XLA to q, k [B, T, H, d].
+  attend(q, k, numerics) -> q, k, bias     the context applied by XLA to q, k [B, T, H, d];
+  Lift(u, weights)                         PaPE's parabolic bias as channels added to q and k
+                                           (`lifts`): attention calls lift(x, q, k) after
+                                           attend, with x its input [B, T, D], for q', k'
+                                           [B, T, H, d'] (d' > d); the softmax keeps the scale
+                                           d**-0.5 and v its d channels.
 Prefix tokens (CLS) sit at position 0: the identity rotation (string_cayley: its P), no ALiBi
 bias.
 
@@ -40,6 +45,7 @@ class LayerContext(struct.PyTreeNode):
   projects = False  # True: attention calls `project` on its qkv kernel and bias.
   biased = False  # True: `attend` gives a logit bias (XLA's attention on every platform).
   rotates = False  # True: `attend` transforms q and k.
+  lifts = False  # True: attention calls `lift(x, q, k)` after `attend` (XLA's attention).
 
   def project(self, kernel, bias):
     return kernel, bias
@@ -47,6 +53,12 @@ class LayerContext(struct.PyTreeNode):
   def attend(self, q, k, numerics):
     del numerics
     return q, k, None
+
+  def lift(self, x, q, k):
+    """q, k [B, T, H, d] -> q', k' [B, T, H, d'] given the attention's input x [B, T, D]; only
+    called when `lifts` (the softmax scale stays d**-0.5, v keeps its d channels)."""
+    del x
+    return q, k
 
 
 class Rotate(LayerContext):
@@ -88,6 +100,64 @@ class Bias(LayerContext):
   def attend(self, q, k, numerics):
     del numerics
     return q, k, self.bias
+
+
+class Lift(LayerContext):
+  """PaPE's parabolic bias as a lift of q and k (arXiv 2602.01418).
+
+  u [H, T, M]: each token's coordinates along the head's M parabola axes (PaPE: a linear map of
+  its position; PaPE-RI: its M = n position coordinates times one fixed scale per head).
+  weights [D, 2 H M] (PaPE: a | b, laid out (2, H, M)) or [D, H] (`isotropic`, PaPE-RI: one a
+  per head for all M coordinates, no b): from the attention's input x, per token,
+  a = softplus(x weights_a) > 0 and b = x weights_b. The lift
+    q' = [q, -sum_m a u^2, a, 2 a u, sum_m b u, b, 0...]
+    k' = [k, 1, -u^2, u, 1, -u, 0...]                      (PaPE-RI: no b terms)
+  padded with zeros to a multiple of 8 channels, gives q'_i . k'_j = q_i . k_j + bias_ij with
+    bias_ij = -sum_m a_m(i) (u_m(i) - u_m(j))^2 + sum_m b_m(i) (u_m(i) - u_m(j)),
+  a function of u(i) - u(j) only, with the query's a and b (tests/test_pape.py holds the lift
+  to this T x T form). The softmax scale is the unlifted head's d**-0.5, on the bias too.
+  """
+  lifts = True
+  u: jax.Array
+  weights: jax.Array
+  isotropic: bool = struct.field(pytree_node=False, default=False)
+
+  @staticmethod
+  def channels(head_dim: int, m: int, isotropic: bool = False) -> int:
+    """d': the lifted head size, d + 3M + 2 (PaPE-RI: d + 2M + 1) rounded up to a multiple of 8
+    (the official code's padding)."""
+    total = head_dim + (2 * m + 1 if isotropic else 3 * m + 2)
+    return -(-total // 8) * 8
+
+  def coefficients(self, x):
+    """(a [B, T, H, M], b [B, T, H, M] or None) in float32, from x [B, T, D]."""
+    heads, _, m = self.u.shape
+    ab = jnp.dot(x, self.weights.astype(x.dtype),
+                 preferred_element_type=jnp.float32).astype(jnp.float32)
+    if self.isotropic:
+      a = jax.nn.softplus(ab)[..., None]  # [B, T, H, 1]
+      return jnp.broadcast_to(a, a.shape[:-1] + (m,)), None
+    ab = ab.reshape(*x.shape[:2], 2, heads, m)
+    return jax.nn.softplus(ab[:, :, 0]), ab[:, :, 1]
+
+  def lift(self, x, q, k):
+    a, b = self.coefficients(x)
+    u = jnp.swapaxes(self.u, 0, 1)[None]  # [1, T, H, M]
+    one = jnp.ones(u.shape[:-1] + (1,), jnp.float32)
+    qs = [-jnp.sum(a * u * u, -1, keepdims=True), a, 2 * a * u]
+    ks = [one, -u * u, u]
+    if b is not None:
+      qs += [jnp.sum(b * u, -1, keepdims=True), b]
+      ks += [one, -u]
+    size = self.channels(q.shape[-1], u.shape[-1], self.isotropic)
+    pad = size - q.shape[-1] - sum(f.shape[-1] for f in qs)
+    batch = q.shape[:1] + u.shape[1:-1]
+
+    def cat(x, features):
+      features = [jnp.broadcast_to(f, batch + f.shape[-1:]).astype(x.dtype) for f in features]
+      return jnp.concatenate([x, *features, jnp.zeros(batch + (pad,), x.dtype)], -1)
+
+    return cat(q, qs), cat(k, ks)
 
 
 def layer(ctx: LayerContext, i) -> LayerContext:

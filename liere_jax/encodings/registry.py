@@ -18,7 +18,7 @@ import re
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 # The modules that define the encodings, in registration order (a new one is added here).
-MODULES = ('absolute', 'rope', 'liere', 'commuting')
+MODULES = ('absolute', 'rope', 'liere', 'commuting', 'pape')
 
 
 NEW = '<in every stored config>'  # Option.added of an option runs were always stored with.
