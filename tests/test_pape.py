@@ -1,0 +1,239 @@
+"""liere_jax/encodings/pape.py: PaPE and PaPE-RI as a lift of q and k (encodings.base.Lift)
+against the explicit T x T parabolic bias, their relative properties, the padding, the
+dispatch of a lifting context, and the model with them (1D / 2D / 3D, a train step)."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from helpers import forward, tiny_model, tiny_run_config, trainer
+from liere_jax import attention, encodings
+from liere_jax.encodings.base import LayerContext, Lift
+from liere_jax.model import create_encoding
+from liere_jax.numerics import plan
+from liere_jax.positions import grid_positions, with_prefix
+
+D, H, HEAD = 32, 2, 16  # width, heads, head size.
+
+
+def _encoding(pe, grid=(4, 4), num_prefix=1, depth=2, **options):
+  enc = create_encoding(pe, grid=grid, heads=H, head_dim=HEAD, depth=depth,
+                        num_prefix=num_prefix, rngs=nnx.Rngs(0), **options)
+  # Draws that make every term count: a and b of either sign and size, not init's.
+  if pe == 'pape':
+    enc.ab[...] = 0.5 * jax.random.normal(jax.random.key(7), enc.ab.shape)
+  else:
+    enc.a[...] = 0.5 * jax.random.normal(jax.random.key(7), enc.a.shape)
+  return enc
+
+
+def _positions(grid=(4, 4), num_prefix=1):
+  return with_prefix(grid_positions(grid, grid, 'integer'), num_prefix)
+
+
+def _inputs(t, seed=0):
+  keys = jax.random.split(jax.random.key(seed), 3)
+  x = jax.random.normal(keys[0], (2, t, D))
+  q, k = (jax.random.normal(key, (2, t, H, HEAD)) for key in keys[1:])
+  return x, q, k
+
+
+def _scores(ctx, x, q, k):
+  """q'_i . k'_j [B, H, T, T] of the lift."""
+  q2, k2 = ctx.lift(x, q, k)
+  return jnp.einsum('bqhd,bkhd->bhqk', q2, k2, precision=jax.lax.Precision.HIGHEST)
+
+
+def _explicit_bias(enc, pos, x, layer):
+  """The parabolic bias [B, H, T, T] written out from the parameters, as the paper states it:
+  PaPE -sum_m a_m(i) (u_m(i) - u_m(j))^2 + sum_m b_m(i) (u_m(i) - u_m(j)), u = W p;
+  PaPE-RI -a(i) s_h^2 ||p_i - p_j||^2 (p: the official positions, patches one step out)."""
+  hi = jax.lax.Precision.HIGHEST
+  p = np.asarray(pos, np.float64)
+  p[1:] += 1.  # The official patches 1..n, CLS at 0 (integer positions: one step is 1).
+  x = np.asarray(x, np.float64)
+  softplus = lambda z: np.logaddexp(0., z)
+  if isinstance(enc, encodings.PaPE):
+    m = enc.parabolas
+    u = (p @ np.asarray(enc.position[layer], np.float64)).reshape(len(p), H, m)
+    ab = (x @ np.asarray(enc.ab[layer], np.float64)).reshape(*x.shape[:2], 2, H, m)
+    a, b = softplus(ab[:, :, 0]), ab[:, :, 1]  # [B, T, H, M]
+    diff = u[:, None] - u[None]  # [Tq, Tk, H, M]
+    bias = (-np.einsum('bqhm,qkhm->bhqk', a, diff ** 2)
+            + np.einsum('bqhm,qkhm->bhqk', b, diff))
+  else:
+    s = np.asarray(enc.position_scales[layer], np.float64)  # [H]
+    a = softplus(x @ np.asarray(enc.a[layer], np.float64))  # [B, T, H]
+    dist2 = np.sum((p[:, None] - p[None]) ** 2, -1)  # [Tq, Tk]
+    bias = -np.einsum('bqh,h,qk->bhqk', a, s ** 2, dist2)
+  del hi
+  return bias
+
+
+@pytest.mark.parametrize('pe', ['pape', 'pape_ri'])
+def test_the_lifted_scores_are_q_k_plus_the_explicit_parabolic_bias(pe):
+  """q'k'^T = q k^T + bias (the T x T reference) within 1e-5 of the bias' scale, float32, every
+  layer (PaPE at its default 50 parabolas)."""
+  enc = _encoding(pe)
+  pos = _positions()
+  x, q, k = _inputs(len(pos))
+  ctx = enc.context(pos)
+  for layer in range(2):
+    got = np.asarray(_scores(enc.layer(ctx, layer), x, q, k), np.float64)
+    want = (np.einsum('bqhd,bkhd->bhqk', np.asarray(q, np.float64), np.asarray(k, np.float64))
+            + _explicit_bias(enc, pos, x, layer))
+    scale = max(1., np.abs(want).max())
+    assert np.abs(want).max() > 10.  # The bias is not negligible.
+    np.testing.assert_allclose(got / scale, want / scale, atol=1e-5, rtol=0, err_msg=pe)
+
+
+def test_pape_scores_are_unchanged_by_a_shift_of_every_position():
+  enc = _encoding('pape')
+  pos = _positions()
+  x, q, k = _inputs(len(pos))
+  ref = _scores(enc.layer(enc.context(pos), 0), x, q, k)
+  for shift in ([3., -2.], [0.5, 7.25]):
+    moved = _scores(enc.layer(enc.context(pos + np.float32(shift)), 0), x, q, k)
+    np.testing.assert_allclose(moved, ref, atol=2e-4 * np.abs(ref).max(), rtol=0)
+  assert np.abs(ref).max() > 10.
+
+
+@pytest.mark.parametrize('pe, relative', [('pape_ri', True), ('pape', False)])
+def test_pape_ri_scores_are_unchanged_by_a_rotation_of_the_positions_and_pape_s_are_not(
+    pe, relative):
+  """A rotation (about any point: patches only, no CLS at a fixed origin) keeps PaPE-RI's
+  Euclidean parabolas; PaPE's learned directions see it."""
+  enc = _encoding(pe, num_prefix=0)
+  pos = _positions(num_prefix=0) - 1.5  # Centred: the rotation stays near the grid.
+  x, q, k = _inputs(len(pos))
+  ref = _scores(enc.layer(enc.context(pos), 1), x, q, k)
+  phi = 0.7
+  rot = np.array([[np.cos(phi), -np.sin(phi)], [np.sin(phi), np.cos(phi)]], np.float32)
+  moved = _scores(enc.layer(enc.context(pos @ rot.T), 1), x, q, k)
+  err = np.abs(np.asarray(moved) - np.asarray(ref)).max() / np.abs(ref).max()
+  assert (err < 1e-5) == relative, (pe, err)
+
+
+@pytest.mark.parametrize('pe, head_dim, extra, lifted', [
+    ('pape', 16, 3 * 50 + 2, 168),  # 16 + 152 = 168: already a multiple of 8.
+    ('pape', 16, 3 * 3 + 2, 32),  # 27 -> 32.
+    ('pape', 64, 3 * 50 + 2, 216),  # ViT-B's heads: 216 (official: the same).
+    ('pape_ri', 16, 2 * 2 + 1, 24),  # 2D: 21 -> 24.
+    ('pape_ri', 16, 2 * 3 + 1, 24),  # 3D: 23 -> 24.
+    ('pape_ri', 17, 2 * 3 + 1, 24),  # 24: no padding.
+])
+def test_the_lift_pads_q_and_k_with_zeros_to_a_multiple_of_8(pe, head_dim, extra, lifted):
+  n = 3 if extra == 2 * 3 + 1 else 2
+  m = (extra - 2) // 3 if pe == 'pape' else n
+  iso = pe == 'pape_ri'
+  assert Lift.channels(head_dim, m, iso) == lifted
+  t = 5
+  u = jax.random.normal(jax.random.key(0), (H, t, m))
+  weights = jax.random.normal(jax.random.key(1), (D, H if iso else 2 * H * m))
+  x = jax.random.normal(jax.random.key(2), (2, t, D))
+  q = k = jax.random.normal(jax.random.key(3), (2, t, H, head_dim))
+  q2, k2 = Lift(u, weights, isotropic=iso).lift(x, q, k)
+  assert q2.shape == k2.shape == (2, t, H, lifted)
+  np.testing.assert_array_equal(q2[..., :head_dim], q)  # q and k come first, unchanged.
+  np.testing.assert_array_equal(k2[..., :head_dim], k)
+  pad = lifted - head_dim - extra
+  assert not np.any(q2[..., lifted - pad:]) and not np.any(k2[..., lifted - pad:])
+  assert np.all(np.any(k2[..., head_dim:head_dim + extra] != 0, axis=(0, 1, 2)))
+
+
+def test_the_encodings_use_the_official_positions_cls_at_0_and_patches_from_1():
+  enc = _encoding('pape_ri')
+  pos = _positions()  # Integer: CLS (0, 0), patches (i, j) from (0, 0).
+  u = np.asarray(enc.context(pos).u[0])  # [H, T, n] = s_h * official positions.
+  s = np.asarray(enc.position_scales[0])
+  np.testing.assert_allclose(u[:, 0], 0.)
+  np.testing.assert_allclose(u[:, 1:] / s[:, None, None],
+                             np.broadcast_to(np.asarray(pos[1:]) + 1., u[:, 1:].shape), rtol=1e-6)
+  assert encodings.facts('pape').positions == encodings.facts('pape_ri').positions == 'integer'
+
+
+def test_a_lifting_context_runs_xla_s_attention_on_every_platform():
+  """No kernel (nor cuDNN) takes the lift yet: 'xla' on every plan, the kernel's included."""
+  ctx = Lift(jnp.zeros((4, 17, 50)), jnp.zeros((256, 400)))
+  for numerics in (plan('cpu'), plan('tpu'), plan('cuda'), plan('cpu', attention='kernel')):
+    assert attention.path(numerics, ctx, (2, 17, 4, 64)) == 'xla', numerics.platform
+    assert not attention.split_qkv(numerics, ctx, (2, 17, 4, 64))
+  assert not LayerContext().lifts
+
+
+def test_attention_with_a_lift_is_the_softmax_of_the_biased_scores_at_the_head_size_scale():
+  """attend and the explicit `weights` both give softmax((q k^T + bias) / sqrt(d)) v with d the
+  unlifted head size (the official scale) and v unlifted, under the CPU plan and the kernel's
+  (which sends the lift to XLA)."""
+  enc = _encoding('pape')
+  enc.ab[...] = 0.1 * enc.ab[...]  # Maps less peaked than the scores test's draws.
+  pos = _positions()
+  ctx = enc.layer(enc.context(pos), 0)
+  x = jax.random.normal(jax.random.key(3), (2, len(pos), D))
+  kernel = 0.3 * jax.random.normal(jax.random.key(4), (D, 3 * D))
+  qkv = (x @ kernel).reshape(2, len(pos), 3, H, HEAD)
+  q, k, v = (np.asarray(qkv[:, :, i], np.float64) for i in range(3))
+  logits = (np.einsum('bqhd,bkhd->bhqk', q, k) + _explicit_bias(enc, pos, x, 0)) / math.sqrt(HEAD)
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)
+  want = np.einsum('bhqk,bkhd->bqhd', w, v)
+  for numerics in (plan('cpu'), plan('cpu', attention='kernel')):
+    got = attention.attend(x, kernel, None, H, ctx, numerics)
+    np.testing.assert_allclose(got, want, atol=1e-4)
+  out, weights = attention.weights(x, kernel, None, H, ctx, plan('cpu'))
+  np.testing.assert_allclose(out, want, atol=1e-4)
+  np.testing.assert_allclose(weights, w, atol=1e-5)
+
+
+@pytest.mark.parametrize('pe', ['pape', 'pape_ri'])
+@pytest.mark.parametrize('n_dims', [1, 2, 3])
+def test_the_model_builds_and_runs_in_1d_2d_and_3d_and_its_maps_path_agrees(pe, n_dims):
+  size = {1: 16, 2: 16, 3: 8}[n_dims]
+  model = tiny_model(pe=pe, n_dims=n_dims, size=size, **({'parabolas': 4} if pe == 'pape' else {}))
+  x = jax.random.normal(jax.random.key(0), (2,) + (size,) * n_dims + (3,))
+  logits = forward(model, x)
+  assert logits.shape == (2, 5) and np.all(np.isfinite(logits))
+  maps_logits, maps = forward(model, x, return_attention=True)
+  np.testing.assert_allclose(maps_logits, logits, atol=1e-5)
+  tokens = 1 + (size // 4) ** n_dims
+  assert maps[0].shape == (2, 2, tokens, tokens)
+  n = model.pe.position.shape[1] if pe == 'pape' else None
+  assert n in (n_dims, None)
+
+
+def test_the_parameter_tree_and_the_parabolas_option():
+  pape = tiny_model(pe='pape', parabolas=7).pe
+  assert (pape.position.shape, pape.ab.shape) == ((2, 2, 2 * 7), (2, 32, 2 * 2 * 7))
+  ri = tiny_model(pe='pape_ri', n_dims=3, size=8).pe
+  assert (ri.position_scales.shape, ri.a.shape) == ((2, 2), (2, 32, 2))
+  bound = math.sqrt(1 / 3)  # U(-sqrt(1/n), sqrt(1/n)).
+  assert np.all(np.abs(np.asarray(ri.position_scales)) <= bound)
+  assert encodings.facts('pape').option_names == ('parabolas',)
+  assert tiny_model(pe='pape').pe.parabolas == 50  # The official default.
+  with pytest.raises(ValueError, match='model.pe.parabolas=0 must be a positive integer'):
+    tiny_model(pe='pape', parabolas=0)
+  with pytest.raises(ValueError, match='parabolas'):  # Not read by pape_ri.
+    tiny_model(pe='pape_ri', parabolas=7)
+
+
+@pytest.mark.parametrize('pe', ['pape', 'pape_ri'])
+def test_a_train_step_on_cpu_moves_the_parabolas_and_not_the_fixed_scales(pe):
+  t = trainer(tiny_run_config(pe=pe, width=32, heads=2, depth=1), jax.devices()[:1])
+  rng = np.random.default_rng(0)
+  batch = {'image': rng.normal(size=(8, 16, 16, 3)).astype(np.float32),
+           'label': np.eye(5, dtype=np.float32)[rng.integers(0, 5, 8)]}
+  state = t.init_state(0)
+  before = jax.device_get(state['params']['pe'])
+  for _ in range(2):  # The first step's learning rate is warmup's 0.
+    state, metrics = t.train_step(state, t.global_batch(batch))
+  after = jax.device_get(state['params']['pe'])
+  assert np.isfinite(float(metrics['loss']))
+  moved = 'ab' if pe == 'pape' else 'a'
+  assert np.abs(after[moved] - before[moved]).max() > 0
+  if pe == 'pape':
+    assert np.abs(after['position'] - before['position']).max() > 0
+  else:
+    np.testing.assert_array_equal(after['position_scales'], before['position_scales'])
