@@ -30,7 +30,9 @@ pe.freqs [n, depth, heads*d/2] (rope_mixed), pe.generators [L', H', n, d//b, b(b
 none for paper_visionllama (fixed frequencies); pe.skew_params
 [depth, heads, d//b, b, b] (comrope_ap<b>, comrope_ld<b>, plus pe.axis_scales [depth, n, d//b]
 for ld), pe.freqs + pe.cayley [depth, heads, d(d-1)/2] (string_cayley), pe.circulant
-[depth, heads, n, d//b, b] (string_circulant<b>). ComRoPE's exponentials run per token here
+[depth, heads, n, d//b, b] (string_circulant<b>), pe.position [depth, n, heads*M] + pe.ab
+[depth, D, 2*heads*M] (pape), pe.position_scales [depth, heads] + pe.a [depth, D, heads]
+(pape_ri: q and k lifted by extra channels, the logits still scaled by the head size's). ComRoPE's exponentials run per token here
 (expm_rotations; the JAX model uses one eigen-decomposition per block, same matrices).
 """
 import json
@@ -193,6 +195,11 @@ class Encoding(nn.Module):
 
   def attend(self, ctx, layer, q, k):
     return q, k, None
+
+  def lift(self, ctx, layer, x, q, k):
+    """q, k [B, T, H, d] -> [B, T, H, d'] from the attention's input x (PaPE); the softmax
+    scale stays d**-0.5."""
+    return q, k
 
 
 class NoPE(Encoding):
@@ -465,6 +472,98 @@ def circulant_rotate(x, phase, block):
   return torch.cat([out, x[..., k * b:]], dim=-1) if k * b < x.shape[-1] else out
 
 
+# Parabolic encodings (PaPE, PaPE-RI): a bias computed as extra channels of q and k.
+
+
+def patch_step(train_grid, mode):
+  """The distance between neighbouring patches per axis at the training grid in `mode`."""
+  if mode == 'integer':
+    return [1.] * len(train_grid)
+  return [1. / max(n - 1, 1) for n in train_grid]  # normalized (rescaled: the same there).
+
+
+def parabolic_lift(x, q, k, u, weights, isotropic):
+  """q' = [q, -sum a u^2, a, 2 a u, (sum b u, b)], k' = [k, 1, -u^2, u, (1, -u)], zeros to a
+  multiple of 8 channels; u [H, T, M], a = softplus(x W_a), b = x W_b (weights [D, 2 H M], or
+  [D, H] when isotropic: one a per head, no b). q'.k' = q.k - sum a (u_i - u_j)^2
+  + sum b (u_i - u_j)."""
+  heads, t, m = u.shape
+  ab = (x.float() @ weights.float())
+  if isotropic:
+    a, b = F.softplus(ab)[..., None].expand(-1, -1, -1, m), None
+  else:
+    ab = ab.reshape(x.shape[0], t, 2, heads, m)
+    a, b = F.softplus(ab[:, :, 0]), ab[:, :, 1]
+  u = u.transpose(0, 1)[None].float()  # [1, T, H, M]
+  one = torch.ones_like(u[..., :1])
+  qs, ks = [-(a * u * u).sum(-1, keepdim=True), a, 2 * a * u], [one, -u * u, u]
+  if b is not None:
+    qs += [(b * u).sum(-1, keepdim=True), b]
+    ks += [one, -u]
+  total = q.shape[-1] + sum(f.shape[-1] for f in qs)
+  pad = -total % 8
+  shape = (q.shape[0], t, heads)
+
+  def cat(y, features):
+    features = [f.expand(*shape, f.shape[-1]).to(y.dtype) for f in features]
+    return torch.cat([y, *features, y.new_zeros(*shape, pad)], dim=-1)
+
+  return cat(q, qs), cat(k, ks)
+
+
+class _Parabolic(Encoding):
+  """Patches one patch step past the prefix tokens at 0 (the official positions)."""
+
+  def __init__(self, train_grid, positions, num_prefix):
+    super().__init__()
+    self.step, self.num_prefix = patch_step(train_grid, positions), num_prefix
+
+  def official_positions(self, pos):
+    is_patch = (torch.arange(pos.shape[0], device=pos.device) >= self.num_prefix)[:, None]
+    step = torch.tensor(self.step, dtype=torch.float32, device=pos.device)
+    return pos.float() + is_patch * step
+
+
+class PaPE(_Parabolic):
+  """position [L, n, H*M] (u = p position), ab [L, D, 2*H*M] (a | b, head, parabola)."""
+
+  def __init__(self, depth, heads, width, n_dims, parabolas, train_grid, positions, num_prefix):
+    super().__init__(train_grid, positions, num_prefix)
+    self.heads, self.parabolas = heads, parabolas
+    bound = 1. / math.sqrt(n_dims)
+    self.position = nn.Parameter(torch.empty(depth, n_dims, heads * parabolas).uniform_(
+        -bound, bound))
+    bound = 1. / math.sqrt(width)
+    self.ab = nn.Parameter(torch.empty(depth, width, 2 * heads * parabolas).uniform_(
+        -bound, bound))
+
+  def context(self, pos):
+    u = torch.einsum('ta,lam->ltm', self.official_positions(pos), self.position.float())
+    u = u.reshape(u.shape[0], u.shape[1], self.heads, self.parabolas)
+    return u.transpose(1, 2)  # [L, H, T, M]
+
+  def lift(self, ctx, layer, x, q, k):
+    return parabolic_lift(x, q, k, ctx[layer], self.ab[layer], False)
+
+
+class PaPERI(_Parabolic):
+  """position_scales [L, H] (fixed), a [L, D, H]: u = s_h p, one isotropic parabola."""
+
+  def __init__(self, depth, heads, width, n_dims, train_grid, positions, num_prefix):
+    super().__init__(train_grid, positions, num_prefix)
+    bound = math.sqrt(1. / n_dims)
+    self.position_scales = nn.Parameter(torch.empty(depth, heads).uniform_(-bound, bound),
+                                        requires_grad=False)
+    bound = 1. / math.sqrt(width)
+    self.a = nn.Parameter(torch.empty(depth, width, heads).uniform_(-bound, bound))
+
+  def context(self, pos):
+    return self.position_scales.float()[:, :, None, None] * self.official_positions(pos)
+
+  def lift(self, ctx, layer, x, q, k):
+    return parabolic_lift(x, q, k, ctx[layer], self.a[layer], True)
+
+
 # family -> its module here, from the resolved `pe` section and the model's dims (width, depth,
 # heads, head_dim, n, train_grid, num_prefix): the mirror of the JAX encodings' registry
 # (liere_jax.encodings.FAMILIES, declared by each class at its registration).
@@ -487,6 +586,11 @@ BUILDERS = {
     'string_cayley': lambda pe, d: StringCayley(d['depth'], d['heads'], d['head_dim'], d['n']),
     'string_circulant': lambda pe, d: StringCirculant(pe['block'], d['depth'], d['heads'],
                                                       d['head_dim'], d['n']),
+    'pape': lambda pe, d: PaPE(d['depth'], d['heads'], d['width'], d['n'],
+                               pe.get('parabolas', 50), d['train_grid'], pe['positions'],
+                               d['num_prefix']),
+    'pape_ri': lambda pe, d: PaPERI(d['depth'], d['heads'], d['width'], d['n'], d['train_grid'],
+                                    pe['positions'], d['num_prefix']),
 }
 
 
@@ -516,7 +620,8 @@ class Attention(nn.Module):
     b, t, width = x.shape
     q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, -1).unbind(2)  # [B, T, H, d] each
     q, k, bias = pe.attend(ctx, layer, q, k)
-    logits = torch.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(q.shape[-1])
+    q, k = pe.lift(ctx, layer, x, q, k)  # PaPE: wider q, k; the scale is v's head size.
+    logits = torch.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(v.shape[-1])
     logits = logits.float()
     if bias is not None:
       logits = logits + bias

@@ -43,7 +43,7 @@ LOGIT_TOL, ROT_TOL = 1e-4, 1e-5
 # norms in the hundreds (U[0, 2pi) init) and logits of ~25: 1.2e-4 measured.
 OFFICIAL_TOL = 2e-4
 ALL = ('none', 'abs', 'sincos', 'rope_axial', 'rope_mixed', 'alibi', 'liere2', 'liere8',
-       'liere16', 'liere6', 'paper_rope_mixed', 'paper_visionllama')
+       'liere16', 'liere6', 'paper_rope_mixed', 'paper_visionllama', 'pape', 'pape_ri')
 SIZES = {1: (16, 28), 2: (16, 24), 3: (8, 12)}  # (training, larger) input sizes, patch 4.
 
 

@@ -260,6 +260,8 @@ def _documented_tree(spec):
         'comrope_ld': {**skew, 'axis_scales': (depth, n, d // (b or 1))},
         'string_cayley': {**freqs, 'cayley': (depth, heads, d * (d - 1) // 2)},
         'string_circulant': {'circulant': (depth, heads, n, d // (b or 1), b)},
+        'pape': {'position': (depth, n, heads * 50), 'ab': (depth, width, 2 * heads * 50)},
+        'pape_ri': {'position_scales': (depth, heads), 'a': (depth, width, heads)},
         }.get(spec.pe.family, {})
   tree.update({f'pe/{k}': v for k, v in pe.items()})
   return tree
