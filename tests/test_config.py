@@ -100,10 +100,11 @@ NON_LIERE = tuple(name.replace('<b>', '8') for name in registry.NAMES
                   if registry.facts(name.replace('<b>', '8')).family != 'liere')
 
 
-def test_the_options_some_encodings_read_are_lieres_at_the_configs_defaults():
+def test_the_options_some_encodings_read_are_the_declared_ones_at_the_configs_defaults():
   pe = tiny_model_config().pe
   assert {'share', 'init_scale', 'expm', 'expm_precision'} <= set(model_spec.PE_OPTION_DEFAULTS)
-  assert set(model_spec.PE_OPTION_DEFAULTS) == set(registry.FAMILIES['liere'].option_names)
+  assert set(model_spec.PE_OPTION_DEFAULTS) == set(registry.FAMILIES['liere'].option_names) | set(
+      registry.FAMILIES['pape'].option_names)
   assert {key: pe[key] for key in model_spec.PE_OPTION_DEFAULTS} == model_spec.PE_OPTION_DEFAULTS
 
 

@@ -243,6 +243,8 @@ OPTION_TESTS = {
         'test_expm_precision_highest_keeps_float32_products_on_accelerators',
         'tests/test_expm.py::'
         'test_lowered_train_step_has_no_conditionals_on_accelerators'),
+    'model.pe.parabolas': ('tests/test_pape.py::test_the_parameter_tree_and_the_parabolas_option',
+                           P + 'test_parity_every_encoding'),
     'model.pe.jitter': (C + 'test_jitter_perturbs_training_only',
                         C + 'test_jitter_in_a_train_step_is_a_function_of_seed_and_step'),
     'data.name': (D + 'test_cifar100_on_mock_data', D + 'test_imagenet_on_mock_data',
