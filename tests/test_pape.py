@@ -2,6 +2,7 @@
 against the explicit T x T parabolic bias, their relative properties, the padding, the
 dispatch of a lifting context, and the model with them (1D / 2D / 3D, a train step)."""
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -237,3 +238,54 @@ def test_a_train_step_on_cpu_moves_the_parabolas_and_not_the_fixed_scales(pe):
     assert np.abs(after['position'] - before['position']).max() > 0
   else:
     np.testing.assert_array_equal(after['position_scales'], before['position_scales'])
+
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'pape')
+CASES = sorted(f[:-4] for f in os.listdir(FIXTURES) if f.endswith('.npz'))
+
+
+def test_the_official_fixtures_are_there():
+  assert CASES == ['pape_2d', 'pape_2d_default', 'pape_3d', 'pape_ri_2d', 'pape_ri_3d']
+
+
+@pytest.mark.parametrize('case', CASES)
+def test_the_official_code_s_lift_is_ours_given_its_weights(case):
+  """scripts/pape_fixtures.py ran the official encode_query_key (float64) on these weights,
+  positions, x, q and k: ours gives its q', k' within 1e-5 (relative where large) and its
+  scores q'k'^T within 1e-5 of their scale. The official weights map as pape.py documents:
+  Linear weights transposed, with a layer axis; 2D `position` rows swapped ((col, row) ->
+  (row, col)); PaPE-RI's buffer [1, H, 1, 1] -> [1, H]."""
+  f = dict(np.load(os.path.join(FIXTURES, case + '.npz')))
+  pe = 'pape_ri' if case.startswith('pape_ri') else 'pape'
+  b, heads, t, head_dim = f['q'].shape
+  n = f['positions'].shape[-1]
+  grid = {'pape_2d': (3, 4), 'pape_2d_default': (2, 3), 'pape_ri_2d': (4, 4)}.get(
+      case, (2, 2, 2))
+  options = {'parabolas': int(f['parabolas'])} if pe == 'pape' else {}
+  enc = create_encoding(pe, grid=grid, heads=heads, head_dim=head_dim, num_prefix=1,
+                        rngs=nnx.Rngs(0), **options)
+  order = slice(None, None, -1) if n == 2 else slice(None)  # Their (col, row), our (row, col).
+  if pe == 'pape':
+    enc.position[...] = jnp.asarray(f['position'].T[order][None])
+    enc.ab[...] = jnp.asarray(f['ab'].T[None])
+  else:
+    enc.position_scales[...] = jnp.asarray(f['position_scales'].reshape(1, heads))
+    enc.a[...] = jnp.asarray(f['a'].T[None])
+  pos = with_prefix(grid_positions(grid, grid, 'integer'), 1)
+  np.testing.assert_array_equal(enc.official_positions(pos)[:, order], f['positions'][0])
+  ctx = enc.layer(enc.context(pos), 0)
+  ours = lambda a: jnp.asarray(np.swapaxes(a, 1, 2))  # [B, H, T, d] <-> [B, T, H, d].
+  q2, k2 = ctx.lift(jnp.asarray(f['x']), ours(f['q']), ours(f['k']))
+  want_q, want_k = np.swapaxes(f['q_lifted'], 1, 2), np.swapaxes(f['k_lifted'], 1, 2)
+  if pe == 'pape_ri' and n == 2:  # Its coordinate channels in their order: (col, row).
+    idx = np.arange(want_q.shape[-1])
+    for start in (head_dim + 1, head_dim + 1 + n):  # The blocks a | -u^2 and 2 a u | u.
+      idx[start:start + n] = idx[start:start + n][::-1]
+    want_q, want_k = want_q[..., idx], want_k[..., idx]
+  assert q2.shape == want_q.shape and k2.shape == want_k.shape
+  np.testing.assert_allclose(q2, want_q, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(k2, want_k, rtol=1e-5, atol=1e-5)
+  scores = np.einsum('bqhd,bkhd->bhqk', np.asarray(q2, np.float64), np.asarray(k2, np.float64))
+  want = np.einsum('bqhd,bkhd->bhqk', want_q.astype(np.float64), want_k.astype(np.float64))
+  scale = np.abs(want).max()
+  np.testing.assert_allclose(scores / scale, want / scale, atol=1e-5, rtol=0)
