@@ -52,6 +52,10 @@ def plan_of(config, platform=None) -> dict:
                       'place',
       'rotation kernel': ': the Pallas rotation kernel, then the attention kernel',
       'kernel after xla': ': XLA rotates q and k, then the Pallas attention kernel'}[path]
+  if ctx.lifts:
+    d2 = type(ctx).channels(d, ctx.u.shape[-1], ctx.isotropic)
+    out['attention'] = (f'xla: an explicit softmax (XLA) of q, k lifted to {d2} channels at '
+                        f'the scale {d}**-0.5, v of {d}')
   out['qkv'] = ('three products' if attention.split_qkv(numerics, ctx, shape)
                 else 'one product')
   return out
