@@ -13,7 +13,7 @@ rotation once: per matrix, in on-chip memory (VMEM on a TPU, registers on a GPU)
 The VJP stores a and R0 (R before the Newton-Schulz step). The gradient of exp at a for a
 cotangent G is the Frechet derivative L(a^T, G); a second kernel computes it as the polynomial
 and squarings at a^T differentiated forward (`jax.jvp` inside the kernel), after the
-Newton-Schulz step's adjoint at R0: the XLA 'loop' form's gradient (tests/test_expm_kernel.py).
+Newton-Schulz step's adjoint at R0: the XLA 'loop' form's gradient (tests/test_kernels_expm.py).
 
 By `Numerics.platform`: 'tpu' Mosaic, a grid over tiles of `tile_matrices(b)` matrices, blocks of
 3 to ENTRIES_UP_TO (LieRE8's) in an entries layout [b, b, m / 128, 128] (each entry of 1,024
