@@ -10,7 +10,6 @@ import sys
 import tomllib
 
 import grimp
-import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINT_IMPORTS = os.path.join(os.path.dirname(sys.executable), 'lint-imports')

@@ -6,7 +6,6 @@ numerics scope's selection for rotations.py in the mutation runs (docs/mutation.
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec as P
 import pytest
 import scipy.linalg
 
