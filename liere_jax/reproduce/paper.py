@@ -7,6 +7,10 @@ TRAIN_GRID = 9  # 108 px: the main job.
 HEAD_DIM = 32  # configs/arrows.py: width 128, 4 heads.
 FIG7_GRIDS = (7, 8, 9, 10, 11, 12, 14, 16, 18)  # 84 .. 216 px.
 FIG7_EXAMPLES = 500
+# The extrapolation suite: 1x, 1.5x (rounded up to whole cells: 14 = 1.56x), 2x and 3x the
+# training grid; at least three seeds each.
+EXTRAPOLATION_GRIDS = (TRAIN_GRID, 14, 18, 27)
+EXTRAPOLATION_SEEDS = (0, 1, 2)
 PLATEAU = 0.442  # The majority-arrow floor: the accuracy of a model that ignores positions.
 PLATEAU_EXIT = 0.6  # Train accuracy that marks a run as having left the plateau.
 
@@ -44,7 +48,11 @@ PAPER_ENCODINGS = ('none', 'abs', 'sincos', 'paper_visionllama', 'paper_rope_mix
                    'liere8', f'liere{HEAD_DIM}')
 LIBRARY_BASELINES = ('rope_axial', 'rope_mixed')  # rope-vit's / naver-ai's, beside the paper's.
 SUCCESSORS = ('comrope_ap8', 'comrope_ld8', 'string_cayley', 'string_circulant8')
-ORDER = PAPER_ENCODINGS + LIBRARY_BASELINES + SUCCESSORS
+# Rotary and bias encodings head to head across resolutions (issue 53): the paper's baselines,
+# LieRE, its successors, PaPE (arXiv 2602.01418) and a composition (rotate, then lift).
+EXTRAPOLATION_ENCODINGS = ('abs', 'sincos', 'alibi', 'rope_mixed', 'liere8', f'liere{HEAD_DIM}',
+                           'comrope_ld8', 'string_cayley', 'pape', 'pape_ri', 'liere8+pape')
+ORDER = PAPER_ENCODINGS + LIBRARY_BASELINES + SUCCESSORS + ('pape', 'pape_ri', 'liere8+pape')
 
 
 def paper_key(pe: str) -> str:

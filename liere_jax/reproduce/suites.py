@@ -5,7 +5,8 @@ import hashlib
 from typing import Callable, Dict, List, Tuple
 
 from liere_jax.reproduce import tables
-from liere_jax.reproduce.paper import (CELL, FIG7_EXAMPLES, FIG7_GRIDS, HEAD_DIM,
+from liere_jax.reproduce.paper import (CELL, EXTRAPOLATION_ENCODINGS, EXTRAPOLATION_GRIDS,
+                                       EXTRAPOLATION_SEEDS, FIG7_EXAMPLES, FIG7_GRIDS, HEAD_DIM,
                                        LIBRARY_BASELINES, PAPER_ENCODINGS, SUCCESSORS, TRAIN_GRID)
 
 CONFIG = 'configs/arrows.py'  # As a command shows it; the runner passes the package's file.
@@ -126,6 +127,11 @@ def _table7_runs():
                for s in (0, 1))
 
 
+def _extrapolation_runs():
+  # Seed by seed: a suite stopped part way has every encoding's first seeds.
+  return tuple(Run(pe, seed=s) for s in EXTRAPOLATION_SEEDS for pe in EXTRAPOLATION_ENCODINGS)
+
+
 def _budget_text() -> str:
   return '; '.join(f"{CELL * g} px: {', '.join(f'{k}={v}' for k, v in o)}"
                    for g, o in BUDGET.items())
@@ -166,4 +172,11 @@ SUITES: Dict[str, Suite] = {
         "Paper Table 7: init scale 1 vs 2 pi for LieRE8 and the paper's RoPE-Mixed "
         "(paper_rope_mixed: the LieRE code's, LieRE with 2x2 blocks), 2 seeds each.",
         _table7_runs(), Eval(), tables.report_table7, tables.headline_table7),
+    'extrapolation': Suite(
+        'Rotary and bias encodings across resolutions: trained at 108 px, evaluated at 1x, '
+        '1.56x, 2x and 3x the grid in sequential and rescaled positions, 3 seeds each (PaPE, '
+        'PaPE-RI and LieRE8+PaPE beside the baselines, LieRE and its successors).',
+        _extrapolation_runs(),
+        Eval('eval_extrapolation', tuple(CELL * g for g in EXTRAPOLATION_GRIDS[1:])),
+        tables.report_extrapolation, tables.headline_extrapolation),
 }

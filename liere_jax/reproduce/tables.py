@@ -4,8 +4,8 @@ import statistics
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from liere_jax.encodings import registry
-from liere_jax.reproduce.paper import (CELL, FIG7_EXAMPLES, HEAD_DIM, ORDER, PAPER_CIFAR_BLOCKS,
-                                       PAPER_CIFAR_INIT, PAPER_CIFAR_SHARE,
+from liere_jax.reproduce.paper import (CELL, EXTRAPOLATION_GRIDS, FIG7_EXAMPLES, HEAD_DIM,
+                                       ORDER, PAPER_CIFAR_BLOCKS, PAPER_CIFAR_INIT, PAPER_CIFAR_SHARE,
                                        PAPER_CIFAR_SHUFFLE_DROP, PAPER_TABLE3, PLATEAU,
                                        PLATEAU_EXIT, TRAIN_GRID, label, paper_key)
 
@@ -334,3 +334,98 @@ def headline_table7(rows: Rows) -> Tuple[str, str]:
       for pe in pes),
           'CIFAR-100: ' + ', '.join(f'{label(pe)} {d:+.2f} points (p = {p})'
                                      for pe, (d, p) in PAPER_CIFAR_INIT.items()))
+
+
+# Student's t quantile t(0.975, df) for a 95% interval of a mean over df + 1 seeds.
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+         9: 2.262}
+
+
+def seed_interval(values: Sequence[float]) -> Tuple[float, Optional[Tuple[float, float]]]:
+  """(mean, its 95% t-interval over seeds, or None for one seed)."""
+  mean = statistics.fmean(values)
+  if len(values) < 2:
+    return mean, None
+  half = _T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
+  return mean, (mean - half, mean + half)
+
+
+def _accuracy(r, grid: int, mode: str) -> Optional[float]:
+  """A run's top-1 at `grid` in a positions mode (the training grid: its held-out top-1)."""
+  if grid == TRAIN_GRID:
+    return r['top1']
+  return r['resolutions'].get(str(CELL * grid), {}).get(mode)
+
+
+def _extrapolation_cells(rows: Rows):
+  """{(pe, mode label): {grid: [accuracies over seeds]}} in ORDER."""
+  cells: Dict[tuple, Dict[int, List[float]]] = {}
+  for r in sorted(rows, key=lambda r: (_by_order(r['pe']), r['seed'])):
+    for name, mode in _modes(r['pe']):
+      for g in EXTRAPOLATION_GRIDS:
+        a = _accuracy(r, g, mode)
+        if a is not None:
+          cells.setdefault((r['pe'], name), {}).setdefault(g, []).append(a)
+  return cells
+
+
+def _scale(grid: int) -> str:
+  return f'{grid / TRAIN_GRID:.3g}x'
+
+
+def report_extrapolation(rows: Rows):
+  cells = _extrapolation_cells(rows)
+  head = ' | '.join(f'{CELL * g} px ({_scale(g)})' for g in EXTRAPOLATION_GRIDS)
+  lines = [f'Top-1 % of models trained at {TRAIN_PX} px ({TRAIN_GRID}x{TRAIN_GRID} cells), '
+           'evaluated on 2,000 held-out examples at 1x, 1.5x (rounded up to whole cells: '
+           '1.56x), 2x and 3x the grid: the mean over seeds and its 95% t-interval (n seeds in '
+           "each cell). Sequential: each encoding's own position units, a larger grid spans a "
+           'larger range; rescaled: positions squeezed into the training range (interpolation). '
+           'An encoding that reads no positions has one row.', '',
+           f'| encoding | positions | n | {head} |', '|---|---|---|' + '---|' * len(
+               EXTRAPOLATION_GRIDS)]
+  for (pe, mode), by_grid in cells.items():
+    texts = []
+    for g in EXTRAPOLATION_GRIDS:
+      values = by_grid.get(g)
+      if not values:
+        texts.append('-')
+        continue
+      mean, ci = seed_interval(values)
+      texts.append(_pct(mean) + (f' ({_pct(max(ci[0], 0.))}-{_pct(min(ci[1], 1.))})'
+                                 if ci else ''))
+    n = max(len(v) for v in by_grid.values())
+    lines.append(f'| {label(pe)} | {mode} | {n} | ' + ' | '.join(texts) + ' |')
+  lines += ['', 'Every seed (sequential positions):', '',
+            '| encoding | seed | ' + ' | '.join(_scale(g) for g in EXTRAPOLATION_GRIDS) + ' |',
+            '|---|---|' + '---|' * len(EXTRAPOLATION_GRIDS)]
+  for r in sorted(rows, key=lambda r: (_by_order(r['pe']), r['seed'])):
+    lines.append(f"| {label(r['pe'])} | {r['seed']} | " + ' | '.join(
+        _pct(_accuracy(r, g, 'sequential')) for g in EXTRAPOLATION_GRIDS) + ' |')
+
+  def plot(ax):
+    for i, pe in enumerate(dict.fromkeys(pe for pe, _ in cells)):
+      for (name, _), ls in zip(_modes(pe), ('-', ':')):
+        by_grid = cells.get((pe, name), {})
+        gs = [g for g in EXTRAPOLATION_GRIDS if by_grid.get(g)]
+        stats = [seed_interval(by_grid[g]) for g in gs]
+        ax.errorbar([g / TRAIN_GRID for g in gs], [100 * m for m, _ in stats],
+                    yerr=[[100 * (m - (ci or (m, m))[0]) for m, ci in stats],
+                          [100 * ((ci or (m, m))[1] - m) for m, ci in stats]],
+                    fmt='.' + ls, color=f'C{i % 10}', capsize=2,
+                    label=label(pe) if ls == '-' else None)
+    ax.set_xlabel('evaluation grid / training grid; solid: sequential, dotted: rescaled')
+    ax.set_ylabel('top-1 %')
+    ax.legend(fontsize=6, ncol=2)
+  return '\n'.join(lines), {'': plot}
+
+
+def headline_extrapolation(rows: Rows) -> Tuple[str, str]:
+  cells = _extrapolation_cells(rows)
+  far = EXTRAPOLATION_GRIDS[-1]
+  means = {pe: statistics.fmean(v[far]) for (pe, mode), v in cells.items()
+           if mode != 'rescaled' and v.get(far)}
+  best = sorted(means, key=means.get, reverse=True)[:3]
+  return (f'{_scale(far)} the grid, sequential, mean of seeds: ' + ', '.join(
+      f'{label(pe)} {_pct(means[pe])}' for pe in best), 'not in the paper (no study compares '
+          'rotary and PaPE encodings across resolutions)')
