@@ -595,8 +595,42 @@ BUILDERS = {
 }
 
 
+class Composition(Encoding):
+  """'a+b' (family 'liere+pape'): the rotary encoding a (pe.rotary.*) rotates q and k, then
+  the lift b (pe.lift.*) widens them; the lift reads integer positions (PaPE's), converted from
+  a's mode."""
+
+  def __init__(self, rotary, lift, scale):
+    super().__init__()
+    self.rotary = rotary
+    self._modules['lift'] = lift  # pe.lift.*, beside the method `lift` (add_module refuses).
+    self.scale = scale
+
+  def embed(self, x, grid):
+    return self._modules['lift'].embed(self.rotary.embed(x, grid), grid)
+
+  def context(self, pos):
+    scale = torch.tensor(self.scale, dtype=torch.float32, device=pos.device)
+    return self.rotary.context(pos), self._modules['lift'].context(pos.float() * scale)
+
+  def attend(self, ctx, layer, q, k):
+    return self.rotary.attend(ctx[0], layer, q, k)
+
+  def lift(self, ctx, layer, x, q, k):
+    return self._modules['lift'].lift(ctx[1], layer, x, q, k)
+
+
 def build_encoding(pe, *, width, depth, heads, train_grid, num_prefix):
   """The encoding of a resolved `pe` section (family, block, layers, heads, init_scale)."""
+  if '+' in pe['family']:
+    (rotary, lift), (rotary_name, lift_name) = pe['family'].split('+'), pe['name'].split('+')
+    parts = [build_encoding({**pe, 'family': f, 'name': n, **extra}, width=width, depth=depth,
+                            heads=heads, train_grid=train_grid, num_prefix=num_prefix)
+             for f, n, extra in ((rotary, rotary_name, {}),
+                                 (lift, lift_name, {'block': None, 'positions': 'integer'}))]
+    scale = [i / r for i, r in zip(patch_step(train_grid, 'integer'),
+                                   patch_step(train_grid, pe['positions']))]
+    return Composition(*parts, scale)
   if pe['family'] not in BUILDERS:
     raise ValueError(f"pe.name={pe['name']!r} is unknown to this port; it knows the families "
                      f'{tuple(BUILDERS)} (names: family<b> for the blocked ones).')

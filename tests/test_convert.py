@@ -29,7 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from liere_jax import checkpoint, convert, torch_vit  # noqa: E402
+from liere_jax import checkpoint, convert, encodings, torch_vit  # noqa: E402
 from liere_jax.config import base_config, data_config
 from liere_jax.config.model import MODEL, PE  # noqa: E402
 from liere_jax.convert import __main__ as convert_cli  # noqa: E402
@@ -103,6 +103,8 @@ def _jax_run(model, x, positions=None):
   """(logits, the context's array: rotations or biases; None for encodings without one)."""
   grid = tuple(s // p for s, p in zip(x.shape[1:-1], model.patch))
   logits, ctx = _forward(*nnx.split(model), jnp.asarray(x), grid, positions)
+  if isinstance(ctx, encodings.Composed):  # 'liere8+pape': the rotary part's rotations.
+    ctx = ctx.first
   arrays = jax.tree.leaves(ctx)  # string_cayley: (rotations, P); the rotations come first.
   if hasattr(ctx, 'rot'):  # RoPE's contexts hold angles: their rotations are made from them.
     arrays = [ctx.rot]
@@ -140,6 +142,8 @@ def _check_parity(jm, tm, n_dims, sizes, case, positions=None, patch=4):
     with torch.no_grad():
       y_torch = tm(_nchw(x), positions=positions).numpy()
       ctx_torch = tm.pe_context(grid, positions)
+      if isinstance(ctx_torch, tuple):  # A composition: the rotary part's.
+        ctx_torch = ctx_torch[0]
     diff = float(np.abs(y_jax - y_torch).max())
     assert diff <= LOGIT_TOL, f'{case} at size {size}: logits differ by {diff:.2e}'
     assert (ctx_jax is None) == (ctx_torch is None)
@@ -177,6 +181,9 @@ def test_parity_every_encoding(pe, n_dims):
     dict(pe='liere8', positions='integer', init_scale=2 * np.pi / 3, sizes='larger'),
     dict(pe='rope_mixed', positions='normalized'),
     dict(pe='paper_visionllama', n_dims=1),
+    dict(pe='liere8+pape', n_dims=2),
+    dict(pe='liere8+pape', n_dims=3, sizes='train'),
+    dict(pe='rope_mixed+pape_ri', n_dims=2),
 ], ids=lambda c: ','.join(f'{k}={v}' for k, v in c.items()))
 def test_parity_variants(case):
   """(Each new shape costs a JAX compile of ~1-2 s: one size where the other adds nothing.)"""

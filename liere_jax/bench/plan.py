@@ -39,8 +39,10 @@ def plan_of(config, platform=None) -> dict:
   shape = (config.batch_size, len(positions), heads, d)
   out = {'config': spec.pe.name, 'platform': numerics.platform,
          'dtypes': f'model {spec.dtype}; parameters, rotations and exponentials float32'}
-  if spec.pe.family == 'liere':
-    out.update(_liere(model.pe.numerics(numerics), spec.pe.block, positions))
+  # A composition ('liere8+pape'): its rotary part rotates as alone, its lift follows.
+  pe = model.pe.rotary if isinstance(model.pe, encodings.Composition) else model.pe
+  if spec.pe.family.split('+')[0] == 'liere':
+    out.update(_liere(pe.numerics(numerics), spec.pe.block, positions))
   path = attention.path(numerics, ctx, shape)
   out['rotation'] = _application(numerics, ctx, path, spec.dtype)
   out['attention'] = path + {
@@ -53,7 +55,8 @@ def plan_of(config, platform=None) -> dict:
       'rotation kernel': ': the Pallas rotation kernel, then the attention kernel',
       'kernel after xla': ': XLA rotates q and k, then the Pallas attention kernel'}[path]
   if ctx.lifts:
-    d2 = type(ctx).channels(d, ctx.u.shape[-1], ctx.isotropic)
+    lift = ctx.then if isinstance(ctx, encodings.Composed) else ctx
+    d2 = type(lift).channels(d, lift.u.shape[-1], lift.isotropic)
     out['attention'] = (f'xla: an explicit softmax (XLA) of q, k lifted to {d2} channels at '
                         f'the scale {d}**-0.5, v of {d}')
   out['qkv'] = ('three products' if attention.split_qkv(numerics, ctx, shape)
@@ -99,6 +102,9 @@ def _liere(numerics, block, positions) -> dict:
 
 def _application(numerics, ctx, path, dtype) -> str:
   """How q and k are rotated on this path."""
+  if isinstance(ctx, encodings.Composed):
+    return (f'XLA: {_application(numerics, ctx.first, "xla", dtype)[len("XLA: "):]}, then '
+            'lifted by XLA (Lift)')
   if ctx.lifts:
     return 'none (q and k lifted by XLA: Lift)'
   if not ctx.rotates:

@@ -310,7 +310,7 @@ def _resolve_pe(pe: dict, *, width: int, depth: int, heads: int, n_dims: int) ->
                if key in f.option_names]
       raise ValueError(f'model.pe.{key}={value!r} does not apply to pe={name} (only to '
                        f"{', '.join(users)}); leave it at {default!r}.")
-  encodings.families()[family].check_options(pe, name=name)
+  encodings.encoding_class(family).check_options(pe, name=name)
   if pe['positions'] is not None and not facts.reads_positions:
     raise ValueError(f"model.pe.positions={pe['positions']!r} does not apply to pe={name} (it "
                      'reads no positions); leave it at None.')

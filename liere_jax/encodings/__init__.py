@@ -37,8 +37,8 @@ from liere_jax.encodings.registry import (ALIASES, FAMILIES, NAMES, Facts, Optio
 # need no jax; the first of these imports every encoding (they register).
 _LAZY = {
     # The interface and the builder.
-    'base': ('Angles', 'Bias', 'Encoding', 'LayerContext', 'Lift', 'Rotate', 'build', 'families',
-             'layer', 'register', 'validate'),
+    'base': ('Angles', 'Bias', 'Composed', 'Composition', 'Encoding', 'LayerContext', 'Lift',
+             'Rotate', 'build', 'encoding_class', 'families', 'layer', 'register', 'validate'),
     # The encodings, and their math for tests and the port's parity checks.
     'absolute': ('NoPE', 'Absolute', 'SinCos', 'sincos_table'),
     'rope': ('RopeAxial', 'PaperVisionLlama', 'RopeMixed', 'ALiBi'),

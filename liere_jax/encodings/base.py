@@ -160,6 +160,27 @@ class Lift(LayerContext):
     return cat(q, qs), cat(k, ks)
 
 
+class Composed(LayerContext):
+  """A rotary encoding's context, then a lift's: `attend` rotates q and k (`first`), `lift`
+  adds the lift's channels to the rotated q and k (`then`), as in 'liere8+pape'."""
+  rotates = lifts = True
+  first: LayerContext
+  then: LayerContext
+
+  @property
+  def projects(self):
+    return self.first.projects
+
+  def project(self, kernel, bias):
+    return self.first.project(kernel, bias)
+
+  def attend(self, q, k, numerics):
+    return self.first.attend(q, k, numerics)
+
+  def lift(self, x, q, k):
+    return self.then.lift(x, q, k)
+
+
 def layer(ctx: LayerContext, i) -> LayerContext:
   """Layer i's part of a stacked context (i an int or a traced index, as under lax.scan)."""
   return jax.tree.map(lambda a: a[0] if a.shape[0] == 1 else a[i], ctx)
@@ -215,11 +236,76 @@ def register(family: str, **facts):
   return add
 
 
+class Composition(Encoding):
+  """'a+b': the rotary encoding a (`rotary`, its parameters under pe/rotary/) and the lift b
+  (`lift`, under pe/lift/), each built as alone with its own position mode: the positions
+  reach the lift converted from a's mode to b's (e.g. LieRE's i / (n - 1) to PaPE's patch
+  index i). Subclassed per pair by `composition`."""
+  parts: tuple = ()  # (rotary class, lift class).
+
+  def __init__(self, rotary: Encoding, lift: Encoding, scale):
+    self.rotary, self.lift, self.scale = rotary, lift, tuple(float(s) for s in scale)
+
+  @classmethod
+  def from_spec(cls, spec, *, rngs):
+    import dataclasses  # pylint: disable=import-outside-toplevel
+    from liere_jax import positions  # pylint: disable=import-outside-toplevel
+    (rotary_cls, lift_cls), (a, b) = cls.parts, registry.split(spec.pe.name)
+    mode = lift_cls.facts.positions
+    part = lambda name, family, block, positions: dataclasses.replace(spec, pe=dataclasses.replace(
+        spec.pe, name=name, family=family, block=block, positions=positions))
+    rotary = rotary_cls.from_spec(part(a, rotary_cls.facts.family, spec.pe.block,
+                                       spec.pe.positions), rngs=rngs)
+    lift = lift_cls.from_spec(part(b, lift_cls.facts.family, None, mode), rngs=rngs)
+    grid = spec.train_grid
+    scale = (positions.patch_step(grid, grid, mode, mode)
+             / positions.patch_step(grid, grid, spec.pe.positions, spec.pe.positions))
+    return cls(rotary, lift, scale)
+
+  @classmethod
+  def check_options(cls, pe, *, name):
+    for part, part_name in zip(cls.parts, registry.split(name)):
+      part.check_options(pe, name=part_name)
+
+  def embed(self, x, grid):
+    return self.lift.embed(self.rotary.embed(x, grid), grid)
+
+  def context(self, pos, numerics=None):
+    lift_pos = jnp.asarray(pos, jnp.float32) * jnp.asarray(self.scale, jnp.float32)
+    return Composed(self.rotary.context(pos, numerics), self.lift.context(lift_pos, numerics))
+
+  def layer(self, ctx, i):
+    return Composed(self.rotary.layer(ctx.first, i), self.lift.layer(ctx.then, i))
+
+
+_COMPOSITIONS: Dict[str, Type[Encoding]] = {}
+
+
+def encoding_class(family: str) -> Type[Encoding]:
+  """The class of a family, or of a composed family 'liere+pape' (made once per pair)."""
+  if '+' not in family:
+    return _CLASSES[family]
+  if family not in _COMPOSITIONS:
+    parts = tuple(_CLASSES[f] for f in registry.split(family))
+    _COMPOSITIONS[family] = type(''.join(p.__name__ for p in parts), (Composition,),
+                                 dict(parts=parts, facts=registry.facts(family)))
+  return _COMPOSITIONS[family]
+
+
 def validate(family: str, *, block, head_dim: int, width: int, n_dims: int, name: str = ''):
   """The encoding's own rules; raises a ValueError naming the bad value and the fix.
 
   name: the model.pe.name (default family<block>), for the messages (Facts.aliases).
   """
+  if '+' in family:  # Each part by its own rules, under its own name.
+    for part, part_name, part_block in zip(registry.split(family), registry.split(name),
+                                           (block, None)):
+      try:
+        validate(part, block=part_block, head_dim=head_dim, width=width, n_dims=n_dims,
+                 name=part_name)
+      except ValueError as e:
+        raise ValueError(f'{e} (In model.pe.name={name!r}.)') from None
+    return
   name = name or f"{family}{block or ''}"
   cls = _CLASSES[family]
   facts = cls.facts
@@ -235,7 +321,7 @@ def validate(family: str, *, block, head_dim: int, width: int, n_dims: int, name
 
 def build(spec, *, rngs: nnx.Rngs) -> Encoding:
   """The encoding of a resolved model (a ModelSpec)."""
-  return _CLASSES[spec.pe.family].from_spec(spec, rngs=rngs)
+  return encoding_class(spec.pe.family).from_spec(spec, rngs=rngs)
 
 
 def families() -> Dict[str, Type[Encoding]]:

@@ -123,7 +123,8 @@ COMROPE_INIT_STD = 1.0
 
 
 # ComRoPE's centred patch coordinates on [0, 1] positions.
-@register('comrope_ap', blocks=True, positions='normalized', label='ComRoPE-AP{b}')
+@register('comrope_ap', blocks=True, positions='normalized', label='ComRoPE-AP{b}',
+          composes='rotary')
 class ComRoPEAP(_ComRoPE):
   """ComRoPE-AP (axis partition): R(x) = blockdiag_j exp(x_{j mod n} B_j), B_j = P_j - P_j^T.
 
@@ -159,7 +160,8 @@ class ComRoPEAP(_ComRoPE):
     return Rotate(jnp.swapaxes(rot, 2, 3))  # [L, H, T, k, b, b]
 
 
-@register('comrope_ld', blocks=True, positions='normalized', label='ComRoPE-LD{b}')
+@register('comrope_ld', blocks=True, positions='normalized', label='ComRoPE-LD{b}',
+          composes='rotary')
 class ComRoPELD(_ComRoPE):
   """ComRoPE-LD (linearly dependent): R(x) = blockdiag_j exp((sum_a theta_{a,j} x_a) S_{h,j}).
 
@@ -211,7 +213,7 @@ class Projected(Rotate):
     return fold(kernel), None if bias is None else fold(bias)
 
 
-@register('string_cayley', label='STRING (Cayley)')
+@register('string_cayley', label='STRING (Cayley)', composes='rotary')
 class StringCayley(RopeMixed):
   """Cayley-STRING: R(x) = RoPE-Mixed(x) P, P = (I - S)(I + S)^-1 per layer and head.
 
@@ -250,7 +252,8 @@ class Circulant(LayerContext):
 
 
 # min_block 3: a 2 x 2 circulant is symmetric, C - C^T = 0.
-@register('string_circulant', blocks=True, min_block=3, label='STRING (circulant {b})')
+@register('string_circulant', blocks=True, min_block=3, label='STRING (circulant {b})',
+          composes='rotary')
 class StringCirculant(Encoding):
   """Circulant-STRING: R(x) = blockdiag_j exp(sum_a x_a L_{a,j}), L = C - C^T, C circulant.
 

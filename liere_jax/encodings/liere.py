@@ -23,6 +23,7 @@ SHARE = ('none', 'layers', 'heads', 'all')  # model.pe.share: generators shared 
 
 # Normalized positions: the U[0, 2 pi) generators are sized for positions in [0, 1].
 @register('liere', blocks=True, positions='normalized', official=True, label='LieRE{b}',
+          composes='rotary',
           options=(
               Option('share', 'none', "generators shared over 'none', 'layers', 'heads' or "
                      "'all'."),

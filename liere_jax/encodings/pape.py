@@ -68,7 +68,7 @@ class _Parabolic(Encoding):
                num_prefix=spec.num_prefix, rngs=rngs, **spec.pe.options)
 
 
-@register('pape', label='PaPE', options=(
+@register('pape', label='PaPE', composes='lift', options=(
     Option('parabolas', 50, 'parabolas per head (M; the official default 50).'),))
 class PaPE(_Parabolic):
   """PaPE: M parabolas per layer and head along learned directions of the position (module
@@ -97,7 +97,7 @@ class PaPE(_Parabolic):
     return Lift(jnp.swapaxes(u, 1, 2), self.ab[...])  # u [L, H, T, M]
 
 
-@register('pape_ri', label='PaPE-RI')
+@register('pape_ri', label='PaPE-RI', composes='lift')
 class PaPERI(_Parabolic):
   """PaPE-RI: one isotropic parabola per layer and head, a fixed scale s_h per head (module
   doc); context Lift(u = s_h p [L, H, T, n], a [L, D, H], isotropic)."""

@@ -44,6 +44,9 @@ class Facts:
   reads_positions: bool = True  # False: the encoding ignores token positions (and jitter).
   options: Tuple[Option, ...] = ()  # model.pe options it reads besides name, positions, jitter.
   official: bool = False  # Converts to / from the official LieRE code's checkpoint layout.
+  # 'rotary': rotates q and k (it can come first in a composition 'a+b'); 'lift': adds channels
+  # to q and k (PaPE; second in 'a+b': rotate, then lift).
+  composes: str = ''
   # Names that are this family at a fixed block size: alias -> (block, report label).
   aliases: Mapping[str, Tuple[int, str]] = dataclasses.field(default_factory=dict)
 
@@ -95,9 +98,19 @@ def options() -> Dict[str, Tuple[Option, Tuple[str, ...]]]:
   return out
 
 
+def split(name: str) -> Tuple[str, ...]:
+  """The parts of a composed name ('liere8+pape' -> ('liere8', 'pape')), or (name,)."""
+  return tuple(name.split('+'))
+
+
 def parse(name: str) -> Tuple[str, Optional[int]]:
   """(family, block) of a model.pe.name: 'liere8' -> ('liere', 8), 'paper_rope_mixed' ->
-  ('liere', 2); any other name is its own family with block None."""
+  ('liere', 2), 'liere8+pape' -> ('liere+pape', 8) (the block is the rotary part's); any other
+  name is its own family with block None."""
+  if '+' in name:
+    composed(name)  # Refuses what is not a rotary encoding and a lift.
+    (rotary, block), (lift, _) = map(parse, split(name))
+    return f'{rotary}+{lift}', block
   if name in ALIASES:
     return ALIASES[name]
   m = re.fullmatch(r'(%s)(\d+)' % '|'.join(BLOCK_FAMILIES), name)
@@ -105,7 +118,10 @@ def parse(name: str) -> Tuple[str, Optional[int]]:
 
 
 def facts(name: str) -> Facts:
-  """The Facts of a model.pe.name (or of a family name)."""
+  """The Facts of a model.pe.name (or of a family name); a composed name's are its parts'
+  (`composed`)."""
+  if '+' in name:
+    return composed(name)
   family, _ = parse(name)
   if family not in FAMILIES:
     raise ValueError(f'model.pe.name={name!r} is unknown; use one of {NAMES} '
@@ -113,8 +129,29 @@ def facts(name: str) -> Facts:
   return FAMILIES[family]
 
 
+def composed(name: str) -> Facts:
+  """The Facts of 'a+b', a rotary encoding a then a lift b ('liere8+pape'): a's blocks and
+  positions, both parts' options; refused in one line unless a rotates and b lifts."""
+  parts = split(name)
+  ok = len(parts) == 2 and all(parts)
+  rotary, lift = (facts(p) for p in parts) if ok else (None, None)
+  if not ok or rotary.composes != 'rotary' or lift.composes != 'lift':
+    rotaries = ', '.join(f.family + '<b>' * f.blocks for f in FAMILIES.values()
+                         if f.composes == 'rotary')
+    lifts = ', '.join(f.family for f in FAMILIES.values() if f.composes == 'lift')
+    raise ValueError(f'model.pe.name={name!r}: a composition is a rotary encoding, then a lift '
+                     f'(rotary: {rotaries}; lift: {lifts}), e.g. liere8+pape.')
+  options = {o.name: o for o in rotary.options + lift.options}
+  return Facts(f'{rotary.family}+{lift.family}', f'{rotary.label}+{lift.label}',
+               blocks=rotary.blocks, min_block=rotary.min_block, positions=rotary.positions,
+               options=tuple(options.values()))
+
+
 def label(name: str) -> str:
-  """The report label of a model.pe.name: 'LieRE8', 'RoPE-Mixed (paper: LieRE2)'."""
+  """The report label of a model.pe.name: 'LieRE8', 'RoPE-Mixed (paper: LieRE2)',
+  'LieRE8+PaPE'."""
+  if '+' in name:
+    return '+'.join(map(label, split(name)))
   f = facts(name)
   if name in f.aliases:
     return f.aliases[name][1]

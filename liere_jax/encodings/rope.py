@@ -18,7 +18,7 @@ class _Angles(Encoding):
                        f'positions, got {head_dim}; use fewer heads.')
 
 
-@register('rope_axial', label='Axial RoPE (rope-vit)')
+@register('rope_axial', label='Axial RoPE (rope-vit)', composes='rotary')
 class RopeAxial(_Angles):
   """VisionLlama / RoPE-Axial: fixed frequencies, each axis owns an equal share of the pairs.
 
@@ -42,7 +42,7 @@ class RopeAxial(_Angles):
 
 # The official code's [0, 1] positions.
 @register('paper_visionllama', positions='normalized', official=True,
-          label='VisionLlama RoPE (paper)')
+          label='VisionLlama RoPE (paper)', composes='rotary')
 class PaperVisionLlama(RopeAxial):
   """The paper's VisionLlama column: the official LieRE code's "tiled" encoding (phase_type
   "inverse_exp"), rotate-by-angle RoPE with fixed axial frequencies.
@@ -71,7 +71,7 @@ def _random_frame(key, n):
   return q * jnp.sign(jnp.diag(r))
 
 
-@register('rope_mixed', official=True, label='RoPE-Mixed (naver-ai)')
+@register('rope_mixed', official=True, label='RoPE-Mixed (naver-ai)', composes='rotary')
 class RopeMixed(_Angles):
   """RoPE-Mixed (Heo et al. 2024): learned frequencies per layer and head, mixed over axes.
 
