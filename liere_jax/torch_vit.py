@@ -32,7 +32,8 @@ none for paper_visionllama (fixed frequencies); pe.skew_params
 for ld), pe.freqs + pe.cayley [depth, heads, d(d-1)/2] (string_cayley), pe.circulant
 [depth, heads, n, d//b, b] (string_circulant<b>), pe.position [depth, n, heads*M] + pe.ab
 [depth, D, 2*heads*M] (pape), pe.position_scales [depth, heads] + pe.a [depth, D, heads]
-(pape_ri: q and k lifted by extra channels, the logits still scaled by the head size's).
+(pape_ri: q and k lifted by extra channels, the logits still scaled by the head size's);
+pe.rotary.* + pe.lift.* for a composition (liere8+pape: rotate, then lift).
 ComRoPE's exponentials run per token here (expm_rotations; the JAX model uses one
 eigen-decomposition per block, same matrices).
 """

@@ -25,6 +25,8 @@ Parameters (names are an API: checkpoints and the PyTorch port depend on them):
   string_circulant<b>  circulant    [depth, heads, n, d//b, b]   first columns c of C_{a,j}
   pape                 position [depth, n, heads * M],  ab [depth, D, 2 * heads * M]  (a | b)
   pape_ri              position_scales [depth, heads] (fixed),  a [depth, D, heads]
+  <rotary>+<lift>      rotary/<the rotary part's>,  lift/<the lift's>  (liere8+pape: rotary/
+                       generators, lift/position, lift/ab; base.Composition)
   none, sincos, rope_axial, alibi: no parameters.
 """
 import importlib
