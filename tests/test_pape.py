@@ -1,6 +1,9 @@
 """liere_jax/encodings/pape.py: PaPE and PaPE-RI as a lift of q and k (encodings.base.Lift)
 against the explicit T x T parabolic bias, their relative properties, the padding, the
-dispatch of a lifting context, and the model with them (1D / 2D / 3D, a train step)."""
+dispatch of a lifting context, and the model with them (1D / 2D / 3D, a train step); against
+the official code (tests/fixtures/pape/, scripts/pape_fixtures.py): its lift, and its
+classifiers' layers and logits given their weights (liere_jax/convert/pape_layout.py)."""
+import json
 import math
 import os
 
@@ -11,9 +14,10 @@ import pytest
 from flax import nnx
 
 from helpers import forward, tiny_model, tiny_run_config, trainer
-from liere_jax import attention, encodings
+from liere_jax import attention, convert, encodings
+from liere_jax.config.model import resolve
 from liere_jax.encodings.base import LayerContext, Lift
-from liere_jax.model import create_encoding
+from liere_jax.model import ViT, create_encoding
 from liere_jax.numerics import plan
 from liere_jax.positions import grid_positions, with_prefix
 
@@ -241,11 +245,17 @@ def test_a_train_step_on_cpu_moves_the_parabolas_and_not_the_fixed_scales(pe):
 
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'pape')
-CASES = sorted(f[:-4] for f in os.listdir(FIXTURES) if f.endswith('.npz'))
+FILES = sorted(f[:-4] for f in os.listdir(FIXTURES) if f.endswith('.npz'))
+CASES = [f for f in FILES if not f.startswith('vit_')]  # The encoders' lift.
+VIT_CASES = [f for f in FILES if f.startswith('vit_')]  # The classifiers.
 
 
 def test_the_official_fixtures_are_there():
   assert CASES == ['pape_2d', 'pape_2d_default', 'pape_3d', 'pape_ri_2d', 'pape_ri_3d']
+  assert VIT_CASES == ['vit_pape_2d', 'vit_pape_3d', 'vit_pape_ri_2d', 'vit_pape_ri_3d']
+  assert sum(os.path.getsize(os.path.join(FIXTURES, f + '.npz')) for f in FILES) < 200_000
+  for case in VIT_CASES:  # The official commit they came from.
+    assert len(str(np.load(os.path.join(FIXTURES, case + '.npz'))['official_commit'])) == 40
 
 
 @pytest.mark.parametrize('case', CASES)
@@ -289,3 +299,129 @@ def test_the_official_code_s_lift_is_ours_given_its_weights(case):
   want = np.einsum('bqhd,bkhd->bhqk', want_q.astype(np.float64), want_k.astype(np.float64))
   scale = np.abs(want).max()
   np.testing.assert_allclose(scores / scale, want / scale, atol=1e-5, rtol=0)
+
+
+# The official classifiers (pape/nn/image_classifier.py, video_classifier.py) against our ViT.
+# The official forward ran in float64 on float16-exact weights and inputs; ours runs in float32
+# (measured: logits 7e-7, layers 7e-7, scores 4e-6 of scores up to 25).
+LOGITS_TOL, SCORES_TOL = 1e-4, 1e-5
+
+
+def _fixture(case):
+  return dict(np.load(os.path.join(FIXTURES, case + '.npz')))
+
+
+def _official_state(f):
+  """The official state_dict of a vit_* fixture: its float16 values, packed in the state_dict's
+  order (scripts/pape_fixtures.py), as float32."""
+  values, state, start = f['state'], {}, 0
+  for key, shape in json.loads(str(f['state_keys'])):
+    size = math.prod(shape)
+    state[key] = values[start:start + size].reshape(shape).astype(np.float32)
+    start += size
+  assert start == values.size
+  return state
+
+
+def _layer_norm(x, scale, bias, eps=1e-5):
+  mean = x.mean(-1, keepdims=True)
+  var = jnp.square(x - mean).mean(-1, keepdims=True)
+  return (x - mean) * jax.lax.rsqrt(var + eps) * scale + bias
+
+
+def _official_vit(case):
+  """(our ViT holding the official classifier's weights, its norm_pre, the fixture)."""
+  f = _fixture(case)
+  spec = resolve(convert.pape_model(**json.loads(str(f['config']))))
+  params, norm_pre = convert.from_pape_layout(_official_state(f), spec)
+  model = ViT(spec, rngs=nnx.Rngs(0))
+  state = nnx.state(model, nnx.Param)
+  nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+  nnx.update(model, state)
+  model.eval()
+  return model, norm_pre, f
+
+
+def _max_err(got, want):
+  return float(np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64)).max())
+
+
+@pytest.mark.parametrize('case', VIT_CASES)
+def test_the_official_classifier_without_its_norm_pre_is_our_vit_given_its_weights(case):
+  """Our ViT, as it is, with the official weights (convert.from_pape_layout) gives the logits of
+  the official classifier whose encoder.norm_pre is the identity, within 1e-4; the parabolas
+  count (zero positions move the logits far more)."""
+  model, _, f = _official_vit(case)
+  x = jnp.asarray(f['input'], jnp.float32)
+  logits = forward(model, x)
+  assert _max_err(logits, f['logits_without_norm_pre']) <= LOGITS_TOL
+  key = 'position' if 'pape_ri' not in case else 'position_scales'
+  getattr(model.pe, key)[...] = jnp.zeros_like(getattr(model.pe, key)[...])  # u = 0: no bias.
+  assert _max_err(forward(model, x), f['logits_without_norm_pre']) > 100 * LOGITS_TOL
+
+
+@pytest.mark.parametrize('case', VIT_CASES)
+def test_the_official_classifier_is_our_vit_with_its_norm_pre_inserted(case):
+  """The one module our ViT lacks: the official encoder normalises the tokens (CLS included)
+  once before its first layer (pape/nn/encoder.py:18,36). With that LayerNorm applied where the
+  official applies it (after the CLS concat: our encoding's `embed` hook, the identity for
+  PaPE), our ViT gives the official logits within 1e-4, and the norm_pre changes them by far
+  more than that: the difference is real."""
+  model, norm_pre, f = _official_vit(case)
+  assert _max_err(f['logits'], f['logits_without_norm_pre']) > 0.5
+  model.pe.embed = lambda x, grid: _layer_norm(x, norm_pre['scale'], norm_pre['bias'])
+  logits = model(jnp.asarray(f['input'], jnp.float32))
+  assert _max_err(logits, f['logits']) <= LOGITS_TOL
+
+
+@pytest.mark.parametrize('case', VIT_CASES)
+def test_each_official_layer_is_our_block_and_gives_our_lifted_scores(case):
+  """Each official encoder layer (norm1, qkv, PaPE's lift, attention, out_proj, norm2, MLP) on
+  the official residual stream is our Block with its weights (1e-4), and its lifted scores
+  q' k'^T (official encode_query_key, unscaled) are ours within 1e-5 of their scale."""
+  model, _, f = _official_vit(case)
+  spec = model.spec
+  ctx = model.pe_context(model.train_grid)
+  for i, block in enumerate(model.blocks):
+    layer = model.pe.layer(ctx, i)
+    stream = jnp.asarray(f['stream'][i])
+    out, _ = block(stream, layer)
+    assert _max_err(out, f['stream'][i + 1]) <= LOGITS_TOL, i
+    x = block.norm1(stream)
+    qkv = x @ block.attn.qkv.kernel[...] + block.attn.qkv.bias[...]
+    qkv = qkv.reshape(*x.shape[:2], 3, spec.heads, spec.head_dim)
+    q2, k2 = layer.lift(x, qkv[:, :, 0], qkv[:, :, 1])
+    scores = jnp.einsum('bqhd,bkhd->bhqk', q2, k2, precision=jax.lax.Precision.HIGHEST)
+    want = f['scores'][i]
+    assert scores.shape == want.shape
+    assert _max_err(scores, want) <= SCORES_TOL * np.abs(want).max(), i
+
+
+def test_the_official_classifier_config_and_state_dict_are_checked():
+  f = _fixture('vit_pape_2d')
+  config = json.loads(str(f['config']))
+  spec = resolve(convert.pape_model(**config))
+  assert (spec.width, spec.depth, spec.heads, spec.mlp_dim, spec.patch, spec.input_size,
+          spec.pe.parabolas, spec.qkv_bias, spec.pool) == (16, 2, 2, 16, (4, 4), (8, 12), 4,
+                                                          True, 'cls')
+  video = resolve(convert.pape_model(**json.loads(str(_fixture('vit_pape_ri_3d')['config']))))
+  assert (video.patch, video.input_size, video.pe.name) == ((2, 4, 4), (4, 8, 8), 'pape_ri')
+  base = resolve(convert.pape_model(positional='pape', size='base', num_classes=1000,
+                                    patch_size=16, height=224, width=224))
+  assert (base.width, base.depth, base.heads, base.head_dim, base.mlp_dim) == (
+      768, 12, 12, 64, 3072)
+  for bad, match in [(dict(normalize=True), 'normalize=True'),
+                     (dict(head_size=4), 'num_heads \\* head_size'),
+                     (dict(width=10), 'not divisible by patch_size'),
+                     (dict(positional='rope'), "only the official 'pape' and 'pape_ri'"),
+                     (dict(frame_length=2), 'both frame_length and max_samples')]:
+    with pytest.raises(ValueError, match=match):
+      convert.pape_model(**{**config, **bad})
+  state = _official_state(f)
+  del state['encoder.norm_pre.bias']
+  with pytest.raises(ValueError, match="missing key 'encoder.norm_pre.bias'"):
+    convert.from_pape_layout(state, spec)
+  state = _official_state(f)
+  state['encoder.layers.1.attention.position_encoder.ab.weight'] = np.zeros((4, 16), np.float32)
+  with pytest.raises(ValueError, match='ab.weight.* has shape \\(4, 16\\)'):
+    convert.from_pape_layout(state, spec)

@@ -12,8 +12,8 @@ the model once, where they read its description.
 
 Modules: config_json (the model JSON, read and written), tree (key checks over
 liere_jax.param_tree), torch_layout (the port's layout, STRING folding), official_args and
-official_layout (the official model's arguments and state_dict), files (the export and import
-files).
+official_layout (the official model's arguments and state_dict), pape_layout (the official
+PaPE classifiers' description and state_dict, imported), files (the export and import files).
 """
 from liere_jax.convert.config_json import (FORMAT, config_from_json, export_json, read_json,
                                            write_json)
@@ -23,6 +23,7 @@ from liere_jax.convert.official_layout import (Layer0BugWarning, from_official_l
                                                official_layout)
 from liere_jax.convert.official_args import (model_from_official, official_spec,
                                              rope_vit_kwargs)
+from liere_jax.convert.pape_layout import from_pape_layout, pape_model
 from liere_jax.convert.torch_layout import fold_string_cayley, from_torch_layout, torch_layout
 from liere_jax.convert.tree import abstract_params, check_keys
 from liere_jax.param_tree import flatten, unflatten_like
