@@ -21,6 +21,7 @@ Parameter tree (stable names; the PyTorch port maps them one to one):
   patch_embed/kernel [*patch, C, D], patch_embed/bias [D]
   cls_token [1, 1, D]                          (pool='cls' only)
   pe/...                                       (see liere_jax/encodings/__init__.py)
+  norm_pre/{scale, bias} [D]                   (model.norm_pre only: the official PaPE's)
   blocks/<i>/norm1/{scale, bias} [D]
   blocks/<i>/attn/qkv/{kernel [D, 3D], bias [3D]}   output laid out (q|k|v, head, head_dim);
                                                     no bias with qkv_bias=False (official LieRE)
@@ -237,6 +238,8 @@ class ViT(nnx.Module):
       cls = jax.random.normal(rngs.params(), (1, 1, width))
       self.cls_token = nnx.Param(spec.embed_std * cls)
     self.pe = encodings.build(spec, rngs=rngs)
+    if spec.norm_pre:  # The official PaPE classifiers' encoder.norm_pre (no draws).
+      self.norm_pre = nnx.LayerNorm(width, epsilon=spec.layer_norm_eps, dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(spec.dropout, rngs=rngs)
     # The same draws either way: scan_layers stacks the loop's blocks (a run starts alike).
     blocks = [Block(width, spec.heads, spec.mlp_dim, qkv_bias=spec.qkv_bias,
@@ -316,6 +319,8 @@ class ViT(nnx.Module):
     x = self.pe.embed(x, grid)
     if 'embed' in self.spec.dropout_sites:
       x = self.dropout(x)
+    if self.spec.norm_pre:
+      x = self.norm_pre(x)
     # The blocks run one of three ways: stacked under one lax.scan (model.scan_layers, the
     # train and eval steps); one by one over per-layer views of the stacked blocks (scan_layers
     # with return_attention: the maps of every layer); or as a Python loop over nnx.List blocks

@@ -21,7 +21,7 @@ Path = Tuple[str, ...]
 # num_prefix, pe.layers, ...) follow from these. input_size shapes the absolute embedding only
 # and num_classes the head: fine-tuning (model_init.py) may change them.
 SHAPING = ('patch', 'channels', 'width', 'depth', 'heads', 'mlp_dim', 'pool', 'qkv_bias',
-           'pe.name', 'pe.share', 'input_size', 'num_classes')
+           'norm_pre', 'pe.name', 'pe.share', 'pe.parabolas', 'input_size', 'num_classes')
 
 
 def flatten(tree) -> Dict[Path, Any]:

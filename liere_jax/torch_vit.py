@@ -700,9 +700,9 @@ class Block(nn.Module):
 
 SPEC_FIELDS = ('width', 'depth', 'heads', 'mlp_dim', 'patch', 'input_size', 'channels',
                'num_classes', 'pool', 'qkv_bias', 'dropout', 'dropout_sites', 'layer_norm_eps',
-               'pe')
+               'norm_pre', 'pe')
 # Fields added after models were exported, with the value those models were trained with.
-ADDED_FIELDS = {'dropout_sites': ('embed', 'attn', 'mlp')}
+ADDED_FIELDS = {'dropout_sites': ('embed', 'attn', 'mlp'), 'norm_pre': False}
 
 
 def spec_fields(config):
@@ -725,7 +725,8 @@ class ViT(nn.Module):
   """
 
   def __init__(self, *, width, depth, heads, mlp_dim, patch, input_size, channels,
-               num_classes, pool, qkv_bias, pe, dropout, dropout_sites, layer_norm_eps):
+               num_classes, pool, qkv_bias, pe, dropout, dropout_sites, layer_norm_eps,
+               norm_pre=False):
     super().__init__()
     patch, input_size = tuple(patch), tuple(input_size)
     if len(patch) != len(input_size) or not 1 <= len(patch) <= 3:
@@ -749,6 +750,8 @@ class ViT(nn.Module):
                              train_grid=self.train_grid, num_prefix=self.num_prefix)
     self.positions = pe['positions']
     self.dropout = nn.Dropout(dropout if 'embed' in dropout_sites else 0.)
+    # The official PaPE classifiers' encoder.norm_pre: every token, before the first block.
+    self.norm_pre = nn.LayerNorm(width, eps=layer_norm_eps) if norm_pre else nn.Identity()
     self.blocks = nn.ModuleList([
         Block(width, heads, mlp_dim, qkv_bias, dropout, layer_norm_eps, dropout_sites)
         for _ in range(depth)])
@@ -791,7 +794,7 @@ class ViT(nn.Module):
     x = self.patch_embed(x).flatten(2).transpose(1, 2)  # [B, T, D], tokens row-major.
     if self.num_prefix:
       x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
-    x = self.dropout(self.pe.embed(x, grid))
+    x = self.norm_pre(self.dropout(self.pe.embed(x, grid)))
     attention = []
     for layer, block in enumerate(self.blocks):
       x, weights = block(x, self.pe, ctx, layer)

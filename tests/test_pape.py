@@ -3,6 +3,7 @@ against the explicit T x T parabolic bias, their relative properties, the paddin
 dispatch of a lifting context, and the model with them (1D / 2D / 3D, a train step); against
 the official code (tests/fixtures/pape/, scripts/pape_fixtures.py): its lift, and its
 classifiers' layers and logits given their weights (liere_jax/convert/pape_layout.py)."""
+import dataclasses
 import json
 import math
 import os
@@ -323,23 +324,21 @@ def _official_state(f):
   return state
 
 
-def _layer_norm(x, scale, bias, eps=1e-5):
-  mean = x.mean(-1, keepdims=True)
-  var = jnp.square(x - mean).mean(-1, keepdims=True)
-  return (x - mean) * jax.lax.rsqrt(var + eps) * scale + bias
-
-
-def _official_vit(case):
-  """(our ViT holding the official classifier's weights, its norm_pre, the fixture)."""
+def _official_vit(case, norm_pre=True):
+  """(our ViT holding the official classifier's weights, the fixture); without norm_pre: our
+  ViT with model.norm_pre off, the official's encoder.norm_pre left out."""
   f = _fixture(case)
   spec = resolve(convert.pape_model(**json.loads(str(f['config']))))
-  params, norm_pre = convert.from_pape_layout(_official_state(f), spec)
+  params = convert.from_pape_layout(_official_state(f), spec)
+  if not norm_pre:
+    spec = dataclasses.replace(spec, norm_pre=False)
+    del params['norm_pre']
   model = ViT(spec, rngs=nnx.Rngs(0))
   state = nnx.state(model, nnx.Param)
   nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
   nnx.update(model, state)
   model.eval()
-  return model, norm_pre, f
+  return model, f
 
 
 def _max_err(got, want):
@@ -347,11 +346,11 @@ def _max_err(got, want):
 
 
 @pytest.mark.parametrize('case', VIT_CASES)
-def test_the_official_classifier_without_its_norm_pre_is_our_vit_given_its_weights(case):
-  """Our ViT, as it is, with the official weights (convert.from_pape_layout) gives the logits of
-  the official classifier whose encoder.norm_pre is the identity, within 1e-4; the parabolas
-  count (zero positions move the logits far more)."""
-  model, _, f = _official_vit(case)
+def test_the_official_classifier_without_its_norm_pre_is_our_vit_without_it(case):
+  """Our ViT with model.norm_pre off and the official weights (convert.from_pape_layout)
+  gives the logits of the official classifier whose encoder.norm_pre is the identity, within
+  1e-4; the parabolas count (zero positions move the logits far more)."""
+  model, f = _official_vit(case, norm_pre=False)
   x = jnp.asarray(f['input'], jnp.float32)
   logits = forward(model, x)
   assert _max_err(logits, f['logits_without_norm_pre']) <= LOGITS_TOL
@@ -361,17 +360,14 @@ def test_the_official_classifier_without_its_norm_pre_is_our_vit_given_its_weigh
 
 
 @pytest.mark.parametrize('case', VIT_CASES)
-def test_the_official_classifier_is_our_vit_with_its_norm_pre_inserted(case):
-  """The one module our ViT lacks: the official encoder normalises the tokens (CLS included)
-  once before its first layer (pape/nn/encoder.py:18,36). With that LayerNorm applied where the
-  official applies it (after the CLS concat: our encoding's `embed` hook, the identity for
-  PaPE), our ViT gives the official logits within 1e-4, and the norm_pre changes them by far
-  more than that: the difference is real."""
-  model, norm_pre, f = _official_vit(case)
+def test_the_official_classifier_is_our_vit_with_model_norm_pre(case):
+  """The official encoder normalises the tokens (CLS included) once before its first layer
+  (pape/nn/encoder.py:18,36): with model.norm_pre (convert.pape_model sets it) our ViT gives the
+  official logits within 1e-4, and that LayerNorm changes them by far more than that."""
+  model, f = _official_vit(case)
+  assert model.spec.norm_pre
   assert _max_err(f['logits'], f['logits_without_norm_pre']) > 0.5
-  model.pe.embed = lambda x, grid: _layer_norm(x, norm_pre['scale'], norm_pre['bias'])
-  logits = model(jnp.asarray(f['input'], jnp.float32))
-  assert _max_err(logits, f['logits']) <= LOGITS_TOL
+  assert _max_err(forward(model, jnp.asarray(f['input'], jnp.float32)), f['logits']) <= LOGITS_TOL
 
 
 @pytest.mark.parametrize('case', VIT_CASES)
@@ -379,7 +375,7 @@ def test_each_official_layer_is_our_block_and_gives_our_lifted_scores(case):
   """Each official encoder layer (norm1, qkv, PaPE's lift, attention, out_proj, norm2, MLP) on
   the official residual stream is our Block with its weights (1e-4), and its lifted scores
   q' k'^T (official encode_query_key, unscaled) are ours within 1e-5 of their scale."""
-  model, _, f = _official_vit(case)
+  model, f = _official_vit(case)
   spec = model.spec
   ctx = model.pe_context(model.train_grid)
   for i, block in enumerate(model.blocks):

@@ -72,6 +72,8 @@ MODEL = Section('model', [
     Field('dropout', 0.0, 'Dropout rate at dropout_sites.', plain=True),
     Field('dropout_sites', ('embed', 'attn', 'mlp_hidden', 'mlp'),
           "Where dropout acts: the official four (model.py).", added=('embed', 'attn', 'mlp')),
+    Field('norm_pre', False, 'A LayerNorm on every token (CLS too) before the first block: the '
+          "official PaPE classifiers' encoder.norm_pre.", added=False, plain=True),
     Field('qkv_bias', True, 'False matches the official LieRE layout (its to_qkv has no bias).',
           plain=True),
     Field('init', 'jax', "'jax' (DeiT) or 'official' (the official code's PyTorch default "

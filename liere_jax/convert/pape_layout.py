@@ -3,13 +3,10 @@
 our model section (`pape_model`) and their state_dict as our parameter tree
 (`from_pape_layout`).
 
-Our ViT is the official classifier but for one LayerNorm: the official TransformerEncoder
-normalises the tokens once before its first layer (`norm_pre`, pape/nn/encoder.py:18, applied at
-:36), which our ViT (liere_jax/model.py) has no place for. `from_pape_layout` hands it back
-beside the parameters: our ViT with those parameters computes the official classifier with
-`encoder.norm_pre` taken out, and the official one when `norm_pre` is applied to the tokens after
-the CLS concat (tests/test_pape.py checks both against the official logits). The rest maps one
-to one in evaluation: the Conv2d / Conv3d patch embedding with bias, the CLS token first
+Our ViT with `model.norm_pre` is the official classifier in evaluation (tests/test_pape.py
+holds its logits to the official's): the official TransformerEncoder normalises every token once
+before its first layer (`norm_pre`, pape/nn/encoder.py:18, applied at :36), ours there with
+model.norm_pre (`pape_model` sets it). The rest maps one to one in evaluation: the Conv2d / Conv3d patch embedding with bias, the CLS token first
 (position 0), pre-norm layers (norm1, one qkv Linear with bias laid out (q|k|v, head, head
 dim), PaPE's lift from norm1's output, softmax at head_size**-0.5, out_proj; norm2, fc1, exact
 GELU, fc2), `norm_post`, the classifier on the CLS token; LayerNorm eps 1e-5. Training differs
@@ -21,7 +18,7 @@ recipe's default), patches at 1..n with CLS at 0; the 2D (col, row) order is our
 swapping the two rows of `position`'s n axis. Full-length video clips only: the official
 VideoClassifier masks the padding of shorter clips, our ViT has no padding mask.
 """
-from typing import Optional, Tuple
+from typing import Optional
 
 import ml_collections
 import numpy as np
@@ -35,10 +32,9 @@ from liere_jax.convert.torch_layout import _torch_leaf
 # head_size, intermediate_size.
 PAPE_SIZES = {'nano': (128, 4, 4, 32, 256), 'tiny': (256, 7, 4, 64, 512),
               'small': (512, 10, 8, 64, 2048), 'base': (768, 12, 12, 64, 3072)}
-NORM_PRE = 'encoder.norm_pre'
 # Our top-level parameters -> the official module names (torch_layout names the leaves).
-_TOP = {'patch_embed': 'embedding', 'cls_token': 'cls', 'norm': 'encoder.norm_post',
-        'head': 'classifier'}
+_TOP = {'patch_embed': 'embedding', 'cls_token': 'cls', 'norm_pre': 'encoder.norm_pre',
+        'norm': 'encoder.norm_post', 'head': 'classifier'}
 _BLOCK = {'norm1': 'norm1', 'attn/qkv': 'attention.qkv_proj', 'attn/proj': 'attention.out_proj',
           'norm2': 'norm2', 'mlp/fc1': 'ffn.fc1', 'mlp/fc2': 'ffn.fc2'}
 # Our pe parameter [L, ...] -> the official per-layer position encoder's entry.
@@ -84,7 +80,7 @@ def pape_model(*, positional: str, num_classes: int, patch_size: int, height: in
   frames = () if frame_length is None else (frame_length * max_samples,)
   m = model_config(pe=positional, width=hidden, depth=depth, heads=heads, mlp_dim=mlp,
                    patch=patch, input_size=frames + (height, width), channels=3,
-                   num_classes=num_classes, pool='cls', qkv_bias=True)
+                   num_classes=num_classes, pool='cls', qkv_bias=True, norm_pre=True)
   if positional == 'pape':
     m.pe.parabolas = parabolas
   return m
@@ -100,10 +96,10 @@ def _official_name(path) -> str:
   return f'{_TOP[path[0]]}.{leaf}'
 
 
-def from_pape_layout(state, spec) -> Tuple[dict, dict]:
-  """An official PaPE / PaPE-RI classifier's state_dict -> (our params of ModelSpec `spec`
-  (pape_model's, resolved), the official `norm_pre` {'scale', 'bias'} our ViT has no place for:
-  module doc). Every key and shape is checked (ValueError naming the first mismatch)."""
+def from_pape_layout(state, spec) -> dict:
+  """An official PaPE / PaPE-RI classifier's state_dict -> our params of ModelSpec `spec`
+  (pape_model's, resolved: with model.norm_pre). Every key and shape is checked (ValueError
+  naming the first mismatch)."""
   if spec.pe.family not in ('pape', 'pape_ri'):
     raise ValueError(f'pe={spec.pe.name}: the official PaPE classifiers hold pape or pape_ri.')
   state = {k: np.asarray(v, np.float32) for k, v in state.items()}
@@ -120,8 +116,6 @@ def from_pape_layout(state, spec) -> Tuple[dict, dict]:
   for i in range(depth):  # Linear weights [out, in]; PaPE-RI's buffer [1, H, 1, 1].
     for key, shape in layer_shapes.items():
       expected[_pe_name(i, key)] = (1, shape[0], 1, 1) if key == 'position_scales' else shape[::-1]
-  for suffix in ('weight', 'bias'):
-    expected[f'{NORM_PRE}.{suffix}'] = (spec.width,)
   tree.check_keys(expected, state, 'The official PaPE state_dict')
   for path in ref_flat:
     if path[0] != 'pe':
@@ -136,8 +130,7 @@ def from_pape_layout(state, spec) -> Tuple[dict, dict]:
     if key == 'position' and n == 2:
       value = value[:, ::-1]  # Their (col, row) -> our (row, col).
     flat[('pe', key)] = np.ascontiguousarray(value)
-  norm_pre = {'scale': state[f'{NORM_PRE}.weight'], 'bias': state[f'{NORM_PRE}.bias']}
-  return param_tree.unflatten_like(reference, flat), norm_pre
+  return param_tree.unflatten_like(reference, flat)
 
 
 def _pe_name(layer: int, key: str) -> str:
