@@ -108,10 +108,10 @@ def _pallas(kind, numerics, *args):
     args = [jnp.pad(x, ((0, n * tile - m), (0, 0), (0, 0))) for x in args]
   spec = pl.BlockSpec((tile, b, b), lambda i: (i, 0, 0))
   out = jax.ShapeDtypeStruct((n * tile, b, b), jnp.float32)
-  cost_ = estimate(name, cost(kind, b, n * tile, n, False, len(args) + n_out))
+  declared = estimate(name, cost(kind, b, n * tile, n, False, len(args) + n_out))
   res = pl.pallas_call(
       functools.partial(_apply, body, len(args)), out_shape=(out,) * n_out, grid=(n,),
-      in_specs=[spec] * len(args), out_specs=(spec,) * n_out, name=name, cost_estimate=cost_,
+      in_specs=[spec] * len(args), out_specs=(spec,) * n_out, name=name, cost_estimate=declared,
       **_tpu_kw(platform))(*args)
   res = tuple(x[:m] for x in res) if n * tile != m else tuple(res)
   return res if n_out > 1 else res[0]
@@ -130,12 +130,12 @@ def _pallas_entries(kind, platform, *args):
       b, b, size // LANES, LANES)
   spec = pl.BlockSpec((b, b, rows, LANES), lambda i: (0, 0, i, 0))
   out = jax.ShapeDtypeStruct((b, b, size // LANES, LANES), jnp.float32)
-  cost_ = estimate(f'liere_expm_{kind}', cost(kind, b, size, size // (rows * LANES), True,
+  declared = estimate(f'liere_expm_{kind}', cost(kind, b, size, size // (rows * LANES), True,
                                               len(args) + n_out))
   res = pl.pallas_call(
       functools.partial(_apply, body, len(args)), out_shape=(out,) * n_out,
       grid=(size // (rows * LANES),), in_specs=[spec] * len(args), out_specs=(spec,) * n_out,
-      name=f'liere_expm_{kind}', cost_estimate=cost_, **_tpu_kw(platform))(
+      name=f'liere_expm_{kind}', cost_estimate=declared, **_tpu_kw(platform))(
           *map(to_entries, args))
   res = tuple(jnp.moveaxis(x.reshape(b, b, size)[..., :m], -1, 0) for x in res)
   return res if n_out > 1 else res[0]
