@@ -65,7 +65,8 @@ def test_a_pallas_kernel_s_cost_estimate_is_read_from_its_custom_call_and_split_
             '"remote_bytes_transferred":"0"}}}\n')
   declared = estimate('attention_forward', Cost(1000, 234, 5, 4096))
   hlo = HLO.replace('  %cp = ', call('attention_forward.3', declared.flops,
-                                     declared.transcendentals, declared.bytes_accessed) + '  %cp = ')
+                                     declared.transcendentals, declared.bytes_accessed)
+                    + '  %cp = ')
   hlo = hlo.replace('  %c0 = ', call('other_kernel', 7, 0, 64) + '  %c0 = ')
   rows = {r['name']: r for r in hlo_traffic(hlo)}
   assert rows['attention_forward.3']['count'] == 5
