@@ -111,19 +111,25 @@ def paper_table(out) -> str:
 def cost_table(out) -> str:
   cells = results(out)['cells']
   base = cells.get(COST_CELLS[0])
-  lines = ['| pe | GiB a chip | XLA TFLOP | XLA GB accessed | x abs | est. step ms | x abs | '
-           'est. MFU | exp. / lattice / rotation % of traffic |', '|---' * 9 + '|']
+  lines = ['| pe | GiB a chip | XLA TFLOP | kernels\' MXU TFLOP / VPU Tops | XLA GB accessed | '
+           'kernels\' GB | x abs | est. step ms | x abs | est. MFU | '
+           'exp. / lattice / rotation % of traffic |', '|---' * 11 + '|']
   for cell in COST_CELLS:
     r = cells.get(cell)
     name = cell.split(':')[1] + ''.join(f' ({o})' for o in cell.split(':')[4:])
     if r is None or not r['fits']:
-      lines.append(f"| {name} | {'not compiled yet' if r is None else 'no fit'} ||||||||")
+      lines.append(f"| {name} | {'not compiled yet' if r is None else 'no fit'} ||||||||||")
       continue
     t, b = r['train'], base['train'] if base else None
     parts = ' / '.join(f"{100 * t['parts'].get(p, 0):.0f}" for p in
                        ('exponential', 'lattice', 'rotation application'))
-    lines.append(f"| {name} | {_gib(r['need'])} | {t['flops'] / 1e12:.2f} | "
-                 f"{t['bytes'] / 1e9:.0f} | {t['bytes'] / b['bytes'] if b else 0:.2f} | "
+    ks = t.get('kernels')  # the Pallas kernels' declared work (cells compiled since issue 54)
+    mxu_vpu = (f"{sum(k['mxu_flops'] for k in ks.values()) / 1e12:.2f} / "
+               f"{sum(k['vpu_ops'] for k in ks.values()) / 1e12:.3f}" if ks else '-')
+    kernel_gb = f"{sum(k['bytes'] for k in ks.values()) / 1e9:.1f}" if ks else '-'
+    lines.append(f"| {name} | {_gib(r['need'])} | {t['flops'] / 1e12:.2f} | {mxu_vpu} | "
+                 f"{t['bytes'] / 1e9:.0f} | {kernel_gb} | "
+                 f"{t['bytes'] / b['bytes'] if b else 0:.2f} | "
                  f"{t['step_s'] * 1e3:.1f} | {t['step_s'] / b['step_s'] if b else 0:.2f} | "
                  f"{t['mfu']:.3f} | {parts} |")
   return '\n'.join(lines)

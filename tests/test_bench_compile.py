@@ -1,5 +1,6 @@
 """bench compile (liere_jax/bench/compile.py): tiny configs compiled deviceless by the TPU
-compiler for a one-host and a multi-host slice, and against a baseline (--vs). Slices by name:
+compiler for a one-host and a multi-host slice, the Pallas kernels' declared work split out,
+and against a baseline (--vs). Slices by name:
 test_tpu_slices.py; the traffic read from a compiled module: test_bench_hlo.py; a run that
 cannot fit: test_fit.py."""
 import json
@@ -42,6 +43,16 @@ def test_a_tiny_run_compiles_for_a_one_host_and_a_multi_host_slice(topology, mod
   assert train['conditionals'] == 0  # No branch decided on the device.
   assert train['parts']['exponential'] > 0 and train['parts']['rotation application'] > 0
   assert len(train['largest']) == 5
+  # The exponential kernel's work as it declares it: vector ops (8 x 8 blocks as entries), split
+  # from the compiler's FLOPs, which count it.
+  kernels = train['kernels']
+  assert {'liere_expm_forward_res', 'liere_expm_backward'} <= set(kernels), kernels
+  assert all(k['calls'] and k['vpu_ops'] > 0 and not k['unsplit_flops'] for k in kernels.values())
+  totals = tpu.kernel_totals(train)
+  assert 0 < totals['vpu_ops'] < train['flops'] and 0 < totals['bytes'] < train['bytes']
+  assert totals['xla_flops'] == train['flops'] - totals['mxu_flops'] - totals['vpu_ops']
+  table = tpu.compile_table([res], ['tiny'])
+  assert 'Pallas kernels: VPU Tops' in table and 'liere_expm_backward' in table
 
 
 def test_vs_compiles_the_baseline_with_its_numerics_field():

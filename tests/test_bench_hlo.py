@@ -48,3 +48,32 @@ def test_traffic_counts_top_level_instructions_times_their_loops_and_tiles_as_la
   assert f['bytes'] == 5 * 2 * 8 * 8 * 4  # Read and written, 5 trips.
   assert f['padded_bytes'] == 5 * 2 * 8 * 128 * 4  # An 8 x 8 block in an 8 x 128 tile.
   assert c0['bytes'] == c0['padded_bytes'] == 2 * 4 * 256 * 2
+
+
+def test_a_pallas_kernel_s_cost_estimate_is_read_from_its_custom_call_and_split_by_its_cost():
+  """A Mosaic custom call's CostEstimate (in its backend config) is read once a call, its loop's
+  trips in 'count'; bench compile's kernel_work multiplies them and splits the FLOPs into MXU
+  and vector work by the Cost the kernel declared when traced (kernels.common.DECLARED), and
+  one it did not trace keeps them unsplit."""
+  from liere_jax.bench.compile import kernel_work
+  from liere_jax.kernels.common import Cost, estimate
+  def call(name, flops, transcendentals, nbytes):
+    return (f'  %{name} = f32[8,8]{{1,0:T(8,128)}} custom-call(%x), custom_call_target='
+            f'"tpu_custom_call", metadata={{op_name="jit(f)/{name}/pallas_call"}}, backend_config='
+            f'{{"custom_call_config":{{"body":"TUzvUg","cost_estimate":{{"flops":"{flops}",'
+            f'"transcendentals":"{transcendentals}","bytes_accessed":"{nbytes}",'
+            '"remote_bytes_transferred":"0"}}}\n')
+  declared = estimate('attention_forward', Cost(1000, 234, 5, 4096))
+  hlo = HLO.replace('  %cp = ', call('attention_forward.3', declared.flops,
+                                     declared.transcendentals, declared.bytes_accessed)
+                    + '  %cp = ')
+  hlo = hlo.replace('  %c0 = ', call('other_kernel', 7, 0, 64) + '  %c0 = ')
+  rows = {r['name']: r for r in hlo_traffic(hlo)}
+  assert rows['attention_forward.3']['count'] == 5
+  assert rows['attention_forward.3']['cost_estimate'] == {
+      'flops': 1234, 'transcendentals': 5, 'bytes_accessed': 4096, 'remote_bytes_transferred': 0}
+  work = kernel_work(list(rows.values()))
+  assert work['attention_forward'] == {'calls': 5, 'mxu_flops': 5000, 'vpu_ops': 1170,
+                                       'unsplit_flops': 0, 'transcendentals': 25, 'bytes': 20480}
+  assert work['other_kernel'] == {'calls': 1, 'mxu_flops': 0, 'vpu_ops': 0, 'unsplit_flops': 7,
+                                  'transcendentals': 0, 'bytes': 64}

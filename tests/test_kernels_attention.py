@@ -1,6 +1,7 @@
 """A TPU's attention kernel (liere_jax.kernels.attention), run here in interpret mode (the cpu
 plan with attention='kernel'), against XLA's attention and the XLA rotations; the model's train
-step either way; its TPU compile (the tpu plan)."""
+step either way; its TPU compile (the tpu plan); its cost estimate against a count of the
+traced kernel."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +11,9 @@ from jax.sharding import PartitionSpec as P
 from liere_jax import attention, rotations
 from liere_jax.encodings.base import Rotate
 from liere_jax.kernels import attention as attention_kernel
+from liere_jax.kernels.common import DECLARED
 from liere_jax.numerics import plan
+from tests import kernel_count
 from tests.helpers import tiny_model
 
 CPU = plan('cpu')
@@ -208,3 +211,32 @@ def test_the_kernel_in_bf16_stays_within_bf16_rounding_of_float32():
   assert got.dtype == jnp.bfloat16
   rel = jnp.linalg.norm(got.astype(jnp.float32) - want) / jnp.linalg.norm(want)
   assert 1e-4 < rel < 1e-2, rel
+
+
+@pytest.mark.parametrize('block, fused', [(None, True), (8, False), (2, True)])
+def test_the_cost_estimate_declares_what_the_kernel_does(block, fused, monkeypatch):
+  """Each pass's CostEstimate (attention_kernel.cost, split in kernels.common.DECLARED) equals
+  an independent count of the traced kernel over its grid (tests/kernel_count.py): the MXU's
+  flops and the vector ops (its flops), the exps, and the HBM bytes of every block copied. bf16
+  q, k, v and band, 21 tokens (rows padded to 32 as laid out), heads of 64 (each product on all
+  128 lanes), two lane tiles, 2 batch rows a step (3 steps over the batch); q, k, v as one array
+  (the backward's three steps a tile) or three."""
+  monkeypatch.setattr(attention_kernel, 'ROW_BYTES', 2 * 21 * 128 * 2)
+  b, t, width, d = 6, 21, 256, 64
+  x = jnp.zeros((b, t, width), jnp.bfloat16)
+  xs = (jnp.zeros((b, t, 3 * width), jnp.bfloat16),) if fused else (x, x, x)
+  band = None if block is None else jnp.zeros((2 * block - 1, t, width), jnp.bfloat16)
+  for kernel, extra in ((attention_kernel._forward_kernel, ()),
+                        (attention_kernel._backward_kernel, (x, x))):
+    call, = kernel_count.pallas_calls(
+        lambda xs, band: attention_kernel._call(kernel, True, d, xs, band, *extra), xs, band)
+    assert call.params['grid_mapping'].grid[1] == 3
+    _assert_declared(call, kernel_count.count(call))
+
+
+def _assert_declared(call, counted):
+  declared = call.params['cost_estimate']
+  name, cost = DECLARED[(declared.flops, declared.transcendentals, declared.bytes_accessed)]
+  assert name == call.params['name']
+  assert cost._asdict() == {k: counted[k] for k in cost._fields}, (
+      name, cost, counted['vpu_by_primitive'])

@@ -1,7 +1,8 @@
 """expm.expm's 'kernel' form (liere_jax/kernels/expm.py): the exponential as one Pallas kernel, run
 here in interpret mode (a CPU plan with expm_kernel) against SciPy in float64, its Frechet VJP
 against SciPy's and the XLA path's gradient, and the same program compiled for a TPU v5e (Mosaic,
-deviceless) and lowered for a GPU (Triton), each with its platform's plan."""
+deviceless) and lowered for a GPU (Triton), each with its platform's plan; its cost estimate
+against a count of the traced kernel."""
 import functools
 
 import jax
@@ -13,7 +14,9 @@ import scipy.linalg
 from liere_jax import expm, lattice, rotations, taylor as taylor_lib
 from liere_jax.bench import expm as bench_expm
 from liere_jax.kernels import expm as expm_kernel
+from liere_jax.kernels.common import DECLARED
 from liere_jax.numerics import PLATFORMS, plan
+from tests import kernel_count
 
 B = 64
 KERNEL = plan('cpu', expm_kernel=True)  # The kernel in interpret mode, a TPU's tiling.
@@ -280,3 +283,24 @@ def test_small_blocks_keep_the_lattice_on_a_tpu_its_points_in_the_kernel():
       lowering_platforms=('tpu',)).as_text()
   calls = [line for line in text.splitlines() if 'tpu_custom_call' in line]
   assert len(calls) == 2 and all('tensor<8x8x1x128xf32>' in c for c in calls), calls
+
+
+@pytest.mark.parametrize('block, m', [(8, 1100), (16, 70)])
+def test_the_cost_estimate_declares_what_the_kernel_does(block, m):
+  """Each pass's CostEstimate (expm_kernel.cost, split in kernels.common.DECLARED) equals an
+  independent count of the traced kernel over its grid (tests/kernel_count.py) with every
+  matrix's squaring loop run COUNTED_SQUARINGS times (its trip count is data): MXU flops
+  (stacks) or the products' multiply-adds on the vector unit (entries), the vector ops, the
+  logs and exp2s, and the HBM bytes as laid out. 8 x 8 in the entries layout (1,100 matrices:
+  two steps of 1,024, the last padded); 16 x 16 as stacks (70: three steps of 32, rows of 16
+  on 128 lanes)."""
+  a = jnp.zeros((m, block, block), jnp.float32)
+  for kind, args in (('forward', (a,)), ('forward_res', (a,)), ('backward', (a, a, a))):
+    call, = kernel_count.pallas_calls(
+        lambda *x, kind=kind: expm_kernel._pallas(kind, plan('tpu'), *x), *args)
+    assert call.params['grid_mapping'].grid == (2 if block == 8 else 3,)
+    declared = call.params['cost_estimate']
+    name, cost = DECLARED[(declared.flops, declared.transcendentals, declared.bytes_accessed)]
+    counted = kernel_count.count(call, while_trips=expm_kernel.COUNTED_SQUARINGS)
+    assert name == call.params['name'] == f'liere_expm_{kind}'
+    assert cost._asdict() == {k: counted[k] for k in cost._fields}, (name, counted)

@@ -1,6 +1,7 @@
 """A TPU's rotation kernel for large blocks (liere_jax.kernels.rotation), run here in interpret
 mode (the cpu plan with attention='kernel'), against the einsum rotation then XLA's attention;
-the blocks it takes; the model's path through it; its TPU compile (the tpu plan)."""
+the blocks it takes; the model's path through it; its TPU compile (the tpu plan); its cost
+estimate against a count of the traced kernel."""
 import re
 
 import jax
@@ -13,7 +14,9 @@ from jax.sharding import PartitionSpec as P
 from liere_jax import attention, rotations
 from liere_jax.encodings.base import Rotate
 from liere_jax.kernels import rotation as rotation_kernel
+from liere_jax.kernels.common import DECLARED
 from liere_jax.numerics import plan
+from tests import kernel_count
 from tests.helpers import tiny_model
 
 CPU = plan('cpu')
@@ -209,3 +212,24 @@ def test_the_gathered_rotations_in_bf16_give_the_same_attention():
   np.testing.assert_array_equal(np.asarray(dqkv, np.float32), np.asarray(want_dqkv, np.float32))
   assert drows.dtype == jnp.float32
   _close(drows, want_drows, rtol=1e-5)
+
+
+def test_the_cost_estimate_declares_what_the_kernel_does(monkeypatch):
+  """Each pass's CostEstimate (rotation_kernel.cost, split in kernels.common.DECLARED) equals an
+  independent count of the traced kernel over its grid (tests/kernel_count.py): the MXU's flops
+  (the tiles built on chip and their gradient's last product included) and the vector ops, and
+  the HBM bytes of every block copied. bf16, LieRE64's two heads a tile, two lane tiles, 13
+  tokens (two steps of 8, the second's last 3 padding), 8 batch rows a step of 16."""
+  monkeypatch.setattr(rotation_kernel, 'ROW_BYTES', 1)  # 8 rows a step, the fewest
+  batch, t, width = 16, 13, 256
+  qkv = jnp.zeros((batch, t, 3 * width), jnp.bfloat16)
+  rot = jnp.zeros((2, 16, 64, 128), jnp.bfloat16)
+  for backward, extra in ((False, ()), (True, (qkv,))):
+    call, = kernel_count.pallas_calls(
+        lambda qkv, rot: rotation_kernel._call(backward, True, qkv, rot, *extra), qkv, rot)
+    assert call.params['grid_mapping'].grid == (2, 2, 2, 2)
+    declared = call.params['cost_estimate']
+    name, cost = DECLARED[(declared.flops, declared.transcendentals, declared.bytes_accessed)]
+    counted = kernel_count.count(call)
+    assert name == call.params['name']
+    assert cost._asdict() == {k: counted[k] for k in cost._fields}, (name, counted)

@@ -6,7 +6,10 @@ devices of a slice (libtpu, `requirements-tpu.txt`), our `Trainer` builds its me
 steps over them exactly as `train.py` would on the pod, and the TPU compiler reports what each
 chip holds (`memory_analysis`) and does (`cost_analysis`). Nothing here runs a step: the step
 time and MFU are a roofline estimate from the compiler's counts and the chip's published peak
-and bandwidth (CHIPS), not a measurement.
+and bandwidth (CHIPS), not a measurement. A Pallas kernel's FLOPs, transcendentals and bytes
+are what its CostEstimate declares (liere_jax.kernels.common.Cost: its MXU products and its
+vector-unit element ops, which XLA counts as FLOPs as it does its own elementwise ops); the table
+shows the kernels' MXU and vector work beside XLA's own ops.
 
   python -m liere_jax.bench compile --config configs/imagenet.py:pe=liere64 \
       --topology v5litepod-256 [--vs pe=abs] [--train_only] [--json]
@@ -16,6 +19,7 @@ import re
 from liere_jax import fit
 from liere_jax.bench.flops import model_flops
 from liere_jax.bench.hlo import SCOPES, hlo_traffic
+from liere_jax.kernels.common import DECLARED
 from liere_jax.tpu_slices import GiB, slice_devices
 
 
@@ -62,10 +66,50 @@ def _traffic(text: str, top: int) -> dict:
     key = f"{r['scope']}: {r['op_name'].replace('jit(_train_step)/', '')}"
     by_op[key] = by_op.get(key, 0) + r['padded_bytes']
   out['by_op'] = dict(sorted(by_op.items(), key=lambda kv: -kv[1])[:200])
+  out['kernels'] = kernel_work(traffic)
   out['largest'] = [
       {k: r[k] for k in ('opcode', 'scope', 'op_name', 'count', 'bytes', 'padded_bytes')}
       | {'type': r['type'][:80]} for r in sorted(traffic, key=lambda r: -r['padded_bytes'])[:top]]
   return out
+
+
+def kernel_work(traffic: list) -> dict:
+  """The Pallas kernels' work a step as their CostEstimates declare it, loops counted, by
+  kernel: {name: {'calls', 'mxu_flops', 'vpu_ops', 'unsplit_flops', 'transcendentals',
+  'bytes'}}. The split of a kernel's FLOPs into MXU and vector work is its Cost, recorded when
+  this process traced it (kernels.common.DECLARED); one it did not trace has its FLOPs under
+  'unsplit_flops'."""
+  out = {}
+  for r in traffic:
+    est = r.get('cost_estimate')
+    if est is None:
+      continue
+    key = tuple(est.get(k, 0) for k in ('flops', 'transcendentals', 'bytes_accessed'))
+    name, cost = DECLARED.get(key, (re.sub(r'\.\d+$', '', r['name']), None))
+    k = out.setdefault(name, dict.fromkeys(
+        ('calls', 'mxu_flops', 'vpu_ops', 'unsplit_flops', 'transcendentals', 'bytes'), 0))
+    n = r['count']
+    k['calls'] += n
+    if cost is None:
+      k['unsplit_flops'] += n * key[0]
+    else:
+      k['mxu_flops'] += n * cost.mxu_flops
+      k['vpu_ops'] += n * cost.vpu_ops
+    k['transcendentals'] += n * key[1]
+    k['bytes'] += n * key[2]
+  return dict(sorted(out.items()))
+
+
+def kernel_totals(train: dict) -> dict:
+  """A compiled train step's kernels' work summed ('kernels' of compile_report), and XLA's own
+  ops' FLOPs and bytes (the compiler's totals less the kernels')."""
+  ks = train.get('kernels', {}).values()
+  total = {k: sum(x[k] for x in ks) for k in ('mxu_flops', 'vpu_ops', 'unsplit_flops',
+                                              'transcendentals', 'bytes')}
+  total['xla_flops'] = train['flops'] - sum(x['mxu_flops'] + x['vpu_ops'] + x['unsplit_flops']
+                                            for x in ks)
+  total['xla_bytes'] = train['bytes'] - total['bytes']
+  return total
 
 
 def compile_table(results: list, names: list) -> str:
@@ -95,9 +139,18 @@ def compile_table(results: list, names: list) -> str:
   row('need GiB (of HBM)', [r['need'] / GiB for r in results])
   for key in ('arguments', 'temporaries', 'outputs'):
     row(f'  train {key} GiB', get('train', key, GiB))
+  totals = [kernel_totals(r['train']) if 'train' in r else None for r in results]
+  part = lambda key, scale: [t[key] / scale if t else None for t in totals]
   row('train XLA TFLOP / step', get('train', 'flops', 1e12), '10.3f')
+  row('  Pallas kernels: MXU TFLOP', part('mxu_flops', 1e12), '10.3f')
+  row('  Pallas kernels: VPU Tops', part('vpu_ops', 1e12), '10.3f')
+  if any(t and t['unsplit_flops'] for t in totals):
+    row('  Pallas kernels: unsplit TFLOP', part('unsplit_flops', 1e12), '10.3f')
+  row("  XLA's own ops TFLOP", part('xla_flops', 1e12), '10.3f')
   row('train model TFLOP / step', get('train', 'model_flops', 1e12), '10.3f')
   row('train XLA GB accessed / step', get('train', 'bytes', 1e9))
+  row('  Pallas kernels GB', part('bytes', 1e9))
+  row("  XLA's own ops GB", part('xla_bytes', 1e9))
   row('train est. step ms', get('train', 'step_s', 1e-3))
   row('train est. MFU', get('train', 'mfu'), '10.3f')
   lines[-1] += '  (' + ', '.join(r['train']['bound'] + ' bound' for r in results
@@ -118,6 +171,18 @@ def compile_table(results: list, names: list) -> str:
                  'op name over layers and loops):')
     for k, v in sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:8]:
       lines.append(f'  {v / 1e6:+10.1f} MB  {k[-100:]}')
+  for i, r in enumerate(results):
+    if not r.get('train', {}).get('kernels'):
+      continue
+    lines.append(f'{chr(65 + i)}: Pallas kernels of the train step, as their CostEstimates '
+                 'declare them (loops counted):')
+    lines.append(f"  {'kernel':24s}{'calls':>6s}{'MXU TFLOP':>11s}{'VPU Tops':>10s}"
+                 f"{'G transc.':>11s}{'GB':>9s}")
+    for name, k in r['train']['kernels'].items():
+      mxu = k['mxu_flops'] + k['unsplit_flops']
+      lines.append(f"  {name:24s}{k['calls']:6d}{mxu / 1e12:11.3f}{k['vpu_ops'] / 1e12:10.3f}"
+                   f"{k['transcendentals'] / 1e9:11.2f}{k['bytes'] / 1e9:9.2f}"
+                   + ('  (FLOPs not split: not traced here)' if k['unsplit_flops'] else ''))
   for i, r in enumerate(results):
     if 'train' not in r:
       continue

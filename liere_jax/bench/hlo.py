@@ -17,6 +17,7 @@ _SKIP = {'parameter', 'constant', 'get-tuple-element', 'tuple', 'bitcast', 'afte
          'partition-id', 'replica-id', 'while', 'conditional', 'call', 'opt-barrier'}
 _ARRAY = re.compile(r'(\w+)\[([\d,]*)\](?:\{([\d,]*)(?::T\((\d+),(\d+)\))?[^}]*\})?')
 _INSTR = re.compile(r'^\s*(?:ROOT )?%(\S+) = ')
+_COST = re.compile(r'"cost_estimate":\{([^}]*)\}')  # A Pallas kernel's CostEstimate
 _HEADER = re.compile(r'^(?:ENTRY )?%(\S+) .*\{$')
 
 
@@ -64,7 +65,9 @@ def hlo_traffic(text: str) -> list:
   """The compiled module's top-level instructions (fusions, custom calls, copies, collectives;
   not the computations fused into them), each with its HBM bytes (operands read + result
   written, logical and as laid out) times the trip count of the loops around it:
-  [{'name', 'opcode', 'type', 'scope', 'op_name', 'bytes', 'padded_bytes', 'count'}]."""
+  [{'name', 'opcode', 'type', 'scope', 'op_name', 'bytes', 'padded_bytes', 'count'}]; a Pallas
+  kernel's custom call also its 'cost_estimate' ({'flops', 'transcendentals',
+  'bytes_accessed'} a call, as its CostEstimate declares them)."""
   comps, order, fused, calls = {}, [], set(), {}
   current = None
   for line in text.splitlines():
@@ -114,4 +117,8 @@ def hlo_traffic(text: str) -> list:
                   'op_name': op_name, 'count': mult,
                   'bytes': mult * (written[0] + sum(r[0] for r in read)),
                   'padded_bytes': mult * (written[1] + sum(r[1] for r in read))})
+      cost = _COST.search(attrs) if opcode == 'custom-call' else None
+      if cost:  # once a call, as declared (not times the count)
+        out[-1]['cost_estimate'] = {k: int(v) for k, v in re.findall(r'"(\w+)":"?(\d+)',
+                                                                     cost.group(1))}
   return out

@@ -32,6 +32,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from liere_jax.kernels.common import LANES, call_kw, in_hbm, nt as _nt, pltpu, vmem
+from liere_jax.kernels.common import Cost, estimate, padded
 
 MAX_BLOCK = 8  # Larger blocks rotate before the kernel (liere_jax.kernels.rotation or an einsum).
 MAX_TOKENS = 512
@@ -188,11 +189,6 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
     if rotated:  # The band's gradient sums over the batch: into one tile, in order.
       outs.append(jax.ShapeDtypeStruct(diag.shape, jnp.float32))
       out_specs.append(d_spec)
-  heads = batch * width // d
-  matmuls = 5 if backward else 2  # Logits, P v; backward: the logits again, dv, dp, dq, dk.
-  flops = matmuls * 2 * heads * t * t * LANES  # Each head's on 128 lanes (the mask).
-  moved = (3 * batch * t * width * dtype.itemsize
-           + sum(a.size * a.dtype.itemsize for a in (tuple(ins[3:]) + tuple(outs))))
   kw = call_kw(interpret, ('parallel', 'arbitrary' if backward and rotated else 'parallel',
                            'arbitrary')[:len(grid)])
   res = pl.pallas_call(
@@ -200,8 +196,8 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
                         **({'fused': one_grad} if backward else {})),
       out_shape=outs, grid=grid, in_specs=in_specs, out_specs=out_specs,
       scratch_shapes=scratch, name='attention_' + ('backward' if backward else 'forward'),
-      cost_estimate=pl.CostEstimate(flops=flops, transcendentals=heads * t * t,
-                                    bytes_accessed=moved),
+      cost_estimate=estimate('attention_' + ('backward' if backward else 'forward'),
+                             cost(batch, t, width, d, dtype, diag, backward)),
       **kw)(*ins)
   if not backward:
     return res[0]
@@ -217,6 +213,48 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
 
 
 _call_jit = jax.jit(_call, static_argnums=(0, 1, 2))
+
+
+def cost(batch, tokens, width, d, dtype, band=None, backward=False) -> Cost:
+  """What a pass does (`_call`; common.Cost): q, k, v [batch, tokens, width] of dtype, heads of
+  d, rotated by `band` [n = 2b - 1, tokens, width] (None: not). A grid step's batch rows each
+  run `_forward_kernel`'s (`_backward_row`'s) body on a lane tile: with e = T x 128 elements of
+  q, l = T x T logits, 128 / d heads a tile, each on all 128 lanes (the others masked), and
+  c = 1 where q's dtype (cb: the band's) is not float32 (its conversions to and from it):
+    heads' masks: 3 x 128 ops each (two compares and an and);
+    forward, each head: q masked (e), its logits (2 l 128 MXU flops) scaled (l), softmax (l
+      exp; max, subtract, sum, divide: 4 l), P in v's dtype (c l), P v (2 l 128), kept where the
+      head's lanes are (e); the output in q's dtype (c e);
+    backward, dO O (e, 2 c e), each head: q, dO and dO O masked (3 e), the logits again (2 l
+      128, l scaled, 4 l softmax, l exp), dO v^T (2 l 128), dS = P (dP - sum dO O) scale (the
+      sum e, 3 l), P and dS in q's dtype (2 c l), dv, dq, dk (3 x 2 l 128) kept on the head's
+      lanes (3 e); dq, dk, dv in q's dtype (3 c e);
+    the band's rotation of q and of k, each: n multiplies, n - 1 adds, n - 1 lane rolls, the n
+      diagonals read in float32 (cb n) and x to float32 and back (2 c): (3 n - 2 + cb n + 2 c) e;
+      backward also its transpose on dq and dk (the same without x's conversions) and the
+      band's gradient, sum_s dq x_q[. + s] + dk x_k[. + s] into its tile: 2 (n - 1) rolls, 2 n
+      multiplies, 2 n adds and x_q, x_k in float32: (6 n - 2 + 2 c) e.
+  HBM: each grid step reads its rows of q, k, v (and out, dO) and writes theirs once; the
+  band's lane tile (and its float32 gradient's) once a tile (the batch runs inside a tile):
+  every array as laid out (tokens in whole tiles of rows)."""
+  e, l, nh = tokens * LANES, tokens * tokens, LANES // d
+  c = int(jnp.dtype(dtype) != jnp.float32)
+  row = 3 * LANES * nh  # the masks
+  if backward:
+    row += (1 + 2 * c) * e + nh * (7 * e + (8 + 2 * c) * l) + 3 * c * e
+  else:
+    row += nh * (2 * e + (5 + c) * l) + c * e
+  array = batch * padded(tokens, dtype) * width * jnp.dtype(dtype).itemsize
+  moved = (8 if backward else 4) * array
+  if band is not None:
+    n, cb = band.shape[0], int(band.dtype != jnp.float32)
+    rotate = (3 * n - 2 + cb * n) * e
+    row += 2 * (rotate + 2 * c * e) + (2 * rotate + (6 * n - 2 + 2 * c) * e if backward else 0)
+    moved += n * width * (padded(tokens, band.dtype) * band.dtype.itemsize
+                          + (padded(tokens, jnp.float32) * 4 if backward else 0))
+  rows = batch * width // LANES
+  return Cost(mxu_flops=rows * nh * (5 if backward else 2) * 2 * l * LANES,
+              vpu_ops=rows * row, transcendentals=rows * nh * l, bytes=moved)
 
 
 def _shift(x, s):

@@ -30,7 +30,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from liere_jax import taylor as taylor_lib
-from liere_jax.kernels.common import LANES, call_kw
+from liere_jax.kernels.common import LANES, Cost, call_kw, estimate, padded
 
 TAYLOR = taylor_lib.TAYLOR12  # The polynomial: degree 12 in 4 products (x^2, x^3 and 2).
 MIN_BLOCK = 16  # The smallest block a matrix at a time; from 3 to ENTRIES_UP_TO: entries layout.
@@ -108,12 +108,10 @@ def _pallas(kind, numerics, *args):
     args = [jnp.pad(x, ((0, n * tile - m), (0, 0), (0, 0))) for x in args]
   spec = pl.BlockSpec((tile, b, b), lambda i: (i, 0, 0))
   out = jax.ShapeDtypeStruct((n * tile, b, b), jnp.float32)
-  # Each matrix read and written once, its rows padded to whole 128-lane tiles as a TPU lays it.
-  cost = pl.CostEstimate(flops=2 * b**3 * _counted_products(kind) * n * tile, transcendentals=0,
-                         bytes_accessed=4 * b * -(-b // 128) * 128 * n * tile * (len(args) + n_out))
+  declared = estimate(name, cost(kind, b, n * tile, n, False, len(args) + n_out))
   res = pl.pallas_call(
       functools.partial(_apply, body, len(args)), out_shape=(out,) * n_out, grid=(n,),
-      in_specs=[spec] * len(args), out_specs=(spec,) * n_out, name=name, cost_estimate=cost,
+      in_specs=[spec] * len(args), out_specs=(spec,) * n_out, name=name, cost_estimate=declared,
       **_tpu_kw(platform))(*args)
   res = tuple(x[:m] for x in res) if n * tile != m else tuple(res)
   return res if n_out > 1 else res[0]
@@ -132,12 +130,12 @@ def _pallas_entries(kind, platform, *args):
       b, b, size // LANES, LANES)
   spec = pl.BlockSpec((b, b, rows, LANES), lambda i: (0, 0, i, 0))
   out = jax.ShapeDtypeStruct((b, b, size // LANES, LANES), jnp.float32)
-  cost = pl.CostEstimate(flops=2 * b**3 * _counted_products(kind) * size, transcendentals=0,
-                         bytes_accessed=4 * b * b * size * (len(args) + n_out))
+  declared = estimate(f'liere_expm_{kind}', cost(kind, b, size, size // (rows * LANES), True,
+                                              len(args) + n_out))
   res = pl.pallas_call(
       functools.partial(_apply, body, len(args)), out_shape=(out,) * n_out,
       grid=(size // (rows * LANES),), in_specs=[spec] * len(args), out_specs=(spec,) * n_out,
-      name=f'liere_expm_{kind}', cost_estimate=cost, **_tpu_kw(platform))(
+      name=f'liere_expm_{kind}', cost_estimate=declared, **_tpu_kw(platform))(
           *map(to_entries, args))
   res = tuple(jnp.moveaxis(x.reshape(b, b, size)[..., :m], -1, 0) for x in res)
   return res if n_out > 1 else res[0]
@@ -157,10 +155,47 @@ def _tpu_kw(platform):
 
 
 def _counted_products(kind):
-  """For XLA's counts: products a matrix at COUNTED_SQUARINGS (HIGHEST's six passes not
-  counted)."""
+  """Products a matrix at COUNTED_SQUARINGS: forward a^2, a^3, the polynomial's 2, Newton-Schulz's
+  2 and one a squaring; backward the Newton-Schulz adjoint's 5, then the powers' and the
+  polynomial's 4 with their tangents (a tangent product two products) and 3 a squaring."""
   return {'forward': 6, 'forward_res': 6, 'backward': 5 + 3 * 4}[kind] + (
       3 if kind == 'backward' else 1) * COUNTED_SQUARINGS
+
+
+def cost(kind, b, matrices, steps, entries, arrays) -> Cost:
+  """What pass `kind` does (common.Cost) on `matrices` b x b (the padding matrices included)
+  in `steps` grid steps, laid out as entries (`_pallas_entries`) or as stacks (`_pallas`),
+  `arrays` of them read or written, each matrix at COUNTED_SQUARINGS = S squarings (its own
+  count is data: the estimate's). Per matrix, E = b^2 elements:
+    a product (`_counted_products`): stacks 2 b^3 MXU flops (HIGHEST's six bf16 passes counted
+      once, as XLA counts its own); entries b^3 multiplies and (b - 1) b^2 adds on the vector
+      unit; a tangent product (jax.jvp inside the backward) is two and their sum (E);
+    forward: the bound on rho: |a^3|, |a| (2 E), their column sums (2 E) and maxima (2 b), two
+      log2 (a log and a divide each) over 3, and s from them: 14 ops, 2 logs; the scaling
+      2^-s (a conversion, a negation, an exp2, its square and cube: 5 ops) applied to a, a^2,
+      a^3 (3 E); the polynomial: four sums of three scaled powers (6 E each: 3 multiplies and 3
+      adds, the first onto 0), X6 and Y (2 E), T's two scalings and three adds (5 E), I added
+      (entries: b; stacks: E, and 3 b^2 a step for jnp.eye); the squarings' count (a max) and
+      each squaring's test (1) and select (E); Newton-Schulz's 1.5 r - 0.5 (.) (3 E):
+      (41 + S) E + 2 b + 20 + S, and 3 transcendentals;
+    backward: the Newton-Schulz adjoint (5 E), the powers' tangents (2 E), the bound and the
+      scaling as forward (4 E + 2 b, 20 ops, 3 transcendentals), the scaled powers and their
+      tangents (6 E), the polynomial (31 E) and its tangent (29 E: the sums' 3 multiplies and 2
+      adds each, X6's 2 E, Y's E, T's 6 E), each squaring's selects of y and its tangent and
+      the tangent's sum (3 E) and test (1): (77 + 3 S) E + 2 b + 20 + S.
+  HBM: each matrix read and written once, as laid out (stacks: rows of whole 128 lanes;
+  entries: whole tiles of 8 rows of 128 matrices)."""
+  backward = kind == 'backward'
+  e, s = b * b, COUNTED_SQUARINGS
+  products = _counted_products(kind)
+  vpu = e * ((77 + 3 * s) if backward else (41 + s)) + 2 * b + 20 + s
+  if entries:
+    mxu, vpu, eye = 0, vpu + b + products * (2 * b**3 - e), 0
+    moved = 4 * e * padded(matrices // LANES, jnp.float32) * LANES
+  else:
+    mxu, vpu, eye = products * 2 * b**3, vpu + e, 3 * e * steps
+    moved = 4 * padded(b, jnp.float32) * padded(b) * matrices
+  return Cost(mxu * matrices, vpu * matrices + eye, 3 * matrices, moved * arrays)
 
 
 def _entries_product(x, y):

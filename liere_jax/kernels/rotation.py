@@ -23,6 +23,7 @@ from jax.experimental import pallas as pl
 
 from liere_jax.kernels import attention as attention_kernel
 from liere_jax.kernels.common import LANES, call_kw, hbm, nt as _nt, vmem
+from liere_jax.kernels.common import Cost, estimate, padded
 
 MIN_BLOCK = 16  # Smaller blocks rotate inside the attention kernel (its band).
 TOKENS = 8  # Tokens a grid step (a sublane tile).
@@ -126,11 +127,6 @@ def _call(backward, interpret, qkv, rot, g=None):
     # and prefetched them back in slices for the attention backward
     # (docs/decisions/005-memory-space-pins.md).
     outs = [hbm(o.shape, o.dtype) for o in outs]
-  flops = (4 if backward else 2) * 2 * batch * t * 2 * blocks * LANES * LANES
-  xs_bytes = 2 * batch * t * blocks * LANES * dtype.itemsize  # q and k of one array
-  # Forward: x read, x' written; backward: x and g read, dx written (in g's place); the rows
-  # read, their float32 gradient written.
-  moved = xs_bytes * (3 if backward else 2) + rot.size * (rot.dtype.itemsize + 4 * backward)
   kw = call_kw(interpret, ('parallel', 'parallel', 'arbitrary', 'arbitrary'))
   res = pl.pallas_call(
       functools.partial(_backward_kernel, b, t) if backward else
@@ -139,7 +135,8 @@ def _call(backward, interpret, qkv, rot, g=None):
       out_specs=[x_spec, dr_spec] if backward else [x_spec], scratch_shapes=scratch,
       input_output_aliases={1: 0} if backward else {},
       name='rotate_' + ('backward' if backward else 'forward'),
-      cost_estimate=pl.CostEstimate(flops=flops, transcendentals=0, bytes_accessed=moved),
+      cost_estimate=estimate('rotate_' + ('backward' if backward else 'forward'),
+                             cost(batch, t, width // 3, rot, rows_a_step, backward)),
       **kw)(*ins)
   if not backward:
     return res[0]
@@ -148,6 +145,51 @@ def _call(backward, interpret, qkv, rot, g=None):
 
 
 _call_jit = jax.jit(_call, static_argnums=(0, 1))
+
+
+def cost(batch, tokens, width, rot, rows_a_step, backward=False) -> Cost:
+  """What a pass does (`_call`; common.Cost): q and k [batch, tokens, width] each in one array,
+  rot its `rows` [H / n, T', d, n b] in x's dtype, rows_a_step batch rows a grid step. Per
+  lane tile of q or k and 8 tokens (the grid's steps over the batch run inside), with a tile's
+  rows P [d, n b] (n = 128 / d heads), c = 1 where x is not float32:
+    the tiles, built at the first step (both passes): E and the block mask (7 n b 128 + 3 x 128^2
+      integer ops: shifts, ands, compares), E in x's dtype (n b 128), and per token P's n copies
+      times E (2 x 128^2 n b MXU flops), off-block entries masked (128^2) and rounded to x's
+      dtype (c 128^2);
+    forward, each batch row and token: x T^T (2 x 128^2) in x's dtype (c 128);
+    backward, each batch row and token: g T and g^T x (2 x 2 x 128^2), dx in x's dtype (c 128);
+      each step, the 8 tokens' g^T x added to their tiles' sums (8 x 128^2); at the last step,
+      E and the mask again, and per token the sum masked (2 x 128^2: the block mask and the
+      token's), E in float32 (n b 128), times E (2 x 128^2 n b) and its n row groups summed
+      (128 n b).
+  Tokens run in steps of 8 (T padded: its last rows are computed and thrown away). HBM: q and
+  k read, q' and k' written (backward: x, g read and dx written), 8 tokens' rows a step; each
+  tile's rows read once (backward: its float32 gradient written once), as laid out."""
+  steps_t = -(-tokens // TOKENS)
+  blocks = width // LANES
+  _, t_rot, d, nb = rot.shape
+  c = int(rot.dtype != jnp.float32)
+  tiles = steps_t * blocks  # (token step, lane tile) pairs: a tile each
+  spread = 7 * nb * LANES + 3 * LANES * LANES
+  build = Cost(TOKENS * 2 * LANES * LANES * nb,
+               spread + nb * LANES + TOKENS * (1 + c) * LANES * LANES, 0, 0)
+  rows = batch * steps_t * TOKENS * 2 * blocks  # (batch row, token, q or k, lane tile)
+  apply = Cost((2 if backward else 1) * 2 * LANES * LANES, c * LANES, 0, 0)
+  total = build * tiles + apply * rows
+  if backward:
+    steps = tiles * 2 * (batch // rows_a_step)
+    total += Cost(0, TOKENS * LANES * LANES, 0, 0) * steps
+    last = Cost(TOKENS * 2 * LANES * LANES * nb,
+                spread + TOKENS * (2 * LANES * LANES + nb * LANES + LANES * nb), 0, 0)
+    total += last * tiles
+  x_rows = min(steps_t * TOKENS, padded(tokens, rot.dtype))
+  xs = 2 * batch * x_rows * width * rot.dtype.itemsize  # q and k (or q' and k', g, dx)
+  tile = padded(d, rot.dtype) * padded(nb) * rot.dtype.itemsize
+  visited = min(t_rot, steps_t * TOKENS) * blocks
+  moved = xs * (3 if backward else 2) + visited * tile
+  if backward:
+    moved += visited * padded(d, jnp.float32) * padded(nb) * 4
+  return total + Cost(0, 0, 0, moved)
 
 
 def _spread(b, d):
