@@ -17,6 +17,12 @@ does twice the logits' useful work, which a 128-deep MXU would spend on 64-deep 
 anyway; the CostEstimate counts it). The backward writes the gradient of q, k and v like them:
 one array in three grid steps from one computation, or three arrays in one step.
 
+q and k may be wider than v: lifted (PaPE's, liere_jax.encodings.base.Lift), each head's
+channels padded with zeros to whole lane tiles (`lifted`: 216 to 256), v of d channels, the
+softmax scale given (d**-0.5, not from q's width). A grid step then reads v's 128 lanes and the
+same 128 // d heads' lanes of q and k; each head's logits, dq and dk are products of its own
+tiles (slices, not masks), and the backward writes three arrays like its inputs.
+
 The rotation is a band of 2b - 1 diagonals along the head dims (blocks of b <= 8; RoPE's pairs
 are b = 2): q'[i] = sum_s D_s[i] q[i + s] (`band`), applied by lane shifts (`pltpu.roll`) to q
 and k as they are read; its gradient, the batch's sum of dq' q[. + s] + dk' k[. + s],
@@ -25,6 +31,7 @@ run in interpret mode (tests).
 """
 import functools
 import math
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -36,15 +43,28 @@ from liere_jax.kernels.common import Cost, estimate, padded
 
 MAX_BLOCK = 8  # Larger blocks rotate before the kernel (liere_jax.kernels.rotation or an einsum).
 MAX_TOKENS = 512
+# A lift's q (or k) a grid step, tokens x lanes: one batch row of them in float32 fits VMEM's
+# default scope (16 MiB) with the rest; twice this does not (deviceless v5e compiles).
+MAX_LIFT = MAX_TOKENS * 4 * LANES
 ROW_BYTES = 2**18  # q's bytes a grid step, about: a few batch elements a step.
 
 
-def supported(heads: int, head_dim: int, tokens: int) -> bool:
+def supported(heads: int, head_dim: int, tokens: int, lift: Optional[int] = None) -> bool:
   """Whether the kernel takes these shapes: heads of d dividing 128 lanes, H d a multiple of
   128, and rows of logits that fit VMEM's default scope on every TPU (16 MiB; longer sequences,
-  e.g. UCF101's, keep XLA's attention)."""
+  e.g. UCF101's, keep XLA's attention). lift: each head's channels of q and k where wider than
+  v's d (`lifted`: a multiple of 128), whose 128 / d heads a grid step hold at most MAX_LIFT
+  tokens x lanes (ViT-B/16's 197 tokens: PaPE's 256 lanes a head of 64 or of 32)."""
   return (LANES % head_dim == 0 and (heads * head_dim) % LANES == 0 and head_dim >= 8
-          and tokens <= MAX_TOKENS)
+          and tokens <= MAX_TOKENS
+          and (lift is None or (lift % LANES == 0
+                                and tokens * LANES // head_dim * lift <= MAX_LIFT)))
+
+
+def lifted(channels: int) -> int:
+  """A lift's channels a head (d' > d) -> the kernel's: whole lane tiles, zeros after d' (they
+  change no logit)."""
+  return -(-channels // LANES) * LANES
 
 
 @jax.named_scope('pe_rotate')  # The rotation's part of a step (bench.compile.SCOPES).
@@ -84,47 +104,51 @@ def pair_band(angles: jax.Array, heads: int, head_dim: int, dtype) -> jax.Array:
   return jnp.stack([pad(jnp.where(even, 0, s), 0), pad(c, 1), pad(jnp.where(even, -s, 0), 0)])
 
 
-def attention(q, k, v, diag=None, interpret: bool = False):
-  """softmax(q' k'^T / sqrt(d)) v per head, q' and k' q and k rotated by the band `diag`
+def attention(q, k, v, diag=None, interpret: bool = False, scale: Optional[float] = None):
+  """softmax(q' k'^T scale) v per head, q' and k' q and k rotated by the band `diag`
   [2b - 1, T, H d] (`band`; None: not rotated). q, k, v [B, T, H, d] -> [B, T, H, d] in q's
   dtype; logits and softmax in float32, products of q's dtype. Differentiable in q, k, v and
-  diag."""
-  b, t, h, d = q.shape
-  flat = lambda a: a.reshape(b, t, h * d)
-  return _attention(interpret, d, (flat(q), flat(k), flat(v)), diag).reshape(b, t, h, d)
+  diag. q and k may be wider than v (a lift, e.g. PaPE's: [B, T, H, d'], d' `lifted`, no band):
+  each head's q and k span whole lane tiles of their own, v its d lanes. scale: default
+  1 / sqrt(d), v's head size (not q's)."""
+  b, t, h, d = v.shape
+  flat = lambda a: a.reshape(b, t, -1)
+  return _attention(interpret, d, scale, (flat(q), flat(k), flat(v)), diag).reshape(b, t, h, d)
 
 
 def attention_qkv(qkv, diag=None, interpret: bool = False):
   """`attention` of q, k, v in one array [B, T, 3, H, d] (the qkv projection's output), read in
   place: no copies of the three, and their gradient one array like qkv."""
   b, t, _, h, d = qkv.shape
-  return _attention(interpret, d, (qkv.reshape(b, t, 3 * h * d),), diag).reshape(b, t, h, d)
+  return _attention(interpret, d, None, (qkv.reshape(b, t, 3 * h * d),), diag).reshape(
+      b, t, h, d)
 
 
-def forward(xs, diag, head_dim: int, interpret: bool = False):
+def forward(xs, diag, head_dim: int, interpret: bool = False, scale: Optional[float] = None):
   """The forward pass alone (for a composition's own VJP: liere_jax.kernels.rotation): xs as
   `_call` reads them -> out [B, T, H d]."""
-  return _pass(_forward_kernel, interpret, head_dim)(xs, diag)
+  return _pass(_forward_kernel, interpret, head_dim, scale)(xs, diag)
 
 
-def backward(xs, diag, out, g, head_dim: int, interpret: bool = False):
+def backward(xs, diag, out, g, head_dim: int, interpret: bool = False,
+             scale: Optional[float] = None):
   """The backward pass alone: (the gradient of q, k, v as `_call` writes it, the band's)."""
-  return _pass(_backward_kernel, interpret, head_dim)(xs, diag, out, g)
+  return _pass(_backward_kernel, interpret, head_dim, scale)(xs, diag, out, g)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _attention(interpret, d, xs, diag):
-  return forward(xs, diag, d, interpret)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _attention(interpret, d, scale, xs, diag):
+  return forward(xs, diag, d, interpret, scale)
 
 
-def _attention_fwd(interpret, d, xs, diag):
-  out = _attention(interpret, d, xs, diag)
+def _attention_fwd(interpret, d, scale, xs, diag):
+  out = _attention(interpret, d, scale, xs, diag)
   return out, (xs, diag, out)
 
 
-def _attention_bwd(interpret, d, res, g):
+def _attention_bwd(interpret, d, scale, res, g):
   xs, diag, out = res
-  grads = backward(xs, diag, out, g, d, interpret)
+  grads = backward(xs, diag, out, g, d, interpret, scale)
   dxs = (grads[0],) if len(xs) == 1 else tuple(grads[0])
   return dxs, None if diag is None else grads[1].astype(diag.dtype)
 
@@ -132,9 +156,9 @@ def _attention_bwd(interpret, d, res, g):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _pass(kernel, interpret, d):
+def _pass(kernel, interpret, d, scale):
   """The pass as one jitted function: its kernel is traced once a shape, not once a call."""
-  return functools.partial(_call_jit, kernel, interpret, d)
+  return functools.partial(_call_jit, kernel, interpret, d, scale)
 
 
 def _sources(n, blocks):
@@ -144,24 +168,28 @@ def _sources(n, blocks):
           3: ((0, 0), (1, 0), (2, 0))}[n]  # three [B, T, W]
 
 
-def _call(kernel, interpret, d, xs, diag, out=None, g=None):
+def _call(kernel, interpret, d, scale, xs, diag, out=None, g=None):
   """The forward (-> out [B, T, H d]) or the backward (out, g -> dq|dk|dv: one array
-  [B, T, 3 H d] from one or two arrays xs, three [B, T, H d] from three; ddiag float32) pass.
-  xs: q, k, v [B, T, H d] each; one array [B, T, 3 H d] that a grid step reads at three lane
-  offsets; or rotated q and k [B, T, 2 H d] and v in place in the projection's [B, T, 3 H d]
-  (liere_jax.kernels.rotation)."""
+  [B, T, 3 H d] from one or two arrays xs, three like xs from three; ddiag float32) pass at the
+  softmax scale `scale` (None: 1 / sqrt(d)). xs: q, k, v [B, T, H d] each, or q and k lifted
+  [B, T, H d'] (d' a multiple of 128: `lifted`); one array [B, T, 3 H d] that a grid step reads
+  at three lane offsets; or rotated q and k [B, T, 2 H d] and v in place in the projection's
+  [B, T, 3 H d] (liere_jax.kernels.rotation)."""
   one_grad = len(xs) < 3
   batch, t, _ = xs[0].shape
   width = xs[-1].shape[-1] // (3 if one_grad else 1)
   blocks, dtype = width // LANES, xs[0].dtype
-  rows = int(np.clip(ROW_BYTES // (t * LANES * dtype.itemsize), 1, batch))
+  # q's and k's lanes a grid step: v's 128, or (lifted) its 128 / d heads' d' each.
+  lanes = xs[0].shape[-1] // blocks if len(xs) == 3 else LANES
+  lift = lanes * d // LANES if lanes > LANES else None
+  rows = int(np.clip(ROW_BYTES // (t * lanes * dtype.itemsize), 1, batch))
   while batch % rows:
     rows -= 1
   backward = g is not None
   # Lane blocks outer (a block's band stays in VMEM), batch tiles; the backward into one array
   # writes q's, k's and v's gradient in three steps (a third axis), from one computation.
   grid = (blocks, batch // rows) + ((3,) if backward and one_grad else ())
-  spec = lambda offset: pl.BlockSpec((rows, t, LANES), lambda j, i, *_: (i, 0, offset + j))
+  spec = lambda offset, n=LANES: pl.BlockSpec((rows, t, n), lambda j, i, *_: (i, 0, offset + j))
   rotated = diag is not None
   n = diag.shape[0] if rotated else 1
   d_spec = pl.BlockSpec((n, t, LANES), lambda j, *_: (0, 0, j))
@@ -171,7 +199,8 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
     # compiler would prefetch them into VMEM in slices first (docs/decisions/005).
     xs = (in_hbm(xs[0]),) + tuple(xs[1:])
   ins = [xs[a] for a, _ in sources] + ([diag] if rotated else [])
-  in_specs = [spec(o) for _, o in sources] + [d_spec] * rotated
+  in_specs = [spec(o, n) for (_, o), n in zip(sources, (lanes, lanes, LANES))] + [
+      d_spec] * rotated
   outs, out_specs, scratch = [], [], []
   if not backward:
     outs.append(jax.ShapeDtypeStruct((batch, t, width), dtype))
@@ -183,52 +212,49 @@ def _call(kernel, interpret, d, xs, diag, out=None, g=None):
       outs.append(jax.ShapeDtypeStruct((batch, t, 3 * width), dtype))
       out_specs.append(pl.BlockSpec((rows, t, LANES), lambda j, i, p: (i, 0, p * blocks + j)))
       scratch = [vmem((2, rows, t, LANES), dtype)]  # dk and dv, until their steps
-    else:  # Three arrays, written in one step.
-      outs += [jax.ShapeDtypeStruct((batch, t, width), dtype)] * 3
-      out_specs += [spec(0)] * 3
+    else:  # Three arrays like xs, written in one step.
+      outs += [jax.ShapeDtypeStruct(x.shape, dtype) for x in xs]
+      out_specs += [spec(0, lanes)] * 2 + [spec(0)]
     if rotated:  # The band's gradient sums over the batch: into one tile, in order.
       outs.append(jax.ShapeDtypeStruct(diag.shape, jnp.float32))
       out_specs.append(d_spec)
   kw = call_kw(interpret, ('parallel', 'arbitrary' if backward and rotated else 'parallel',
                            'arbitrary')[:len(grid)])
   res = pl.pallas_call(
-      functools.partial(kernel, d, n // 2 if rotated else None, rows, 1 / math.sqrt(d),
+      functools.partial(kernel, d, n // 2 if rotated else None, lift, rows,
+                        1 / math.sqrt(d) if scale is None else scale,
                         **({'fused': one_grad} if backward else {})),
       out_shape=outs, grid=grid, in_specs=in_specs, out_specs=out_specs,
       scratch_shapes=scratch, name='attention_' + ('backward' if backward else 'forward'),
       cost_estimate=estimate('attention_' + ('backward' if backward else 'forward'),
-                             cost(batch, t, width, d, dtype, diag, backward)),
+                             cost(batch, t, width, d, dtype, diag, backward, lift)),
       **kw)(*ins)
   if not backward:
     return res[0]
   return (res[0] if one_grad else tuple(res[:3]),) + tuple(res[1 if one_grad else 3:])
 
 
+_call_jit = jax.jit(_call, static_argnums=(0, 1, 2, 3))
 
 
-
-
-
-
-
-
-_call_jit = jax.jit(_call, static_argnums=(0, 1, 2))
-
-
-def cost(batch, tokens, width, d, dtype, band=None, backward=False) -> Cost:
+def cost(batch, tokens, width, d, dtype, band=None, backward=False, lift=None) -> Cost:
   """What a pass does (`_call`; common.Cost): q, k, v [batch, tokens, width] of dtype, heads of
-  d, rotated by `band` [n = 2b - 1, tokens, width] (None: not). A grid step's batch rows each
-  run `_forward_kernel`'s (`_backward_row`'s) body on a lane tile: with e = T x 128 elements of
-  q, l = T x T logits, 128 / d heads a tile, each on all 128 lanes (the others masked), and
-  c = 1 where q's dtype (cb: the band's) is not float32 (its conversions to and from it):
+  d, rotated by `band` [n = 2b - 1, tokens, width] (None: not), or q and k lifted to `lift`
+  lanes a head (`lifted`; None: not). A grid step's batch rows each run `_forward_kernel`'s
+  (`_backward_row`'s) body on a lane tile of v: with e = T x 128 elements of it, l = T x T
+  logits, 128 / d heads a tile, each head's logits, dq and dk of depth 128 (q masked to the
+  head's lanes, dq and dk kept on them) or, lifted, of depth `lift` on its own lanes (slices,
+  no masks: e' = T x 128 lift / d elements of q), and c = 1 where q's dtype (cb: the band's)
+  is not float32 (its conversions to and from it):
     heads' masks: 3 x 128 ops each (two compares and an and);
-    forward, each head: q masked (e), its logits (2 l 128 MXU flops) scaled (l), softmax (l
-      exp; max, subtract, sum, divide: 4 l), P in v's dtype (c l), P v (2 l 128), kept where the
-      head's lanes are (e); the output in q's dtype (c e);
-    backward, dO O (e, 2 c e), each head: q, dO and dO O masked (3 e), the logits again (2 l
-      128, l scaled, 4 l softmax, l exp), dO v^T (2 l 128), dS = P (dP - sum dO O) scale (the
-      sum e, 3 l), P and dS in q's dtype (2 c l), dv, dq, dk (3 x 2 l 128) kept on the head's
-      lanes (3 e); dq, dk, dv in q's dtype (3 c e);
+    forward, each head: q masked (e; lifted: none), its logits (2 l depth MXU flops) scaled
+      (l), softmax (l exp; max, subtract, sum, divide: 4 l), P in v's dtype (c l), P v (2 l
+      128), kept where the head's lanes are (e); the output in q's dtype (c e);
+    backward, dO O (e, 2 c e), each head: q (not lifted), dO and dO O masked (3 e; 2 e), the
+      logits again (2 l depth, l scaled, 4 l softmax, l exp), dO v^T (2 l 128), dS = P (dP -
+      sum dO O) scale (the sum e, 3 l), P and dS in q's dtype (2 c l), dv (2 l 128), dq, dk
+      (2 x 2 l depth) kept on the head's lanes (3 e; lifted: dv's e); dq, dk, dv in q's dtype
+      (c (2 e' + e));
     the band's rotation of q and of k, each: n multiplies, n - 1 adds, n - 1 lane rolls, the n
       diagonals read in float32 (cb n) and x to float32 and back (2 c): (3 n - 2 + cb n + 2 c) e;
       backward also its transpose on dq and dk (the same without x's conversions) and the
@@ -239,13 +265,16 @@ def cost(batch, tokens, width, d, dtype, band=None, backward=False) -> Cost:
   every array as laid out (tokens in whole tiles of rows)."""
   e, l, nh = tokens * LANES, tokens * tokens, LANES // d
   c = int(jnp.dtype(dtype) != jnp.float32)
+  depth, masked = lift or LANES, int(lift is None)
+  e_q = e * depth // (LANES if masked else d)
   row = 3 * LANES * nh  # the masks
   if backward:
-    row += (1 + 2 * c) * e + nh * (7 * e + (8 + 2 * c) * l) + 3 * c * e
+    row += ((1 + 2 * c) * e + nh * ((4 + 3 * masked) * e + (8 + 2 * c) * l)
+            + c * (2 * e_q + e))
   else:
-    row += nh * (2 * e + (5 + c) * l) + c * e
+    row += nh * ((1 + masked) * e + (5 + c) * l) + c * e
   array = batch * padded(tokens, dtype) * width * jnp.dtype(dtype).itemsize
-  moved = (8 if backward else 4) * array
+  moved = (4 if backward else 2) * (array + array * e_q // e)  # v, out (dO, dv) and q, k
   if band is not None:
     n, cb = band.shape[0], int(band.dtype != jnp.float32)
     rotate = (3 * n - 2 + cb * n) * e
@@ -253,8 +282,9 @@ def cost(batch, tokens, width, d, dtype, band=None, backward=False) -> Cost:
     moved += n * width * (padded(tokens, band.dtype) * band.dtype.itemsize
                           + (padded(tokens, jnp.float32) * 4 if backward else 0))
   rows = batch * width // LANES
-  return Cost(mxu_flops=rows * nh * (5 if backward else 2) * 2 * l * LANES,
-              vpu_ops=rows * row, transcendentals=rows * nh * l, bytes=moved)
+  products = 3 * depth + 2 * LANES if backward else depth + LANES
+  return Cost(mxu_flops=rows * nh * 2 * l * products, vpu_ops=rows * row,
+              transcendentals=rows * nh * l, bytes=moved)
 
 
 def _shift(x, s):
@@ -283,10 +313,31 @@ def _masks(d):
   return [(lane >= h * d) & (lane < (h + 1) * d) for h in range(LANES // d)]
 
 
+def _heads(d, lift, q, k):
+  """A grid step's heads: (q_h, k_h, the head's lanes of v) each, q_h k_h^T its logits. lift
+  None: q, k and v share the 128 lanes, d a head (q_h q masked to the head's lanes, k_h all of
+  k); else each head's q and k span `lift` lanes of their own, whole tiles (slices: no products
+  on the other heads' lanes)."""
+  masks = _masks(d)
+  if lift is None:
+    return [(jnp.where(m, q, 0), k, m) for m in masks]
+  part = lambda x, h: x[:, h * lift:(h + 1) * lift]
+  return [(part(q, h), part(k, h), m) for h, m in enumerate(masks)]
+
+
+def _join(d, lift, parts):
+  """The heads' parts of dq or dk (ds k_h, ds^T q_h: `_heads`) as one [T, lanes] float32: each
+  head's lanes of its part (lift None), or the parts side by side."""
+  if lift is not None:
+    return jnp.concatenate(parts, axis=1)
+  out = jnp.zeros(parts[0].shape, jnp.float32)
+  for mask, part in zip(_masks(d), parts):
+    out = jnp.where(mask, part, out)
+  return out
 
 
 def _tn(a, b):
-  """a^T b: [T, S] x [T, 128] -> [S, 128] float32."""
+  """a^T b: [T, S] x [T, n] -> [S, n] float32."""
   return jax.lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
 
@@ -309,22 +360,22 @@ def _inputs(d_ref, half, q_ref, k_ref, r):
   return rot(q), rot(k), band
 
 
-def _forward_kernel(d, half, rows, scale, q_ref, k_ref, v_ref, *refs):
+def _forward_kernel(d, half, lift, rows, scale, q_ref, k_ref, v_ref, *refs):
   d_ref, o_ref = refs if half is not None else (None,) + refs
 
   def row(r, carry):
     q, k, _ = _inputs(d_ref, half, q_ref, k_ref, r)
     v = v_ref[r]
-    out = jnp.zeros(q.shape, jnp.float32)
-    for mask in _masks(d):
-      p = _softmax(_nt(jnp.where(mask, q, 0), k) * scale)
+    out = jnp.zeros(v.shape, jnp.float32)
+    for q_h, k_h, mask in _heads(d, lift, q, k):
+      p = _softmax(_nt(q_h, k_h) * scale)
       out = jnp.where(mask, _nn(p.astype(v.dtype), v), out)
     o_ref[r] = out.astype(o_ref.dtype)
     return carry
   jax.lax.fori_loop(0, rows, row, 0)
 
 
-def _backward_kernel(d, half, rows, scale, q_ref, k_ref, v_ref, *refs, fused):
+def _backward_kernel(d, half, lift, rows, scale, q_ref, k_ref, v_ref, *refs, fused):
   """One array: grid step 0 computes, writes dq and keeps dk and dv (`stash`) for steps 1, 2;
   three arrays: one step writes all three."""
   rotated = half is not None
@@ -336,8 +387,9 @@ def _backward_kernel(d, half, rows, scale, q_ref, k_ref, v_ref, *refs, fused):
            functools.partial(_write, outs))
 
   def compute():
-    jax.lax.fori_loop(0, rows, functools.partial(_backward_row, d, half, scale, q_ref, k_ref,
-                                                 v_ref, d_ref, o_ref, g_ref, dd_ref, write), 0)
+    jax.lax.fori_loop(0, rows, functools.partial(_backward_row, d, half, lift, scale, q_ref,
+                                                 k_ref, v_ref, d_ref, o_ref, g_ref, dd_ref,
+                                                 write), 0)
   first = pl.program_id(1) == 0  # (read here: interpret mode has no program_id under a when)
   if rotated:
     @pl.when(first & (pl.program_id(2) == 0 if fused else True))
@@ -365,14 +417,15 @@ def _write(refs, r, *grads):
     ref[r] = g.astype(ref.dtype)
 
 
-def _backward_row(d, half, scale, q_ref, k_ref, v_ref, d_ref, o_ref, g_ref, dd_ref, write, r,
-                  carry):
+def _backward_row(d, half, lift, scale, q_ref, k_ref, v_ref, d_ref, o_ref, g_ref, dd_ref, write,
+                  r, carry):
   q, k, band = _inputs(d_ref, half, q_ref, k_ref, r)
   v, g = v_ref[r], g_ref[r]
-  dq = dk = dv = jnp.zeros(q.shape, jnp.float32)
+  dv = jnp.zeros(v.shape, jnp.float32)
+  dqs, dks = [], []
   go = g.astype(jnp.float32) * o_ref[r].astype(jnp.float32)
-  for mask in _masks(d):
-    p = _softmax(_nt(jnp.where(mask, q, 0), k) * scale)
+  for q_h, k_h, mask in _heads(d, lift, q, k):
+    p = _softmax(_nt(q_h, k_h) * scale)
     pc = p.astype(v.dtype)
     gm = jnp.where(mask, g, 0)
     # dS = P (dP - rowsum(dO O)), the sum over the head's lanes.
@@ -380,8 +433,9 @@ def _backward_row(d, half, scale, q_ref, k_ref, v_ref, d_ref, o_ref, g_ref, dd_r
     ds = (p * (dp - jnp.sum(jnp.where(mask, go, 0), axis=1, keepdims=True)) * scale)
     ds = ds.astype(q.dtype)
     dv = jnp.where(mask, _tn(pc, g), dv)
-    dq = jnp.where(mask, _nn(ds, k), dq)
-    dk = jnp.where(mask, _tn(ds, q), dk)
+    dqs.append(_nn(ds, k_h))
+    dks.append(_tn(ds, q_h))
+  dq, dk = _join(d, lift, dqs), _join(d, lift, dks)
   if half is not None:
     x_q, x_k = q_ref[r].astype(jnp.float32), k_ref[r].astype(jnp.float32)
     for s in range(-half, half + 1):
