@@ -6,19 +6,24 @@ names it:
   'xla'                 the context applied by XLA (rotations.rotate), then
                         jax.nn.dot_product_attention;
   'cudnn'               the same with cuDNN's attention where it takes the shapes (bf16 / fp16
-                        heads of at most 128 dims, a multiple of 8; chosen while tracing on a
-                        GPU, XLA's otherwise);
+                        heads of at most 256 dims from Hopper on, 128 before, a multiple of 8;
+                        chosen while tracing on a GPU, XLA's otherwise);
   'kernel'              the Pallas attention kernel (liere_jax.kernels.attention), q, k and v read
                         in place from the qkv projection;
   'kernel, band'        the same rotating q and k inside, by a band of diagonals (blocks up to 8:
                         every RoPE, LieRE8);
   'rotation kernel'     larger blocks (LieRE64) rotated by liere_jax.kernels.rotation first, which
                         runs the attention kernel after it;
-  'kernel after xla'    the context applied by XLA, then the attention kernel.
-A lifting context (PaPE's `Lift`: q and k gain channels from the attention's input) runs
-'xla' on every platform for now (the kernels do not take it yet): attend, then lift, then an
-explicit softmax at the unlifted head size's scale, v unlifted (jax.nn.dot_product_attention
-wants v as wide as q and k).
+  'kernel after xla'    the context applied by XLA, then the attention kernel;
+  'kernel, lift'        a lifting context (PaPE's `Lift`: q and k gain channels from the
+                        attention's input): attend and lift by XLA, each head's q' and k' padded
+                        with zeros to whole lane tiles (PaPE's 216 channels to 256), then the
+                        attention kernel at the unlifted head size's scale d**-0.5, v of d;
+  'cudnn, lift'         attend and lift, then cuDNN's attention at that scale with v padded with
+                        zeros to q' and k' (jax.nn.dot_product_attention wants them alike), its
+                        output sliced back (where cuDNN refuses: as 'xla').
+A lifting context runs 'xla' where neither takes its lifted heads (or on the cpu plan): attend,
+lift, then an explicit softmax at the scale d**-0.5, v of d.
 `weights` is the explicit softmax that returns the attention maps. On a mesh the kernels run
 under shard_map (a Mosaic kernel is not partitioned by XLA): each device its part of the batch,
 and of the heads over 'model'.
@@ -34,11 +39,13 @@ from liere_jax.encodings.base import Angles, LayerContext, Rotate
 from liere_jax.kernels import attention as attention_kernel, rotation as rotation_kernel
 from liere_jax.numerics import Numerics
 
+CUDNN_HEAD_DIM = 256  # cuDNN's largest head from Hopper on (jax's check: 128 before, tracing).
+
 
 def path(numerics: Numerics, ctx: LayerContext, shape) -> str:
   """How `attend` runs for q of `shape` [B, T, H, d] under ctx and the plan (module doc)."""
-  if ctx.lifts:  # No kernel (nor cuDNN) takes the lift yet.
-    return 'xla'
+  if ctx.lifts:
+    return _lift_path(numerics, ctx, shape)
   if numerics.attention != 'kernel':
     return numerics.attention
   if not _kernel_takes(ctx, shape):  # A logit bias, or shapes it does not take.
@@ -49,6 +56,29 @@ def path(numerics: Numerics, ctx: LayerContext, shape) -> str:
   if _rotation_kernel_takes(ctx, shape):
     return 'rotation kernel'
   return 'kernel after xla' if ctx.rotates else 'kernel'
+
+
+def lifted(ctx: LayerContext, shape) -> int:
+  """d': the head size of q and k that ctx's lift gives q of `shape` [B, T, H, d] (its shapes
+  alone, traced abstractly: whatever the lifting context)."""
+  b, t, heads, d = shape
+  x = jax.ShapeDtypeStruct((b, t, heads * d), jnp.float32)
+  q = jax.ShapeDtypeStruct(shape, jnp.float32)
+  return jax.eval_shape(lambda c, x, q: c.lift(x, q, q)[0], ctx, x, q).shape[-1]
+
+
+def _lift_path(numerics, ctx, shape) -> str:
+  """A lifting context's path: the kernel ('kernel, lift') or cuDNN ('cudnn, lift') where they
+  take the lifted head size, else XLA's explicit softmax."""
+  if ctx.biased:
+    return 'xla'
+  d2 = lifted(ctx, shape)
+  if numerics.attention == 'kernel' and _kernel_takes(
+      ctx, shape, attention_kernel.lifted(d2)):
+    return 'kernel, lift'
+  if numerics.attention == 'cudnn' and d2 <= CUDNN_HEAD_DIM and d2 % 8 == 0:
+    return 'cudnn, lift'
+  return 'xla'
 
 
 def split_qkv(numerics: Numerics, ctx: LayerContext, shape) -> bool:
@@ -71,10 +101,12 @@ def attend(x, kernel, bias, heads: int, ctx: LayerContext, numerics: Numerics):
   if how == 'rotation kernel':  # Rotated by the rotation kernel, which reads the one product.
     return _kernel_attention((project(x, kernel, bias, heads, False, stacked=True),), None,
                              numerics, _rows(ctx, shape))
-  if how == 'kernel after xla':
+  if how in ('kernel after xla', 'kernel, lift'):
     q, k, v = project(x, kernel, bias, heads, three)
     q, k, _ = ctx.attend(q, k, numerics)
-    return _kernel_attention((q, k, v), None, numerics)
+    if ctx.lifts:  # Zero channels to whole lane tiles a head: they change no logit.
+      q, k = (_pad(a, attention_kernel.lifted(a.shape[-1])) for a in ctx.lift(x, q, k))
+    return _kernel_attention((q, k, v), None, numerics, scale=1 / math.sqrt(shape[-1]))
   if how in ('kernel', 'kernel, band'):
     qkv = project(x, kernel, bias, heads, three, stacked=True)
     return _kernel_attention(qkv if three else (qkv,), _band(ctx, shape, x.dtype), numerics)
@@ -82,9 +114,8 @@ def attend(x, kernel, bias, heads: int, ctx: LayerContext, numerics: Numerics):
   q, k, bias = ctx.attend(q, k, numerics)
   if ctx.lifts:
     q, k = ctx.lift(x, q, k)
-    return _softmax_attention(q, k, v, bias, shape[-1])[0]
   return _dot_product_attention(q, k, v, None if bias is None else bias[None].astype(q.dtype),
-                                cudnn=how == 'cudnn')
+                                cudnn=how.startswith('cudnn'))
 
 
 def weights(x, kernel, bias, heads: int, ctx: LayerContext, numerics: Numerics):
@@ -127,15 +158,30 @@ def project(x, kernel, bias, heads, three, stacked=False):
 
 
 def _dot_product_attention(q, k, v, bias, cudnn):
-  """jax.nn.dot_product_attention, cuDNN's where asked and it takes q (it is chosen while
-  tracing, and cannot be lowered without a GPU: XLA's form runs where it refuses)."""
-  if (cudnn and q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] <= 128
+  """jax.nn.dot_product_attention at the scale 1 / sqrt(d) of v's head size d, cuDNN's where
+  asked and it takes q (it is chosen while tracing, and cannot be lowered without a GPU: XLA's
+  form runs where it refuses). q and k may be wider than v (a lift): cuDNN's takes v padded with
+  zeros to their width, its output sliced back; XLA's form is then the explicit softmax."""
+  d = v.shape[-1]
+  scale = 1 / math.sqrt(d)
+  if (cudnn and q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] <= CUDNN_HEAD_DIM
       and q.shape[-1] % 8 == 0):
     try:
-      return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation='cudnn')
+      out = jax.nn.dot_product_attention(q, k, _pad(v, q.shape[-1]), bias=bias, scale=scale,
+                                         implementation='cudnn')
+      return out if q.shape[-1] == d else out[..., :d]
     except (NotImplementedError, ValueError, RuntimeError):
       pass
-  return jax.nn.dot_product_attention(q, k, v, bias=bias)
+  if q.shape[-1] != d:
+    return _softmax_attention(q, k, v, bias, d)[0]
+  return jax.nn.dot_product_attention(q, k, v, bias=bias, scale=scale)
+
+
+def _pad(x, channels):
+  """x [..., c] with zeros after its c channels to `channels` (x itself where c is that)."""
+  if x.shape[-1] == channels:
+    return x
+  return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, channels - x.shape[-1])])
 
 
 def _model_axis():
@@ -144,13 +190,13 @@ def _model_axis():
   return 'model' if not mesh.empty and mesh.shape.get('model', 1) > 1 else None
 
 
-def _kernel_takes(ctx, shape) -> bool:
+def _kernel_takes(ctx, shape, lift=None) -> bool:
   """Whether the attention kernel takes q [B, T, H, d] (each device's heads) under ctx: no logit
-  bias."""
+  bias; lift: q's and k's lifted head size (attention_kernel.supported)."""
   _, t, heads, d = shape
   model = jax.sharding.get_abstract_mesh().shape['model'] if _model_axis() else 1
   return (not ctx.biased and not heads % model
-          and attention_kernel.supported(heads // model, d, t))
+          and attention_kernel.supported(heads // model, d, t, lift))
 
 
 def _band(ctx, shape, dtype):
@@ -179,27 +225,28 @@ def _rows(ctx, shape):
   return rotation_kernel.rows(jnp.broadcast_to(ctx.rot, (heads,) + ctx.rot.shape[1:]))
 
 
-def _kernel_attention(xs, band, numerics, rot=None):
-  """The attention kernel of xs: (q, k, v) [B, T, H, d] or ([B, T, 3, H, d],), the latter's q
-  and k first rotated by the rotation kernel's rows `rot` [H / n, T' >= T, d, n b] where given;
-  on a mesh each device attends its part of the batch (and of the heads, over 'model'). rot's
+def _kernel_attention(xs, band, numerics, rot=None, scale=None):
+  """The attention kernel of xs at `scale` (None: 1 / sqrt(d)): (q, k, v) [B, T, H, d] (q and k
+  may be lifted: [B, T, H, d'], d' whole lane tiles) or ([B, T, 3, H, d],), the latter's q and
+  k first rotated by the rotation kernel's rows `rot` [H / n, T' >= T, d, n b] where given; on
+  a mesh each device attends its part of the batch (and of the heads, over 'model'). rot's
   tokens come split over 'data' where they divide (rotations.liere_rotations' split_tokens): the
   rotation kernel gathers them."""
   interpret = numerics.interpret
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return _kernel_call(xs, band, rot, interpret, None)
+    return _kernel_call(xs, band, rot, interpret, None, scale)
   model, data = _model_axis(), 'data' if 'data' in mesh.axis_names else None
   n = mesh.shape[data] if data else 1
   gather = data if rot is not None and n > 1 and rot.shape[1] % n == 0 else None
   spec = {4: P(data, None, model, None), 5: P(data, None, None, model, None)}
-  fn = functools.partial(_kernel_call, interpret=interpret, gather=gather)
+  fn = functools.partial(_kernel_call, interpret=interpret, gather=gather, scale=scale)
   return jax.shard_map(fn, in_specs=(tuple(spec[a.ndim] for a in xs), P(None, None, model),
                                      P(model, gather)),
                        out_specs=spec[4], check_vma=False)(xs, band, rot)
 
 
-def _kernel_call(xs, band, rot, interpret, gather):
+def _kernel_call(xs, band, rot, interpret, gather, scale):
   if rot is not None:
     (qkv,) = xs
     b, t, _, h, d = qkv.shape
@@ -207,4 +254,4 @@ def _kernel_call(xs, band, rot, interpret, gather):
     return out.reshape(b, t, h, d)
   if len(xs) == 1:
     return attention_kernel.attention_qkv(xs[0], band, interpret=interpret)
-  return attention_kernel.attention(*xs, band, interpret=interpret)
+  return attention_kernel.attention(*xs, band, interpret=interpret, scale=scale)
