@@ -12,7 +12,7 @@ from flax import nnx
 
 from liere_jax import attention, encodings, expm, lattice, numerics as numerics_lib, rotations
 from liere_jax.config.model import resolve
-from liere_jax.kernels import expm as expm_kernel
+from liere_jax.kernels import attention as attention_kernel, expm as expm_kernel
 from liere_jax.model import ViT
 
 _SQUARINGS = {
@@ -33,7 +33,9 @@ def plan_of(config, platform=None) -> dict:
   model = nnx.eval_shape(lambda: ViT(spec, rngs=nnx.Rngs(0), numerics=numerics))
   graphdef, state = nnx.split(model)
   grid = spec.train_grid
-  ctx = jax.eval_shape(lambda s: nnx.merge(graphdef, s).pe_context(grid), state)
+  # Layer 0's context, as attention sees it (every layer's has its shapes).
+  ctx = jax.eval_shape(lambda s: (lambda m: m.pe.layer(m.pe_context(grid), 0))(
+      nnx.merge(graphdef, s)), state)
   positions = model.pe_positions(grid)
   heads, d = spec.heads, spec.head_dim
   shape = (config.batch_size, len(positions), heads, d)
@@ -45,7 +47,7 @@ def plan_of(config, platform=None) -> dict:
     out.update(_liere(pe.numerics(numerics), spec.pe.block, positions))
   path = attention.path(numerics, ctx, shape)
   out['rotation'] = _application(numerics, ctx, path, spec.dtype)
-  out['attention'] = path + {
+  out['attention'] = path + (_lifted(path, attention.lifted(ctx, shape), d) if ctx.lifts else {
       'xla': ': jax.nn.dot_product_attention (XLA)',
       'cudnn': ": jax.nn.dot_product_attention, cuDNN's where it takes the shapes (chosen while "
                "tracing on a GPU; XLA's elsewhere)",
@@ -53,12 +55,7 @@ def plan_of(config, platform=None) -> dict:
       'kernel, band': ': the Pallas attention kernel, rotating q and k inside, q, k and v read in '
                       'place',
       'rotation kernel': ': the Pallas rotation kernel, then the attention kernel',
-      'kernel after xla': ': XLA rotates q and k, then the Pallas attention kernel'}[path]
-  if ctx.lifts:
-    lift = ctx.then if isinstance(ctx, encodings.Composed) else ctx
-    d2 = type(lift).channels(d, lift.u.shape[-1], lift.isotropic)
-    out['attention'] = (f'xla: an explicit softmax (XLA) of q, k lifted to {d2} channels at '
-                        f'the scale {d}**-0.5, v of {d}')
+      'kernel after xla': ': XLA rotates q and k, then the Pallas attention kernel'}[path])
   out['qkv'] = ('three products' if attention.split_qkv(numerics, ctx, shape)
                 else 'one product')
   return out
@@ -98,6 +95,19 @@ def _liere(numerics, block, positions) -> dict:
         ', split over the data axis by tokens' if rotations.every_token_kernel(numerics, block)
         else '')
   return out
+
+
+def _lifted(path, channels, d) -> str:
+  """The attention line of a lifting context whose q and k have `channels` a head."""
+  what = f'q, k lifted to {channels} channels at the scale {d}**-0.5, v of {d}'
+  if path == 'kernel, lift':
+    return (f': the Pallas attention kernel of {what}, each head\'s q and k padded with zeros '
+            f'to {attention_kernel.lifted(channels)} lanes')
+  if path == 'cudnn, lift':
+    return (f": jax.nn.dot_product_attention of {what} padded with zeros to {channels}, "
+            "cuDNN's where it takes the shapes (chosen while tracing on a GPU; an explicit "
+            "softmax (XLA) elsewhere)")
+  return f': an explicit softmax (XLA) of {what}'
 
 
 def _application(numerics, ctx, path, dtype) -> str:
