@@ -18,7 +18,9 @@ decides how it runs: `python -m liere_jax.bench plan`):
                                            (`lifts`): attention calls lift(x, q, k) after
                                            attend, with x its input [B, T, D], for q', k'
                                            [B, T, H, d'] (d' > d); the softmax keeps the scale
-                                           d**-0.5 and v its d channels.
+                                           d**-0.5 and v its d channels (XLA lifts; the
+                                           softmax runs where attention.path says: a TPU's
+                                           kernel, cuDNN, or XLA's explicit one).
 Prefix tokens (CLS) sit at position 0: the identity rotation (string_cayley: its P), no ALiBi
 bias.
 
@@ -45,7 +47,7 @@ class LayerContext(struct.PyTreeNode):
   projects = False  # True: attention calls `project` on its qkv kernel and bias.
   biased = False  # True: `attend` gives a logit bias (XLA's attention on every platform).
   rotates = False  # True: `attend` transforms q and k.
-  lifts = False  # True: attention calls `lift(x, q, k)` after `attend` (XLA's attention).
+  lifts = False  # True: attention calls `lift(x, q, k)` after `attend` (attention.path).
 
   def project(self, kernel, bias):
     return kernel, bias
@@ -115,7 +117,10 @@ class Lift(LayerContext):
   padded with zeros to a multiple of 8 channels, gives q'_i . k'_j = q_i . k_j + bias_ij with
     bias_ij = -sum_m a_m(i) (u_m(i) - u_m(j))^2 + sum_m b_m(i) (u_m(i) - u_m(j)),
   a function of u(i) - u(j) only, with the query's a and b (tests/test_pape.py holds the lift
-  to this T x T form). The softmax scale is the unlifted head's d**-0.5, on the bias too.
+  to this T x T form). The softmax scale is the unlifted head's d**-0.5, on the bias too. The
+  lift runs in XLA; the softmax of q', k' (liere_jax.attention.path) in a TPU's attention
+  kernel (each head's q' and k' padded to whole lane tiles), cuDNN's (v padded to d'), or XLA's
+  explicit softmax.
   """
   lifts = True
   u: jax.Array

@@ -14,6 +14,13 @@ of 8, as the official code does; the softmax scale is the unlifted head size's d
 pape/nn/encoder.py), v is not lifted. Relative in u (PaPE: a shift of every position leaves the
 scores as they are) and, for PaPE-RI, in the Euclidean distance (a rotation too).
 
+Where it runs (liere_jax.attention.path; `python -m liere_jax.bench plan --config C --platform
+P`): XLA lifts q and k on every platform; the softmax is a TPU's attention kernel ('kernel,
+lift': each head's q' and k' padded with zeros to whole lane tiles, 216 -> 256 for ViT-B's
+PaPE, 72 -> 128 for PaPE-RI, where kernels.attention.supported takes them: heads of 64 up to
+512 tokens), cuDNN's on a GPU ('cudnn, lift': v padded with zeros to d', lifted heads up to
+256 from Hopper on), else XLA's explicit softmax ('xla', the CPU's).
+
 Positions: 'integer', as the official ImageNet recipe (`--normalize` off by default: patch
 indices, not divided by the grid), and its CLS geometry: the official patches sit at 1..n per
 axis with CLS at 0, ours at 0..n-1 with CLS at 0, so these encodings move the patch tokens (not
