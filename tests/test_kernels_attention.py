@@ -9,9 +9,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from liere_jax import attention, rotations
-from liere_jax.encodings.base import Rotate
+from liere_jax.encodings.base import Lift, Rotate
 from liere_jax.kernels import attention as attention_kernel
-from liere_jax.kernels.common import DECLARED
+from liere_jax.kernels.common import DECLARED, LANES
 from liere_jax.numerics import plan
 from tests import kernel_count
 from tests.helpers import tiny_model
@@ -76,12 +76,12 @@ def test_the_kernel_equals_xla_attention_after_the_rotation_forward_and_backward
     ('abs', False, (1, 'no band')), ('rope_mixed', False, (1, 'band')),
     ('liere8', False, (1, 'band')), ('liere8', True, (1, 'band')),
     ('liere12', True, (3, 'no band')), ('liere64', False, (1, 'rows')),
-    ('liere64', True, (1, 'rows')), ('alibi', False, None)])
+    ('liere64', True, (1, 'rows')), ('alibi', False, None), ('pape', False, (3, 'no band'))])
 def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe, split_qkv, kernel, monkeypatch):
   """The tiny ViT (2 heads of 64) built with attention='kernel' (the kernel where the encoding
   allows: rotations up to 8 inside it by the band, LieRE64's by the rotation kernel before it,
   LieRE12's (5 blocks and 4 dims that pass through) by XLA before it from three qkv products,
-  ALiBi's bias by XLA), gives the logits and parameter gradients of the one built with XLA's
+  ALiBi's bias by XLA, PaPE's lift by XLA before it: q' and k' of 256 lanes a head), gives the logits and parameter gradients of the one built with XLA's
   attention (the qkv projection one product or, where split_qkv and XLA rotates blocks above
   8, three) to float32 rounding. `kernel`: what each layer's kernel is handed (arrays, how it
   rotates), None where it never runs."""
@@ -95,10 +95,10 @@ def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe, split_qkv, kernel,
   _, params, _ = nnx.split(models['kernel'], nnx.Param, ...)
   calls, real = [], attention._kernel_attention
 
-  def spy(xs, band, numerics, rot=None):
+  def spy(xs, band, numerics, rot=None, scale=None):
     calls.append((len(xs), 'band' if band is not None else 'rows' if rot is not None
                   else 'no band'))
-    return real(xs, band, numerics, rot)
+    return real(xs, band, numerics, rot, scale)
   monkeypatch.setattr(attention, '_kernel_attention', spy)
 
   def run(mode):
@@ -110,6 +110,43 @@ def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe, split_qkv, kernel,
   got = run('kernel')
   assert set(calls) == ({kernel} if kernel else set()), calls
   _close(got, want, rtol=2e-5)
+
+
+@pytest.mark.parametrize('m, isotropic, d, lanes', [
+    (50, False, 64, 256),  # PaPE at ViT-B's heads: 216 channels, padded to 256.
+    (2, True, 64, 128),  # PaPE-RI in 2D: 72 -> 128.
+    (3, False, 32, 128),  # PaPE, 3 parabolas: 43 -> 48 -> 128, four heads a lane block.
+    (2, True, 32, 128)])  # PaPE-RI: 37 -> 40 -> 128.
+def test_the_kernel_takes_a_lift_forward_and_backward(m, isotropic, d, lanes, monkeypatch):
+  """attend of a lifting context under the kernel's plan (the lift by XLA, each head's q' and
+  k' padded with zeros to whole lane tiles, the kernel at the scale d**-0.5 with v of d) against
+  the explicit softmax of the cpu plan: the output and the gradients in x, the qkv kernel (q, k
+  and v) and the lift's parameters (u, weights), to float32 rounding; two lane blocks of heads,
+  13 tokens."""
+  heads, t = 2 * LANES // d, 13
+  width = heads * d
+  keys = jax.random.split(jax.random.key(m + d), 5)
+  x, g = (jax.random.normal(key, (2, t, width)) for key in keys[:2])
+  kernel = jax.random.normal(keys[2], (width, 3 * width)) / np.sqrt(width)
+  ctx = Lift(0.5 * jax.random.normal(keys[3], (heads, t, m)),
+             jax.random.normal(keys[4], (width, heads if isotropic else 2 * heads * m))
+             / np.sqrt(width), isotropic=isotropic)
+  assert attention.path(KERNEL, ctx, (2, t, heads, d)) == 'kernel, lift'
+  calls, real = [], attention._kernel_attention
+
+  def spy(xs, band, numerics, rot=None, scale=None):
+    calls.append(([a.shape[-1] for a in xs], scale))
+    return real(xs, band, numerics, rot, scale)
+  monkeypatch.setattr(attention, '_kernel_attention', spy)
+
+  def run(numerics):
+    loss = lambda x, kernel, ctx: jnp.sum(
+        attention.attend(x, kernel, None, heads, ctx, numerics).reshape(g.shape) * g)
+    return jax.jit(jax.value_and_grad(loss, (0, 1, 2)))(x, kernel, ctx)
+  want = run(CPU)
+  got = run(KERNEL)
+  assert calls == [([lanes, lanes, d], 1 / np.sqrt(d))]
+  _close(got, want)
 
 
 def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
@@ -213,23 +250,28 @@ def test_the_kernel_in_bf16_stays_within_bf16_rounding_of_float32():
   assert 1e-4 < rel < 1e-2, rel
 
 
-@pytest.mark.parametrize('block, fused', [(None, True), (8, False), (2, True)])
-def test_the_cost_estimate_declares_what_the_kernel_does(block, fused, monkeypatch):
+@pytest.mark.parametrize('block, fused, lift', [
+    (None, True, None), (8, False, None), (2, True, None), (None, False, 256),
+    (None, False, 128)])
+def test_the_cost_estimate_declares_what_the_kernel_does(block, fused, lift, monkeypatch):
   """Each pass's CostEstimate (attention_kernel.cost, split in kernels.common.DECLARED) equals
   an independent count of the traced kernel over its grid (tests/kernel_count.py): the MXU's
   flops and the vector ops (its flops), the exps, and the HBM bytes of every block copied. bf16
   q, k, v and band, 21 tokens (rows padded to 32 as laid out), heads of 64 (each product on all
-  128 lanes), two lane tiles, 2 batch rows a step (3 steps over the batch); q, k, v as one array
-  (the backward's three steps a tile) or three."""
-  monkeypatch.setattr(attention_kernel, 'ROW_BYTES', 2 * 21 * 128 * 2)
+  128 lanes, or on a lift's 256 or 128 lanes a head), two lane tiles, 2 batch rows a step (3
+  steps over the batch); q, k, v as one array (the backward's three steps a tile) or three."""
   b, t, width, d = 6, 21, 256, 64
+  lanes = LANES if lift is None else LANES // d * lift  # q's lanes a grid step
+  monkeypatch.setattr(attention_kernel, 'ROW_BYTES', 2 * t * lanes * 2)
   x = jnp.zeros((b, t, width), jnp.bfloat16)
-  xs = (jnp.zeros((b, t, 3 * width), jnp.bfloat16),) if fused else (x, x, x)
+  q = x if lift is None else jnp.zeros((b, t, width // d * lift), jnp.bfloat16)
+  xs = (jnp.zeros((b, t, 3 * width), jnp.bfloat16),) if fused else (q, q, x)
   band = None if block is None else jnp.zeros((2 * block - 1, t, width), jnp.bfloat16)
   for kernel, extra in ((attention_kernel._forward_kernel, ()),
                         (attention_kernel._backward_kernel, (x, x))):
     call, = kernel_count.pallas_calls(
-        lambda xs, band: attention_kernel._call(kernel, True, d, xs, band, *extra), xs, band)
+        lambda xs, band: attention_kernel._call(kernel, True, d, None, xs, band, *extra), xs,
+        band)
     assert call.params['grid_mapping'].grid[1] == 3
     _assert_declared(call, kernel_count.count(call))
 

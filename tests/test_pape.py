@@ -161,19 +161,62 @@ def test_the_encodings_use_the_official_positions_cls_at_0_and_patches_from_1():
   assert encodings.facts('pape').positions == encodings.facts('pape_ri').positions == 'integer'
 
 
-def test_a_lifting_context_runs_xla_s_attention_on_every_platform():
-  """No kernel (nor cuDNN) takes the lift yet: 'xla' on every plan, the kernel's included."""
-  ctx = Lift(jnp.zeros((4, 17, 50)), jnp.zeros((256, 400)))
-  for numerics in (plan('cpu'), plan('tpu'), plan('cuda'), plan('cpu', attention='kernel')):
-    assert attention.path(numerics, ctx, (2, 17, 4, 64)) == 'xla', numerics.platform
-    assert not attention.split_qkv(numerics, ctx, (2, 17, 4, 64))
+@pytest.mark.parametrize('m, iso, shape, tpu, cuda', [
+    (50, False, (2, 17, 4, 64), 'kernel, lift', 'cudnn, lift'),  # 216 -> 256 lanes a head.
+    (2, True, (2, 17, 4, 64), 'kernel, lift', 'cudnn, lift'),  # PaPE-RI: 72 -> 128.
+    (50, False, (2, 197, 8, 32), 'kernel, lift', 'cudnn, lift'),  # 184: 4 x 256 lanes a step.
+    (100, False, (2, 17, 4, 64), 'kernel, lift', 'xla'),  # 368: past cuDNN's 256.
+    (50, False, (2, 513, 4, 64), 'xla', 'cudnn, lift'),  # Tokens past the kernel's 512.
+    (50, False, (2, 512, 8, 32), 'xla', 'cudnn, lift'),  # 512 tokens x 1024 lanes: past VMEM.
+])
+def test_a_lifting_context_s_path_on_each_plan(m, iso, shape, tpu, cuda):
+  """The kernel where it takes the lifted heads (tokens x lanes a grid step), cuDNN where they
+  are at most 256 wide, XLA's explicit softmax otherwise and on the cpu plan; one qkv product."""
+  _, t, heads, d = shape
+  ctx = Lift(jnp.zeros((heads, t, m)), jnp.zeros((heads * d, heads if iso else 2 * heads * m)),
+             isotropic=iso)
+  assert attention.lifted(ctx, shape) == Lift.channels(d, m, iso)
+  for numerics, want in ((plan('tpu'), tpu), (plan('cpu', attention='kernel'), tpu),
+                         (plan('cuda'), cuda), (plan('cpu'), 'xla')):
+    assert attention.path(numerics, ctx, shape) == want, numerics
+    assert not attention.split_qkv(numerics, ctx, shape)
   assert not LayerContext().lifts
+
+
+def test_cudnn_takes_the_lift_with_v_padded_to_its_width(monkeypatch):
+  """On the cuda plan (cuDNN itself cannot run here) bf16 lifted heads go to cuDNN's attention
+  with v padded with zeros to d' and the scale d**-0.5, its output sliced back to d: XLA's form
+  of that call gives the cpu plan's explicit softmax to bf16 rounding (relative 2e-2); float32
+  heads go to the explicit softmax."""
+  enc = _encoding('pape', parabolas=3)
+  enc.ab[...] = 0.1 * enc.ab[...]  # Logits that bf16 rounds by little.
+  ctx = enc.layer(enc.context(_positions()), 0)
+  x = jax.random.normal(jax.random.key(3), (2, 17, D))
+  kernel = 0.3 * jax.random.normal(jax.random.key(4), (D, 3 * D))
+  asked, real = [], jax.nn.dot_product_attention
+
+  def spy(q, k, v, implementation=None, **kw):
+    asked.append((implementation, q.shape[-1], v.shape[-1], kw.get('scale')))
+    return real(q, k, v, **kw)
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', spy)
+  assert attention.path(plan('cuda'), ctx, (2, 17, H, HEAD)) == 'cudnn, lift'
+  run = lambda numerics, dtype: jax.jit(lambda x, kernel: attention.attend(
+      x, kernel, None, H, ctx, numerics))(x.astype(dtype), kernel.astype(dtype))
+  want = run(plan('cpu'), jnp.float32)
+  d2 = Lift.channels(HEAD, 3)
+  for dtype in (jnp.bfloat16, jnp.float32):
+    got = run(plan('cuda'), dtype)
+    assert got.shape == want.shape and got.dtype == dtype
+    rel = jnp.linalg.norm(got.astype(jnp.float32) - want) / jnp.linalg.norm(want)
+    assert rel < (2e-2 if dtype == jnp.bfloat16 else 1e-6), (dtype, rel)
+  assert asked == [('cudnn', d2, d2, 1 / math.sqrt(HEAD))]
 
 
 def test_attention_with_a_lift_is_the_softmax_of_the_biased_scores_at_the_head_size_scale():
   """attend and the explicit `weights` both give softmax((q k^T + bias) / sqrt(d)) v with d the
   unlifted head size (the official scale) and v unlifted, under the CPU plan and the kernel's
-  (which sends the lift to XLA)."""
+  (which sends these heads of 16, 32 lanes, to XLA: tests/test_kernels_attention.py runs the
+  kernel's)."""
   enc = _encoding('pape')
   enc.ab[...] = 0.1 * enc.ab[...]  # Maps less peaked than the scores test's draws.
   pos = _positions()
@@ -243,6 +286,32 @@ def test_a_train_step_on_cpu_moves_the_parabolas_and_not_the_fixed_scales(pe):
     assert np.abs(after['position'] - before['position']).max() > 0
   else:
     np.testing.assert_array_equal(after['position_scales'], before['position_scales'])
+
+
+def test_a_train_step_with_a_tpu_s_attention_kernel_in_interpret_mode(monkeypatch):
+  """A tiny PaPE ViT (2 heads of 64: 216 lifted channels, 256 lanes a head) trains two steps
+  with the attention kernel (the tpu plan's attention, in interpret mode): its layer's kernel
+  takes q' and k' of 256 lanes, the loss is finite and the parabolas move. (The kernel against
+  XLA's softmax, values and gradients: tests/test_kernels_attention.py.)"""
+  from liere_jax import steps
+  from liere_jax.config import run as run_spec
+  run = run_spec.resolve(tiny_run_config(pe='pape', width=128, heads=2, depth=1), 1)
+  t = steps.Trainer(run, steps.make_mesh(jax.devices()[:1]), plan('cpu', attention='kernel'))
+  rng = np.random.default_rng(0)
+  batch = {'image': rng.normal(size=(8, 16, 16, 3)).astype(np.float32),
+           'label': np.eye(5, dtype=np.float32)[rng.integers(0, 5, 8)]}
+  calls, real = [], attention._kernel_attention
+  monkeypatch.setattr(attention, '_kernel_attention',
+                      lambda xs, *a, **kw: calls.append(xs[0].shape) or real(xs, *a, **kw))
+  state = t.init_state(0)
+  before = jax.device_get(state['params']['pe'])
+  for _ in range(2):  # The first step's learning rate is warmup's 0.
+    state, metrics = t.train_step(state, t.global_batch(batch))
+  after = jax.device_get(state['params']['pe'])
+  assert calls == [(8, 17, 2, 256)]  # One layer, traced once.
+  assert np.isfinite(float(metrics['loss']))
+  for name in ('ab', 'position'):
+    assert np.abs(after[name] - before[name]).max() > 0, name
 
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'pape')
