@@ -325,13 +325,13 @@ def _heads(d, lift, q, k):
   return [(part(q, h), part(k, h), m) for h, m in enumerate(masks)]
 
 
-def _join(d, lift, parts):
+def _join(masks, lift, parts):
   """The heads' parts of dq or dk (ds k_h, ds^T q_h: `_heads`) as one [T, lanes] float32: each
-  head's lanes of its part (lift None), or the parts side by side."""
+  head's lanes (`masks`) of its part (lift None), or the parts side by side."""
   if lift is not None:
     return jnp.concatenate(parts, axis=1)
   out = jnp.zeros(parts[0].shape, jnp.float32)
-  for mask, part in zip(_masks(d), parts):
+  for mask, part in zip(masks, parts):
     out = jnp.where(mask, part, out)
   return out
 
@@ -424,7 +424,8 @@ def _backward_row(d, half, lift, scale, q_ref, k_ref, v_ref, d_ref, o_ref, g_ref
   dv = jnp.zeros(v.shape, jnp.float32)
   dqs, dks = [], []
   go = g.astype(jnp.float32) * o_ref[r].astype(jnp.float32)
-  for q_h, k_h, mask in _heads(d, lift, q, k):
+  heads = _heads(d, lift, q, k)
+  for q_h, k_h, mask in heads:
     p = _softmax(_nt(q_h, k_h) * scale)
     pc = p.astype(v.dtype)
     gm = jnp.where(mask, g, 0)
@@ -435,7 +436,8 @@ def _backward_row(d, half, lift, scale, q_ref, k_ref, v_ref, d_ref, o_ref, g_ref
     dv = jnp.where(mask, _tn(pc, g), dv)
     dqs.append(_nn(ds, k_h))
     dks.append(_tn(ds, q_h))
-  dq, dk = _join(d, lift, dqs), _join(d, lift, dks)
+  masks = [mask for *_, mask in heads]
+  dq, dk = _join(masks, lift, dqs), _join(masks, lift, dks)
   if half is not None:
     x_q, x_k = q_ref[r].astype(jnp.float32), k_ref[r].astype(jnp.float32)
     for s in range(-half, half + 1):
