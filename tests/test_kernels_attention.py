@@ -76,12 +76,14 @@ def test_the_kernel_equals_xla_attention_after_the_rotation_forward_and_backward
     ('abs', False, (1, 'no band')), ('rope_mixed', False, (1, 'band')),
     ('liere8', False, (1, 'band')), ('liere8', True, (1, 'band')),
     ('liere12', True, (3, 'no band')), ('liere64', False, (1, 'rows')),
-    ('liere64', True, (1, 'rows')), ('alibi', False, None), ('pape', False, (3, 'no band'))])
+    ('liere64', True, (1, 'rows')), ('alibi', False, None), ('pape', False, (3, 'no band')),
+    ('liere8+pape', False, (3, 'no band'))])
 def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe, split_qkv, kernel, monkeypatch):
   """The tiny ViT (2 heads of 64) built with attention='kernel' (the kernel where the encoding
   allows: rotations up to 8 inside it by the band, LieRE64's by the rotation kernel before it,
   LieRE12's (5 blocks and 4 dims that pass through) by XLA before it from three qkv products,
-  ALiBi's bias by XLA, PaPE's lift by XLA before it: q' and k' of 256 lanes a head), gives the logits and parameter gradients of the one built with XLA's
+  ALiBi's bias by XLA, PaPE's lift by XLA before it: q' and k' of 256 lanes a head, after
+  LieRE8's rotation by XLA in the composition liere8+pape), gives the logits and parameter gradients of the one built with XLA's
   attention (the qkv projection one product or, where split_qkv and XLA rotates blocks above
   8, three) to float32 rounding. `kernel`: what each layer's kernel is handed (arrays, how it
   rotates), None where it never runs."""
