@@ -226,6 +226,22 @@ def trainer(config, devices=None, model_parallel=1):
                            steps.make_mesh(devices, model_parallel))
 
 
+def pe_params_around_two_steps(**model):
+  """(the encoding's parameters before, after two train steps, the last loss) of a one-device
+  tiny run (tiny_run_config(width=32, heads=2, depth=1, **model)) on a random batch of 8: the
+  first step's learning rate is warmup's 0."""
+  import jax
+  t = trainer(tiny_run_config(width=32, heads=2, depth=1, **model), jax.devices()[:1])
+  rng = np.random.default_rng(0)
+  batch = {'image': rng.normal(size=(8, 16, 16, 3)).astype(np.float32),
+           'label': np.eye(5, dtype=np.float32)[rng.integers(0, 5, 8)]}
+  state = t.init_state(0)
+  before = jax.device_get(state['params']['pe'])
+  for _ in range(2):
+    state, metrics = t.train_step(state, t.global_batch(batch))
+  return before, jax.device_get(state['params']['pe']), float(metrics['loss'])
+
+
 def train(config, workdir, devices=1):
   """training.train_and_evaluate in this process on the first `devices` devices, as `python -m
   liere_jax.train` with that many devices trains (the same steps, bit for bit); returns the

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from helpers import forward, tiny_model, tiny_run_config, trainer
+from helpers import forward, pe_params_around_two_steps, tiny_model
 from liere_jax import attention, encodings
 from liere_jax.bench import plan as bench_plan
 from liere_jax.configs import arrows
@@ -119,17 +119,8 @@ def test_the_model_runs_in_1d_2d_and_3d_and_its_maps_path_agrees(n_dims):
 
 
 def test_a_train_step_moves_both_parts():
-  t = trainer(tiny_run_config(pe='liere8+pape', width=32, heads=2, depth=1, parabolas=4),
-              jax.devices()[:1])
-  rng = np.random.default_rng(0)
-  batch = {'image': rng.normal(size=(8, 16, 16, 3)).astype(np.float32),
-           'label': np.eye(5, dtype=np.float32)[rng.integers(0, 5, 8)]}
-  state = t.init_state(0)
-  before = jax.device_get(state['params']['pe'])
-  for _ in range(2):  # The first step's learning rate is warmup's 0.
-    state, metrics = t.train_step(state, t.global_batch(batch))
-  after = jax.device_get(state['params']['pe'])
-  assert np.isfinite(float(metrics['loss']))
+  before, after, loss = pe_params_around_two_steps(pe='liere8+pape', parabolas=4)
+  assert np.isfinite(loss)
   for part, leaf in (('rotary', 'generators'), ('lift', 'ab'), ('lift', 'position')):
     assert np.abs(after[part][leaf] - before[part][leaf]).max() > 0, (part, leaf)
 
