@@ -26,9 +26,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ('imagenet', 'cifar100', 'ucf101')
 PES = ('abs', 'rope_mixed', 'liere8', 'liere64')
 TOPOLOGIES = ('v5litepod-8', 'v6e-8', 'v4-8')
-# LieRE's TPU cost (docs/performance.md): ImageNet ViT-B/16 at 128 images a chip on v5e-8. The
-# cells of earlier forms are in git history (docs/decisions/ names the commits).
-COST_CELLS = tuple(f'imagenet:{pe}:v5litepod-8:1024' for pe in PES)
+# LieRE's TPU cost (docs/performance.md): ImageNet ViT-B/16 at 128 images a chip on v5e-8, and
+# PaPE's beside it (a lift: docs/decisions/026). The cells of earlier forms are in git history
+# (docs/decisions/ names the commits).
+COST_CELLS = tuple(f'imagenet:{pe}:v5litepod-8:1024' for pe in PES + ('pape', 'pape_ri'))
 
 
 def paper_cells():  # Every config on the first slice, then on the next.
@@ -158,7 +159,7 @@ def main():
       print(f'{cell}: {status}', flush=True)
   print('\n## The paper configs (docs/tpu.md)\n')
   print(paper_table(args.out))
-  print('\n## LieRE on v5e-8, ImageNet ViT-B/16 at 128 a chip (docs/performance.md)\n')
+  print('\n## LieRE and PaPE on v5e-8, ImageNet ViT-B/16 at 128 a chip (docs/performance.md)\n')
   print(cost_table(args.out))
   if not args.nowrite:
     write_docs()
