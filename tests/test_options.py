@@ -223,6 +223,10 @@ OPTION_TESTS = {
                             M + 'test_embed_dropout_zeroes_the_tokens',
                             M + 'test_mlp_hidden_dropout_acts_after_gelu'),
     'model.qkv_bias': (DIMS, P + 'test_official_export_refuses_what_it_cannot_represent'),
+    'model.norm_pre': (
+        'tests/test_pape.py::test_the_official_classifier_is_our_vit_with_model_norm_pre',
+        'tests/test_pape.py::'
+        'test_the_official_classifier_without_its_norm_pre_is_our_vit_without_it'),
     'model.init': (M + 'test_official_init_is_torch_default', M + 'test_jax_init_is_unchanged'),
     'model.dtype': (M + 'test_bfloat16_computes_in_bf16_with_float32_parameters_and_rotations',),
     'model.remat': (SC + 'test_remat_per_block_gives_the_same_train_step_with_dropout',),
