@@ -30,6 +30,7 @@ jax), among them its model.pe options (`options=(Option(name, default, doc), ...
 fields, declared nowhere else; `from_spec` passes their values, `spec.pe.options`, to __init__
 as keywords without defaults), and the class's `check` / `check_options` hold its rules.
 """
+import dataclasses
 from typing import Dict, Mapping, Sequence, Type
 
 import jax
@@ -37,7 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax import struct
 
-from liere_jax import rotations
+from liere_jax import positions, rotations
 from liere_jax.encodings import registry
 from liere_jax.encodings.registry import Facts
 
@@ -253,12 +254,10 @@ class Composition(Encoding):
 
   @classmethod
   def from_spec(cls, spec, *, rngs):
-    import dataclasses  # pylint: disable=import-outside-toplevel
-    from liere_jax import positions  # pylint: disable=import-outside-toplevel
     (rotary_cls, lift_cls), (a, b) = cls.parts, registry.split(spec.pe.name)
     mode = lift_cls.facts.positions
-    part = lambda name, family, block, positions: dataclasses.replace(spec, pe=dataclasses.replace(
-        spec.pe, name=name, family=family, block=block, positions=positions))
+    part = lambda name, family, block, part_mode: dataclasses.replace(spec, pe=dataclasses.replace(
+        spec.pe, name=name, family=family, block=block, positions=part_mode))
     rotary = rotary_cls.from_spec(part(a, rotary_cls.facts.family, spec.pe.block,
                                        spec.pe.positions), rngs=rngs)
     lift = lift_cls.from_spec(part(b, lift_cls.facts.family, None, mode), rngs=rngs)
