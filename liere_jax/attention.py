@@ -17,13 +17,14 @@ names it:
   'kernel after xla'    the context applied by XLA, then the attention kernel;
   'kernel, lift'        a lifting context (PaPE's `Lift`: q and k gain channels from the
                         attention's input): attend and lift by XLA, each head's q' and k' padded
-                        with zeros to whole lane tiles (PaPE's 216 channels to 256), then the
+                        with zeros to whole lane tiles (PaPE's 168 channels to 256), then the
                         attention kernel at the unlifted head size's scale d**-0.5, v of d;
   'cudnn, lift'         attend and lift, then cuDNN's attention at that scale with v padded with
                         zeros to q' and k' (jax.nn.dot_product_attention wants them alike), its
                         output sliced back (where cuDNN refuses: as 'xla').
 A lifting context runs 'xla' where neither takes its lifted heads (or on the cpu plan): attend,
-lift, then an explicit softmax at the scale d**-0.5, v of d.
+then an explicit softmax of q k^T plus the lift's product (`Lift.features`: q' and k' are not
+built) at the scale d**-0.5, v of d.
 `weights` is the explicit softmax that returns the attention maps. On a mesh the kernels run
 under shard_map (a Mosaic kernel is not partitioned by XLA): each device its part of the batch,
 and of the heads over 'model'.
@@ -112,10 +113,15 @@ def attend(x, kernel, bias, heads: int, ctx: LayerContext, numerics: Numerics):
     return _kernel_attention(qkv if three else (qkv,), _band(ctx, shape, x.dtype), numerics)
   q, k, v = project(x, kernel, bias, heads, three)
   q, k, bias = ctx.attend(q, k, numerics)
+  if how == 'cudnn, lift':
+    out = _cudnn(*ctx.lift(x, q, k), v, None)
+    if out is not None:
+      return out
   if ctx.lifts:
-    q, k = ctx.lift(x, q, k)
-  return _dot_product_attention(q, k, v, None if bias is None else bias[None].astype(q.dtype),
-                                cudnn=how.startswith('cudnn'))
+    return _softmax_attention(q, k, v, bias, shape[-1], ctx.features(x))[0]
+  bias = None if bias is None else bias[None].astype(q.dtype)
+  out = _cudnn(q, k, v, bias) if how == 'cudnn' else None
+  return jax.nn.dot_product_attention(q, k, v, bias=bias) if out is None else out
 
 
 def weights(x, kernel, bias, heads: int, ctx: LayerContext, numerics: Numerics):
@@ -125,16 +131,18 @@ def weights(x, kernel, bias, heads: int, ctx: LayerContext, numerics: Numerics):
   three = split_qkv(numerics, ctx, (b, t, heads, width // heads))
   q, k, v = project(x, kernel, bias, heads, three)
   q, k, bias = ctx.attend(q, k, numerics)
-  if ctx.lifts:
-    q, k = ctx.lift(x, q, k)
-  return _softmax_attention(q, k, v, bias, width // heads)
+  return _softmax_attention(q, k, v, bias, width // heads, ctx.features(x) if ctx.lifts else None)
 
 
-def _softmax_attention(q, k, v, bias, head_dim):
-  """(attention [B, T, H, d], weights [B, H, T, T]): softmax((q k^T) / sqrt(head_dim) + bias)
-  v, logits and softmax in float32; q and k may be wider than v (a lift) and head_dim is v's."""
-  logits = jnp.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(head_dim)
-  logits = logits.astype(jnp.float32)
+def _softmax_attention(q, k, v, bias, head_dim, lift=None):
+  """(attention [B, T, H, d], weights [B, H, T, T]): softmax((q' k'^T) / sqrt(head_dim) + bias)
+  v, logits and softmax in float32; lift: a lift's `features` (q's [B, T, H, c], k's [T, H, c]),
+  whose product joins q k^T (q' k'^T, without building q' and k'); head_dim is v's."""
+  logits = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
+  if lift is not None:
+    qs, ks = (f.astype(q.dtype) for f in lift)
+    logits = logits + jnp.einsum('bqhc,khc->bhqk', qs, ks, preferred_element_type=jnp.float32)
+  logits = logits / math.sqrt(head_dim)
   if bias is not None:
     logits = logits + bias
   w = jax.nn.softmax(logits, axis=-1)
@@ -157,24 +165,20 @@ def project(x, kernel, bias, heads, three, stacked=False):
   return tuple(y.reshape(b, t, heads, -1) for y in out)
 
 
-def _dot_product_attention(q, k, v, bias, cudnn):
-  """jax.nn.dot_product_attention at the scale 1 / sqrt(d) of v's head size d, cuDNN's where
-  asked and it takes q (it is chosen while tracing, and cannot be lowered without a GPU: XLA's
-  form runs where it refuses). q and k may be wider than v (a lift): cuDNN's takes v padded with
-  zeros to their width, its output sliced back; XLA's form is then the explicit softmax."""
+def _cudnn(q, k, v, bias):
+  """cuDNN's attention at the scale 1 / sqrt(d) of v's head size d, or None where it does not
+  take q (it is chosen while tracing, and cannot be lowered without a GPU). q and k may be wider
+  than v (a lift): it takes v padded with zeros to their width, its output sliced back."""
   d = v.shape[-1]
-  scale = 1 / math.sqrt(d)
-  if (cudnn and q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] <= CUDNN_HEAD_DIM
-      and q.shape[-1] % 8 == 0):
-    try:
-      out = jax.nn.dot_product_attention(q, k, _pad(v, q.shape[-1]), bias=bias, scale=scale,
-                                         implementation='cudnn')
-      return out if q.shape[-1] == d else out[..., :d]
-    except (NotImplementedError, ValueError, RuntimeError):
-      pass
-  if q.shape[-1] != d:
-    return _softmax_attention(q, k, v, bias, d)[0]
-  return jax.nn.dot_product_attention(q, k, v, bias=bias, scale=scale)
+  if not (q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] <= CUDNN_HEAD_DIM
+          and q.shape[-1] % 8 == 0):
+    return None
+  try:
+    out = jax.nn.dot_product_attention(q, k, _pad(v, q.shape[-1]), bias=bias,
+                                       scale=1 / math.sqrt(d), implementation='cudnn')
+  except (NotImplementedError, ValueError, RuntimeError):
+    return None
+  return out if q.shape[-1] == d else out[..., :d]
 
 
 def _pad(x, channels):

@@ -485,30 +485,28 @@ def patch_step(train_grid, mode):
 
 
 def parabolic_lift(x, q, k, u, weights, isotropic):
-  """q' = [q, -sum a u^2, a, 2 a u, (sum b u, b)], k' = [k, 1, -u^2, u, (1, -u)], zeros to a
-  multiple of 8 channels; u [H, T, M], a = softplus(x W_a), b = x W_b (weights [D, 2 H M], or
-  [D, H] when isotropic: one a per head, no b). q'.k' = q.k - sum a (u_i - u_j)^2
-  + sum b (u_i - u_j)."""
+  """q' = [q, sum (b u - a u^2), a, 2 a u - b], k' = [k, 1, -u^2, u], zeros to a multiple of 8
+  channels (liere_jax.encodings.base.Lift's channels); u [H, T, M], a = softplus(x W_a),
+  b = x W_b (weights [D, 2 H M], or [D, H] when isotropic: one a per head against -|u|^2, no
+  b). q'.k' = q.k - sum a (u_i - u_j)^2 + sum b (u_i - u_j)."""
   heads, t, m = u.shape
   ab = (x.float() @ weights.float())
   if isotropic:
-    a, b = F.softplus(ab)[..., None].expand(-1, -1, -1, m), None
+    a, b = F.softplus(ab)[..., None], None
   else:
     ab = ab.reshape(x.shape[0], t, 2, heads, m)
     a, b = F.softplus(ab[:, :, 0]), ab[:, :, 1]
-  u = u.transpose(0, 1)[None].float()  # [1, T, H, M]
-  one = torch.ones_like(u[..., :1])
-  qs, ks = [-(a * u * u).sum(-1, keepdim=True), a, 2 * a * u], [one, -u * u, u]
+  u = u.transpose(0, 1).float()  # [T, H, M]
+  u2 = (u * u).sum(-1, keepdim=True) if isotropic else u * u
+  first, linear = -(a * u2).sum(-1, keepdim=True), 2 * a * u
   if b is not None:
-    qs += [(b * u).sum(-1, keepdim=True), b]
-    ks += [one, -u]
-  total = q.shape[-1] + sum(f.shape[-1] for f in qs)
-  pad = -total % 8
-  shape = (q.shape[0], t, heads)
+    first, linear = first + (b * u).sum(-1, keepdim=True), linear - b
+  qs, ks = torch.cat([first, a, linear], -1), torch.cat([torch.ones_like(u[..., :1]), -u2, u], -1)
+  pad = -(q.shape[-1] + qs.shape[-1]) % 8
 
   def cat(y, features):
-    features = [f.expand(*shape, f.shape[-1]).to(y.dtype) for f in features]
-    return torch.cat([y, *features, y.new_zeros(*shape, pad)], dim=-1)
+    features = features.expand(*y.shape[:-1], features.shape[-1]).to(y.dtype)
+    return torch.cat([y, features, y.new_zeros(*y.shape[:-1], pad)], dim=-1)
 
   return cat(q, qs), cat(k, ks)
 

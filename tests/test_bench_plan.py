@@ -75,12 +75,12 @@ def test_the_plans_name_each_platform_s_forms():
 
 
 def test_pape_s_plan_names_the_lift_s_path_and_the_tpu_program_runs_the_kernel():
-  """ImageNet's PaPE (heads of 64, 216 lifted channels): the attention kernel on a TPU (256
+  """ImageNet's PaPE (heads of 64, 168 lifted channels): the attention kernel on a TPU (256
   lanes a head), cuDNN on a GPU, XLA's explicit softmax on CPU; the tiny model's gradient
   lowered for a TPU runs the attention kernel's two Mosaic calls and no others."""
   config = helpers.load_config(helpers.ROOT + '/configs/imagenet.py', 'pe=pape')
   cpu, cuda, tpu = (plan_of(config, p)['attention'] for p in ('cpu', 'cuda', 'tpu'))
-  assert tpu.startswith('kernel, lift: the Pallas attention kernel of q, k lifted to 216 '
+  assert tpu.startswith('kernel, lift: the Pallas attention kernel of q, k lifted to 168 '
                         'channels at the scale 64**-0.5, v of 64') and '256 lanes' in tpu
   assert cuda.startswith('cudnn, lift: ') and cpu.startswith('xla: an explicit softmax')
   text, _ = _lowered('pape', 'tpu')

@@ -115,10 +115,10 @@ def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe, split_qkv, kernel,
 
 
 @pytest.mark.parametrize('m, isotropic, d, lanes', [
-    (50, False, 64, 256),  # PaPE at ViT-B's heads: 216 channels, padded to 256.
+    (50, False, 64, 256),  # PaPE at ViT-B's heads: 168 channels, padded to 256.
     (2, True, 64, 128),  # PaPE-RI in 2D: 72 -> 128.
-    (3, False, 32, 128),  # PaPE, 3 parabolas: 43 -> 48 -> 128, four heads a lane block.
-    (2, True, 32, 128)])  # PaPE-RI: 37 -> 40 -> 128.
+    (3, False, 32, 128),  # PaPE, 3 parabolas: 39 -> 40 -> 128, four heads a lane block.
+    (2, True, 32, 128)])  # PaPE-RI: 36 -> 40 -> 128.
 def test_the_kernel_takes_a_lift_forward_and_backward(m, isotropic, d, lanes, monkeypatch):
   """attend of a lifting context under the kernel's plan (the lift by XLA, each head's q' and
   k' padded with zeros to whole lane tiles, the kernel at the scale d**-0.5 with v of d) against

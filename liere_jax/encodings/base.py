@@ -48,7 +48,7 @@ class LayerContext(struct.PyTreeNode):
   projects = False  # True: attention calls `project` on its qkv kernel and bias.
   biased = False  # True: `attend` gives a logit bias (XLA's attention on every platform).
   rotates = False  # True: `attend` transforms q and k.
-  lifts = False  # True: attention calls `lift(x, q, k)` after `attend` (attention.path).
+  lifts = False  # True: attention lifts q and k after `attend` (`lift`, `features`).
 
   def project(self, kernel, bias):
     return kernel, bias
@@ -62,6 +62,11 @@ class LayerContext(struct.PyTreeNode):
     called when `lifts` (the softmax scale stays d**-0.5, v keeps its d channels)."""
     del x
     return q, k
+
+  def features(self, x):
+    """The lift as the channels it adds to q ([B, T, H, c], from x) and to k ([T, H, c]):
+    q'.k' = q.k + their product; only called when `lifts`."""
+    raise NotImplementedError
 
 
 class Rotate(LayerContext):
@@ -113,15 +118,18 @@ class Lift(LayerContext):
   weights [D, 2 H M] (PaPE: a | b, laid out (2, H, M)) or [D, H] (`isotropic`, PaPE-RI: one a
   per head for all M coordinates, no b): from the attention's input x, per token,
   a = softplus(x weights_a) > 0 and b = x weights_b. The lift
-    q' = [q, -sum_m a u^2, a, 2 a u, sum_m b u, b, 0...]
-    k' = [k, 1, -u^2, u, 1, -u, 0...]                      (PaPE-RI: no b terms)
+    q' = [q, sum_m (b u - a u^2), a,    2 a u - b, 0...]
+    k' = [k, 1,                    -u^2, u,         0...]   (PaPE-RI: one a against -|u|^2)
   padded with zeros to a multiple of 8 channels, gives q'_i . k'_j = q_i . k_j + bias_ij with
     bias_ij = -sum_m a_m(i) (u_m(i) - u_m(j))^2 + sum_m b_m(i) (u_m(i) - u_m(j)),
   a function of u(i) - u(j) only, with the query's a and b (tests/test_pape.py holds the lift
-  to this T x T form). The softmax scale is the unlifted head's d**-0.5, on the bias too. The
-  lift runs in XLA; the softmax of q', k' (liere_jax.attention.path) in a TPU's attention
-  kernel (each head's q' and k' padded to whole lane tiles), cuDNN's (v padded to d'), or XLA's
-  explicit softmax.
+  to this T x T form). The official code lifts to the same products in d + 3M + 2 channels
+  (PaPE-RI d + 2n + 1): there b's terms have channels of their own ([.., sum b u, b] .
+  [.., 1, -u]); here b u_j joins 2 a u_i u_j and the two query-only terms share one channel,
+  so PaPE lifts by 2M + 1 (PaPE-RI n + 2) for the same scores. The softmax scale is the
+  unlifted head's d**-0.5, on the bias too. XLA's softmax adds the lift's product to q k^T
+  without building q' and k' (`features`: k's channels need no batch axis); a TPU's attention
+  kernel and cuDNN's take q' and k' (`lift`; liere_jax.attention.path).
   """
   lifts = True
   u: jax.Array
@@ -130,38 +138,44 @@ class Lift(LayerContext):
 
   @staticmethod
   def channels(head_dim: int, m: int, isotropic: bool = False) -> int:
-    """d': the lifted head size, d + 3M + 2 (PaPE-RI: d + 2M + 1) rounded up to a multiple of 8
+    """d': the lifted head size, d + 2M + 1 (PaPE-RI: d + n + 2) rounded up to a multiple of 8
     (the official code's padding)."""
-    total = head_dim + (2 * m + 1 if isotropic else 3 * m + 2)
+    total = head_dim + (m + 2 if isotropic else 2 * m + 1)
     return -(-total // 8) * 8
 
   def coefficients(self, x):
-    """(a [B, T, H, M], b [B, T, H, M] or None) in float32, from x [B, T, D]."""
+    """(a [B, T, H, M] (isotropic: [B, T, H, 1]), b [B, T, H, M] or None) in float32, from x
+    [B, T, D]."""
     heads, _, m = self.u.shape
     ab = jnp.dot(x, self.weights.astype(x.dtype),
                  preferred_element_type=jnp.float32).astype(jnp.float32)
     if self.isotropic:
-      a = jax.nn.softplus(ab)[..., None]  # [B, T, H, 1]
-      return jnp.broadcast_to(a, a.shape[:-1] + (m,)), None
+      return jax.nn.softplus(ab)[..., None], None
     ab = ab.reshape(*x.shape[:2], 2, heads, m)
     return jax.nn.softplus(ab[:, :, 0]), ab[:, :, 1]
 
-  def lift(self, x, q, k):
+  def features(self, x):
+    """The channels the lift adds, in float32: q's [B, T, H, c] (from x [B, T, D]) and k's
+    [T, H, c] (the positions' alone), c = 2M + 1 (PaPE-RI n + 2)."""
     a, b = self.coefficients(x)
-    u = jnp.swapaxes(self.u, 0, 1)[None]  # [1, T, H, M]
-    one = jnp.ones(u.shape[:-1] + (1,), jnp.float32)
-    qs = [-jnp.sum(a * u * u, -1, keepdims=True), a, 2 * a * u]
-    ks = [one, -u * u, u]
+    u = jnp.swapaxes(self.u, 0, 1)  # [T, H, M]
+    u2 = u * u
+    if self.isotropic:
+      u2 = jnp.sum(u2, -1, keepdims=True)
+    first, linear = -jnp.sum(a * u2, -1, keepdims=True), 2 * a * u
     if b is not None:
-      qs += [jnp.sum(b * u, -1, keepdims=True), b]
-      ks += [one, -u]
-    size = self.channels(q.shape[-1], u.shape[-1], self.isotropic)
-    pad = size - q.shape[-1] - sum(f.shape[-1] for f in qs)
-    batch = q.shape[:1] + u.shape[1:-1]
+      first, linear = first + jnp.sum(b * u, -1, keepdims=True), linear - b
+    return (jnp.concatenate([first, a, linear], -1),
+            jnp.concatenate([jnp.ones(u.shape[:-1] + (1,), u.dtype), -u2, u], -1))
+
+  def lift(self, x, q, k):
+    """(q', k') [B, T, H, d'] from x [B, T, D] and q, k [B, T, H, d]."""
+    qs, ks = self.features(x)
+    pad = self.channels(q.shape[-1], self.u.shape[-1], self.isotropic) - q.shape[-1] - qs.shape[-1]
 
     def cat(x, features):
-      features = [jnp.broadcast_to(f, batch + f.shape[-1:]).astype(x.dtype) for f in features]
-      return jnp.concatenate([x, *features, jnp.zeros(batch + (pad,), x.dtype)], -1)
+      features = jnp.broadcast_to(features, x.shape[:-1] + features.shape[-1:]).astype(x.dtype)
+      return jnp.concatenate([x, features, jnp.zeros(x.shape[:-1] + (pad,), x.dtype)], -1)
 
     return cat(q, qs), cat(k, ks)
 
@@ -185,6 +199,9 @@ class Composed(LayerContext):
 
   def lift(self, x, q, k):
     return self.then.lift(x, q, k)
+
+  def features(self, x):
+    return self.then.features(x)
 
 
 def layer(ctx: LayerContext, i) -> LayerContext:

@@ -9,17 +9,19 @@ curvatures from the token:
   PaPE-RI  bias_ij = -a(i) s_h^2 ||p_i - p_j||^2, a = softplus(linear map of x) per head, s_h a
            fixed per-head scale ~ U(-sqrt(1/n), sqrt(1/n)) (a buffer: not trained).
 Neither is computed as a T x T bias: the context is a `Lift` (liere_jax.encodings.base), which
-attention turns into d + 3M + 2 (PaPE-RI d + 2n + 1) channels of q and k, padded to a multiple
-of 8, as the official code does; the softmax scale is the unlifted head size's d**-0.5 (official
-pape/nn/encoder.py), v is not lifted. Relative in u (PaPE: a shift of every position leaves the
-scores as they are) and, for PaPE-RI, in the Euclidean distance (a rotation too).
+attention turns into d + 2M + 1 (PaPE-RI d + n + 2) channels of q and k, padded to a multiple
+of 8 as the official code pads its d + 3M + 2 (d + 2n + 1): the same scores, with b's terms
+sharing the channels of a's linear ones; the softmax scale is the unlifted head size's d**-0.5
+(official pape/nn/encoder.py), v is not lifted. Relative in u (PaPE: a shift of every position
+leaves the scores as they are) and, for PaPE-RI, in the Euclidean distance (a rotation too).
 
 Where it runs (liere_jax.attention.path; `python -m liere_jax.bench plan --config C --platform
 P`): XLA lifts q and k on every platform; the softmax is a TPU's attention kernel ('kernel,
-lift': each head's q' and k' padded with zeros to whole lane tiles, 216 -> 256 for ViT-B's
+lift': each head's q' and k' padded with zeros to whole lane tiles, 168 -> 256 for ViT-B's
 PaPE, 72 -> 128 for PaPE-RI, where kernels.attention.supported takes them: heads of 64 up to
 512 tokens), cuDNN's on a GPU ('cudnn, lift': v padded with zeros to d', lifted heads up to
-256 from Hopper on), else XLA's explicit softmax ('xla', the CPU's).
+256 from Hopper on), else XLA's explicit softmax of q k^T plus the lift's product ('xla', the
+CPU's).
 
 Positions: 'integer', as the official ImageNet recipe (`--normalize` off by default: patch
 indices, not divided by the grid), and its CLS geometry: the official patches sit at 1..n per

@@ -18,7 +18,7 @@ anyway; the CostEstimate counts it). The backward writes the gradient of q, k an
 one array in three grid steps from one computation, or three arrays in one step.
 
 q and k may be wider than v: lifted (PaPE's, liere_jax.encodings.base.Lift), each head's
-channels padded with zeros to whole lane tiles (`lifted`: 216 to 256), v of d channels, the
+channels padded with zeros to whole lane tiles (`lifted`: PaPE's 168 to 256), v of d channels, the
 softmax scale given (d**-0.5, not from q's width). A grid step then reads v's 128 lanes and the
 same 128 // d heads' lanes of q and k; each head's logits, dq and dk are products of its own
 tiles (slices, not masks), and the backward writes three arrays like its inputs.
