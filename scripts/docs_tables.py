@@ -61,11 +61,12 @@ def speed():
   m, steps = g['machine'], _gpu_steps(g)
   tpu = tpu_table.results(TPU)
   cost = {c.split(':')[1]: tpu['cells'][c] for c in tpu_table.COST_CELLS}
-  cpu_r = {r['pe']: r['step_ratio'] for r in cpu['rows']}
+  against_abs = [r for r in cpu['rows'] if r['against'] == 'abs']
+  cpu_r = {r['pe']: r['step_ratio'] for r in against_abs}
   tpu_r = {pe: cost[pe]['train']['step_s'] / cost['abs']['train']['step_s'] for pe in PES}
   facts = tpu['compiler']
   rows = [
-      ('CPU (measured)', f"{cpu['machine']}; {', '.join(sorted({r['date'] for r in cpu['rows']}))}; "
+      ('CPU (measured)', f"{cpu['machine']}; {', '.join(sorted({r['date'] for r in against_abs}))}; "
        f"{_versions(cpu['versions'])}", 'ViT-Ti, CIFAR-100', cpu_r),
       ('GPU (measured)', f"one {m['device']}; {m['date']}; {_versions(m['versions'])}",
        'ViT-B/16, 224 px, batch 128', {pe: steps[pe][2] for pe in PES}),
@@ -99,9 +100,9 @@ def _table(caption, header, rows):
 def cpu_steps():
   cpu = _json(CPU)
   return _table(f"{cpu['machine']}; {_versions(cpu['versions'])}. {cpu['what']}",
-                ('pe', 'train step x abs', 'date', 'measured', 'command'),
-                [(r['pe'], f"{r['step_ratio']:.2f}", r['date'], r['measured'], f"`{r['command']}`")
-                 for r in cpu['rows']])
+                ('pe', 'train step x', 'against', 'date', 'measured', 'command'),
+                [(r['pe'], f"{r['step_ratio']:.3f}", r['against'], r['date'], r['measured'],
+                  f"`{r['command']}`") for r in cpu['rows']])
 
 
 def gpu_steps():
