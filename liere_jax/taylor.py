@@ -1,7 +1,22 @@
-"""The exponential's polynomials, written once over an `Algebra` (the matrix operations they run
-in): XLA's batched products at a precision, float32 multiply-adds for small blocks, or a Pallas
-kernel's entries layout (liere_jax.expm, liere_jax.kernels.expm). Each is exp's Taylor sum to
-2e-16 relative (tests/test_expm.py).
+"""The exponential's polynomials, and its adjoint, written once over an `Algebra` (the matrix
+operations they run in): XLA's batched products at a precision, float32 multiply-adds for small
+blocks, or a Pallas kernel's entries layout (liere_jax.expm, liere_jax.kernels.expm). Each
+polynomial is exp's Taylor sum to 2e-16 relative (tests/test_expm.py).
+
+The adjoint (`skew_cotangent`, `adjoint_base`, `adjoint_level`, `adjoint_end`; the math and the
+figures: docs/decisions/026-expm-adjoint.md). For a skew-symmetric a and R = exp(a) orthogonal,
+the VJP of R (after the Newton-Schulz step, which removes the symmetric part of a tangent R K)
+for a cotangent G is
+  abar = J(a)(W),  W = skew(R^T G),  J(a)(W) = int_0^1 e^{ta} W e^{-ta} dt = L(a, W) R^{-1},
+L(a, W) the Frechet derivative of exp at a in direction W. It is computed forward, with the
+exponential's own scaling and squaring: L(x, W) at x = a 2^-s as the polynomial's derivative (a
+skew x and W make each even power's tangent one product and its transpose), then a level at a
+time L(2x, W) = (E L(x, W) + L(x, W) E) / 2 beside E = exp(x) -> E^2, 2 products a level
+beside the squaring, and at the end abar = skew(L(a, W) R0^{-1}) with R0 the squarings' result
+and R0^{-1} = (2R - R0)^T to second order in R0's loss of orthogonality (R = NS(R0)). The
+doubling in J itself, J(2x) = (J + E J E^T) / 2, costs as much but takes E^T for E^{-1}: each
+level's E, not quite orthogonal after its squarings, then adds its error (2x the gradient's at
+a spectral radius of 600); L's doubling is the derivative of the squarings as computed.
 """
 import math
 from typing import Callable, Dict, NamedTuple
@@ -63,6 +78,62 @@ def scaled_polynomial(alg: Algebra, taylor: Taylor, powers, s):
   """The Taylor polynomial at a * 2^-s (s per matrix [c] or one scalar)."""
   scale = jnp.exp2(-s.astype(jnp.float32)).reshape(s.shape + (1, 1))
   return taylor.polynomial(alg, {k: p * scale**k for k, p in powers.items()})
+
+
+def skew_cotangent(alg: Algebra, r, g):
+  """W = skew(R^T G) = (R^T G - G^T R) / 2: the cotangent that reaches a through R = exp(a)
+  orthogonal (the Newton-Schulz step's adjoint at R keeps R skew(R^T G); exp's adjoint is
+  R^T-equivariant). One product."""
+  w = g - alg.matmul(alg.transpose(alg.plus_identity(-r)), g)  # G + (R - I)^T G: as below
+  return 0.5 * (w - alg.transpose(w))
+
+
+def _times_near_identity(alg, m, c):
+  """m c^T for c near I as m + m (c - I)^T: the product's sums then run over small terms (a
+  float32 sum rounds at its running total's size: m c^T itself costs sqrt(b) ulps of m where c
+  is near I, at small generators)."""
+  return m - alg.matmul(m, alg.transpose(alg.plus_identity(-c)))
+
+
+def skew_tangents(alg: Algebra, powers, w):
+  """The tangents {k: d(x^k)} of the powers {k: x^k} of a skew-symmetric x in a skew-symmetric
+  direction w (keys 1 and up, each even k's half or each odd k's predecessor among them).
+  d(x^j)^T = (-1)^j d(x^j) and (x^j)^T = (-1)^j x^j, so (x^j d(x^j))^T = d(x^j) x^j: an even
+  power's tangent is u + u^T with u = x^j d(x^j), one product (jax.jvp: two); an odd one
+  d(x^(k-1)) x + x^(k-1) w, two."""
+  out = {1: w}
+  for k in sorted(powers)[1:]:
+    if k % 2 == 0 and k // 2 in out:
+      u = alg.matmul(powers[k // 2], out[k // 2])
+      out[k] = u + alg.transpose(u)
+    else:
+      out[k] = alg.matmul(out[k - 1], powers[1]) + alg.matmul(powers[k - 1], w)
+  return out
+
+
+def adjoint_base(alg: Algebra, taylor: 'Taylor', powers, scale, w):
+  """(p(x), L_p(x, w)) at x = a * scale: the polynomial at the scaled powers of a ({k: a^k}) and
+  its derivative in the skew-symmetric direction w (`skew_tangents`, then jax.jvp through the
+  polynomial: a tangent product two products). scale: 2^-s, shaped to multiply a's powers."""
+  x = {k: p * scale**k for k, p in powers.items()}
+  return jax.jvp(lambda y: taylor.polynomial(alg, y), (x,), (skew_tangents(alg, x, w),))
+
+
+def adjoint_level(alg: Algebra, e, m):
+  """One level up: (exp(2x), L(2x, w)) = (E^2, (E M + M E) / 2) from (E, M) = (exp(x), L(x, w)).
+  Three products (two given E^2 from the forward)."""
+  return alg.matmul(e, e), 0.5 * (alg.matmul(e, m) + alg.matmul(m, e))
+
+
+def adjoint_end(alg: Algebra, m, r, r0, squared):
+  """abar = skew(L(a, w) R0^{-1}) from M = L(a, w) as the squarings left it, R0 their result and
+  R = NS(R0): R0^{-1} = (2R - R0)^T to second order in R0^T R0 - I. Where no squaring ran
+  (`squared` false: a bool that broadcasts against the matrices) R0 is orthogonal to its
+  rounding, and R^T alone leaves out the Newton-Schulz step's rounding that 2R - R0 doubles.
+  One product; the skew part is what a skew-symmetric parametrisation of a sees, and all the
+  exact adjoint has."""
+  y = _times_near_identity(alg, m, jnp.where(squared, 2 * r - r0, r))
+  return 0.5 * (y - alg.transpose(y))
 
 
 def _powers4(alg, a):
