@@ -4,13 +4,17 @@
 runs): blocks of 2 in closed form; the Pallas kernel where the plan takes it and the kernel takes
 the blocks (liere_jax.kernels.expm); otherwise scaling and squaring in XLA, from a
 spectral-radius bound, a Taylor polynomial (liere_jax.taylor) and a final Newton-Schulz step:
-  cond    one scale a chunk (`Numerics.chunk_bytes`, chunks under jax.checkpoint in lax.map), the
+  cond    one scale a chunk (`Numerics.chunk_bytes`, chunks one after another in lax.map), the
           squarings lax.cond branches up to 2^MAX_SQUARINGS.
-  loop    one scale for the stack, its squarings a fori_loop of dynamic trip count (no cap); its
-          VJP runs the polynomial and squarings forward on a^T: it stores a and s alone.
+  loop    one scale for the stack, its squarings a fori_loop of dynamic trip count (no cap).
   select  a scale a matrix, SELECT_CAP squarings kept by select: no control flow (a GPU copies
           every predicate to the host); past the cap the result is wrong.
-  scipy   jax.scipy.linalg.expm under vmap at HIGHEST: the reference.
+  scipy   jax.scipy.linalg.expm under vmap at HIGHEST: the reference (its gradient JAX's).
+The XLA forms' VJP is taylor.py's adjoint for skew-symmetric a (a custom_vjp a piece: abar =
+skew(L(a, W) R0^{-1}), W = skew(R^T G), L forward through the squarings at 2 products a level):
+cond and loop keep a and R and recompute the squarings (3 products a level; a loop of dynamic
+trip count cannot keep its levels), select keeps its squarings' inputs (2 a level).
+docs/decisions/026-expm-adjoint.md.
 Products run at `Numerics.products`, blocks up to `Numerics.elementwise_blocks` as float32
 multiply-adds. Why each platform runs its form: docs/decisions/.
 """
@@ -29,9 +33,9 @@ MAX_SQUARINGS = 24  # cond: scaled norms up to 2**24, far beyond any position ra
 # init's largest is 2**11 for LieRE64 at 4x the position range of our configs, and 2**9 at it.
 # Beyond the cap the squarings stop there and the error grows (tests/test_expm.py).
 SELECT_CAP = 16
-# select without remat while its residuals (about SELECT_CAP + 15 stacks of the input's size)
-# fit this: ImageNet LieRE64's lattice exponentials (16,848 of 64x64: 276 MB a stack) keep
-# 8.6 GB, which an 80 GB accelerator holds beside ViT-B/16's batch of 128 (37 GB).
+# select without remat while its residuals (`select_residuals`: SELECT_CAP + 5 stacks of the
+# input's size) fit this: ImageNet LieRE64's lattice exponentials (16,848 of 64x64: 276 MB a
+# stack) keep 5.8 GB, which an 80 GB accelerator holds beside ViT-B/16's batch of 128 (37 GB).
 REMAT_ABOVE_BYTES = 16 * 2**30
 
 
@@ -142,86 +146,135 @@ def _map_chunks(fn, a, budget):
   return out.reshape(-1, *a.shape[1:])[:a.shape[0]]
 
 
+def _backward_algebra(d: dots_lib.Dots, elementwise_blocks: int) -> Algebra:
+  """The VJPs' algebra: products at d.backward (multiply-adds up to elementwise_blocks), each
+  transpose materialised where d.barrier (as _matmul's VJP: XLA CPU's folded transposes are
+  slow)."""
+  alg = xla_algebra(d, elementwise_blocks, plain=d.backward)
+  if not d.barrier:
+    return alg
+  return alg._replace(
+      transpose=lambda x: jax.lax.optimization_barrier(jnp.swapaxes(x, -1, -2)))
+
+
 def _cond(numerics, a):
-  alg = xla_algebra(numerics.products, numerics.elementwise_blocks)
-  fn = jax.checkpoint(functools.partial(_cond_expm, alg, TAYLORS['cond']))
-  return _map_chunks(fn, a, numerics.chunk_bytes)
+  return _map_chunks(functools.partial(_scaled_piece, numerics, 'cond'), a,
+                     numerics.chunk_bytes)
 
 
-def _cond_expm(alg, taylor, a):
-  """cond on one chunk a [c, b, b]: one scale for the whole chunk."""
-  powers = taylor.powers(alg, a)
-  s = jnp.max(taylor_lib.squarings(powers, taylor.theta, MAX_SQUARINGS))
-  r = taylor_lib.scaled_polynomial(alg, taylor, powers, s)
-  for i in range(MAX_SQUARINGS):  # s is a scalar: each cond runs one branch.
-    r = jax.lax.cond(i < s, lambda y: alg.matmul(y, y), lambda y: y, r)
-  return taylor_lib.newton_schulz(alg, r)
+def _cond_squared(alg, p, s):
+  """cond's squarings of p, s a scalar: lax.cond branches up to MAX_SQUARINGS (each runs one)."""
+  for i in range(MAX_SQUARINGS):
+    p = jax.lax.cond(i < s, lambda y: alg.matmul(y, y), lambda y: y, p)
+  return p
 
 
 def _loop(numerics, a):
-  d, eb = numerics.products, numerics.elementwise_blocks
-  fn = lambda x: taylor_lib.newton_schulz(xla_algebra(d, eb), _squared_taylor(d, eb, x))
+  fn = functools.partial(_scaled_piece, numerics, 'loop')
   return _map_chunks(fn, a, numerics.chunk_bytes) if numerics.platform == 'cpu' else fn(a)
 
 
-def _taylor_squared(alg, powers, s):
-  """p(a 2^-s)^(2^s) from a's powers, s a scalar: the squarings a while loop (on a TPU it runs
-  on the device; on a GPU each trip's predicate goes to the host)."""
-  p = taylor_lib.scaled_polynomial(alg, TAYLORS['loop'], powers, s)
+def _loop_squared(alg, p, s):
+  """loop's squarings of p, s a scalar: a while loop (on a TPU it runs on the device; on a GPU
+  each trip's predicate goes to the host)."""
   return jax.lax.fori_loop(0, s, lambda _, y: alg.matmul(y, y), p)
 
 
+_SQUARED = {'cond': _cond_squared, 'loop': _loop_squared}
+_CAPS = {'cond': MAX_SQUARINGS, 'loop': None}
+
+
+def _piece_squarings(form, powers):
+  """The squarings of a piece (a chunk; loop's stack off the CPU): its largest matrix's."""
+  return jnp.max(taylor_lib.squarings(powers, TAYLORS[form].theta, _CAPS[form]))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _squared_taylor(d, elementwise_blocks, a):
-  """a [c, b, b] -> p(a 2^-s)^(2^s) with s the stack's squarings, products at d (multiply-adds
-  up to elementwise_blocks), with a VJP that keeps a and s alone.
-
-  p and the squarings make a polynomial q in a, and the adjoint of a polynomial's derivative at
-  a is its derivative at a^T: the VJP of cotangent g is jvp(q, a^T, g), the same program run
-  forward on a^T with g as tangent (3 products a product, nothing stored; reverse mode would
-  keep every intermediate, and cannot go through a loop of unknown trip count).
-  """
-  return _squared_taylor_fwd(d, elementwise_blocks, a)[0]
+def _scaled_piece(numerics, expm_form, a):
+  """'cond' or 'loop' on one piece a [c, b, b] (one scale for it): NS(p(a 2^-s)^(2^s)), with
+  the VJP of taylor.py's adjoint, which keeps a and R alone and recomputes the squarings beside
+  its own levels (docs/decisions/026-expm-adjoint.md)."""
+  return _scaled_piece_fwd(numerics, expm_form, a)[0]
 
 
-def _squared_taylor_fwd(d, elementwise_blocks, a):
-  alg = xla_algebra(d, elementwise_blocks, plain=d.forward)
-  powers = TAYLORS['loop'].powers(alg, a)
-  s = jnp.max(taylor_lib.squarings(powers, TAYLORS['loop'].theta))
-  return _taylor_squared(alg, powers, s), (a, s)
-
-
-def _squared_taylor_bwd(d, elementwise_blocks, res, g):
-  a, s = res
-  alg = xla_algebra(d, elementwise_blocks, plain=d.backward)
-  q = lambda x: _taylor_squared(alg, TAYLORS['loop'].powers(alg, x), s)
-  return jax.jvp(q, (jnp.swapaxes(a, -1, -2),), (g,))[1],
-
-
-_squared_taylor.defvjp(_squared_taylor_fwd, _squared_taylor_bwd)
-
-
-def _select_expm(alg, taylor, a):
-  """select on a [c, b, b]: a scale per matrix, SELECT_CAP squarings kept by select."""
+def _scaled_piece_fwd(numerics, expm_form, a):
+  d, taylor = numerics.products, TAYLORS[expm_form]
+  alg = xla_algebra(d, numerics.elementwise_blocks, plain=d.forward)
   powers = taylor.powers(alg, a)
-  s = taylor_lib.squarings(powers, taylor.theta, SELECT_CAP)
-  r = taylor_lib.scaled_polynomial(alg, taylor, powers, s)
-  for i in range(SELECT_CAP):
-    r = jnp.where((i < s)[:, None, None], alg.matmul(r, r), r)
-  return taylor_lib.newton_schulz(alg, r)
+  s = _piece_squarings(expm_form, powers)
+  r0 = _SQUARED[expm_form](alg, taylor_lib.scaled_polynomial(alg, taylor, powers, s), s)
+  r = taylor_lib.newton_schulz(alg, r0)
+  return r, (a, r)
+
+
+def _scaled_piece_bwd(numerics, expm_form, res, g):
+  a, r = res
+  alg, taylor = _backward_algebra(numerics.products, numerics.elementwise_blocks), TAYLORS[
+      expm_form]
+  powers = taylor.powers(alg, a)
+  s = _piece_squarings(expm_form, powers)
+  w = taylor_lib.skew_cotangent(alg, r, g)
+  scale = jnp.exp2(-s.astype(jnp.float32)).reshape(1, 1)  # As scaled_polynomial shapes it.
+  e, m = taylor_lib.adjoint_base(alg, taylor, powers, scale, w)
+  e, m = jax.lax.fori_loop(0, s, lambda _, c: taylor_lib.adjoint_level(alg, *c), (e, m))
+  return taylor_lib.adjoint_end(alg, m, r, e, s > 0),
+
+
+_scaled_piece.defvjp(_scaled_piece_fwd, _scaled_piece_bwd)
+
+
+def select_residuals() -> int:
+  """The stacks of the input's size select's VJP keeps: a, a^2, a^4, the SELECT_CAP squarings'
+  inputs, R0 and R."""
+  return SELECT_CAP + 5
 
 
 def select_remat(n_matrices: int, block: int, limit: int = REMAT_ABOVE_BYTES) -> bool:
   """Whether select chunks and recomputes a stack: its residuals past `limit` bytes."""
-  return (TAYLORS['select'].products + SELECT_CAP + 10) * n_matrices * block**2 * 4 > limit
+  return select_residuals() * n_matrices * block**2 * 4 > limit
 
 
 def _select(numerics, a, limit=REMAT_ABOVE_BYTES):
-  alg = xla_algebra(numerics.products, numerics.elementwise_blocks)
-  fn = functools.partial(_select_expm, alg, TAYLORS['select'])
+  fn = functools.partial(_select_piece, numerics)
   if select_remat(*a.shape[:2], limit):
     return _map_chunks(jax.checkpoint(fn), a, numerics.chunk_bytes)
   return fn(a)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _select_piece(numerics, a):
+  """select on a [c, b, b]: a scale per matrix, SELECT_CAP squarings kept by select; the VJP
+  keeps each squaring's input and runs taylor.py's adjoint on them (2 products a level, no
+  control flow)."""
+  return _select_piece_fwd(numerics, a)[0]
+
+
+def _select_piece_fwd(numerics, a):
+  d, taylor = numerics.products, TAYLORS['select']
+  alg = xla_algebra(d, numerics.elementwise_blocks, plain=d.forward)
+  powers = taylor.powers(alg, a)
+  s = taylor_lib.squarings(powers, taylor.theta, SELECT_CAP)
+  r0 = taylor_lib.scaled_polynomial(alg, taylor, powers, s)
+  levels = []
+  for i in range(SELECT_CAP):
+    levels.append(r0)
+    r0 = jnp.where((i < s)[:, None, None], alg.matmul(r0, r0), r0)
+  r = taylor_lib.newton_schulz(alg, r0)
+  return r, (powers, s, levels, r0, r)
+
+
+def _select_piece_bwd(numerics, res, g):
+  powers, s, levels, r0, r = res
+  alg = _backward_algebra(numerics.products, numerics.elementwise_blocks)
+  w = taylor_lib.skew_cotangent(alg, r, g)
+  scale = jnp.exp2(-s.astype(jnp.float32)).reshape(s.shape + (1, 1))
+  _, m = taylor_lib.adjoint_base(alg, TAYLORS['select'], powers, scale, w)
+  for i, e in enumerate(levels):
+    m = jnp.where((i < s)[:, None, None], 0.5 * (alg.matmul(e, m) + alg.matmul(m, e)), m)
+  return taylor_lib.adjoint_end(alg, m, r, r0, (s > 0)[:, None, None]),
+
+
+_select_piece.defvjp(_select_piece_fwd, _select_piece_bwd)
 
 
 _FORMS = {'cond': _cond, 'loop': _loop, 'select': _select}
