@@ -189,7 +189,7 @@ def test_compiles_for_a_tpu_v5e_deviceless(block):
   tpu = plan('tpu')
   assert expm.form(tpu, block) == 'kernel'
   for fn, kernels in ((lambda y: expm.expm(y, tpu), ['liere_expm_forward']),
-                      (jax.grad(_loss(tpu)), ['liere_expm_forward_res', 'liere_expm_backward'])):
+                      (jax.grad(_loss(tpu)), ['liere_expm_forward', 'liere_expm_backward'])):
     compiled = jax.jit(fn).trace(x).lower().compile()
     hlo = compiled.as_text()
     n = -(-20 // tile) * tile

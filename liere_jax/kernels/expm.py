@@ -10,10 +10,13 @@ rotation once: per matrix, in on-chip memory (VMEM on a TPU, registers on a GPU)
      matrix's square kept by select up to its own);
   3. the degree-12 Bader-Blanes-Casas polynomial at a 2^-s (taylor.TAYLOR12, over the kernel's
      `Algebra`), the s squarings and the Newton-Schulz step.
-The VJP stores a and R0 (R before the Newton-Schulz step). The gradient of exp at a for a
-cotangent G is the Frechet derivative L(a^T, G); a second kernel computes it as the polynomial
-and squarings at a^T differentiated forward (`jax.jvp` inside the kernel), after the
-Newton-Schulz step's adjoint at R0: the XLA 'loop' form's gradient (tests/test_kernels_expm.py).
+The VJP stores a and R. A second kernel computes the cotangent of a as the XLA forms do, by
+taylor.py's adjoint for skew-symmetric a (docs/decisions/026-expm-adjoint.md): W = skew(R^T G),
+L(x, W) at x = a 2^-s (the polynomial's derivative, `jax.jvp` inside the kernel), then each
+matrix's own s levels L(2x, W) = (E L + L E) / 2 beside the squarings E -> E^2 recomputed, and
+abar = skew(L(a, W) (2R - R0)^T): 13 + 3s products a matrix (the Frechet kernel before it, the
+polynomial and squarings at a^T differentiated forward after the Newton-Schulz adjoint: 17 + 3s);
+the XLA 'loop' form's gradient (tests/test_kernels_expm.py).
 
 By `Numerics.platform`: 'tpu' Mosaic, a grid over tiles of `tile_matrices(b)` matrices, blocks of
 3 to ENTRIES_UP_TO (LieRE8's) in an entries layout [b, b, m / 128, 128] (each entry of 1,024
@@ -69,13 +72,13 @@ def expm_pallas(a: jax.Array, numerics) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _kernel(numerics, a):
-  """[m, b, b] -> exp, with the Frechet VJP; residuals a and R0 (R before Newton-Schulz)."""
+  """[m, b, b] -> exp, with taylor.py's adjoint as the VJP; residuals a and R."""
   return _pallas('forward', numerics, a)
 
 
 def _kernel_fwd(numerics, a):
-  r, r0 = _pallas('forward_res', numerics, a)
-  return r, (a, r0)
+  r = _pallas('forward', numerics, a)
+  return r, (a, r)
 
 
 def _kernel_bwd(numerics, res, g):
@@ -143,10 +146,9 @@ def _pallas_entries(kind, platform, *args):
 
 def _body(kind, forward, backward):
   """The kernel body of pass `kind` in these algebras (forward, backward), and its outputs."""
-  body = {'forward': functools.partial(_exp_one, forward, False),
-          'forward_res': functools.partial(_exp_one, forward, True),
+  body = {'forward': functools.partial(_exp_one, forward),
           'backward': functools.partial(_grad_one, backward)}[kind]
-  return body, 2 if kind == 'forward_res' else 1
+  return body, 1
 
 
 def _tpu_kw(platform):
@@ -256,25 +258,24 @@ def _squared(alg, powers, s):
       i < s, alg.matmul(y, y), y), y)
 
 
-def _exp_one(alg, residual, a):
-  """(exp(a),) of a stack in `alg`'s layout, 'loop''s program with each matrix's own squarings;
-  with `residual` also R0, the rotation before the Newton-Schulz step (the backward's
-  residual)."""
+def _exp_one(alg, a):
+  """(exp(a),) of a stack in `alg`'s layout: 'loop''s program with each matrix's own
+  squarings."""
   powers = TAYLOR.powers(alg, a)
   r0 = _squared(alg, powers, squarings(powers, TAYLOR.theta, alg is ENTRIES))
-  r = taylor_lib.newton_schulz(alg, r0)
-  return (r, r0) if residual else (r,)
+  return taylor_lib.newton_schulz(alg, r0),
 
 
-def _grad_one(alg, a, r0, g):
-  """(the cotangent of a,) for the cotangent g of R = NS(R0(a)) (stacks as _exp_one's): through
-  the Newton-Schulz step's adjoint at R0 (at R0, not at an orthogonal R: that keeps the
-  gradient's error at the XLA path's, 2.5e-6 against 6e-6 on LieRE64's largest matrices), then
-  L(a^T, g) as the polynomial and squarings at a^T differentiated forward in direction g."""
-  mm, t = alg.matmul, alg.transpose
-  # NS(r) = 1.5 r - 0.5 r r^T r; its adjoint: 1.5 g - 0.5 (g r^T r + r g^T r + r r^T g).
-  p = mm(t(r0), g)
-  g = 1.5 * g - 0.5 * (mm(g, mm(t(r0), r0)) + mm(r0, t(p)) + mm(r0, p))
-  powers, tangents = jax.jvp(lambda x: TAYLOR.powers(alg, x), (t(a),), (g,))
+def _grad_one(alg, a, r, g):
+  """(the cotangent of a,) for the cotangent g of R = exp(a) (stacks as _exp_one's):
+  taylor.py's adjoint, each matrix's squarings recomputed as _exp_one runs them (the same
+  R0 = p(x)^(2^s), so R0^{-1} = (2R - R0)^T holds), its levels beside them, each matrix's own
+  count kept by select up to the stack's largest."""
+  powers = TAYLOR.powers(alg, a)
   s = squarings(powers, TAYLOR.theta, alg is ENTRIES)
-  return jax.jvp(lambda x: _squared(alg, x, s), (powers,), (tangents,))[1],
+  w = taylor_lib.skew_cotangent(alg, r, g)
+  e, m = taylor_lib.adjoint_base(alg, TAYLOR, powers, jnp.exp2(-s.astype(jnp.float32)), w)
+  step = lambda i, c: tuple(jnp.where(i < s, new, old)
+                            for new, old in zip(taylor_lib.adjoint_level(alg, *c), c))
+  e, m = jax.lax.fori_loop(0, jnp.max(s), step, (e, m))
+  return taylor_lib.adjoint_end(alg, m, r, e, s > 0),
