@@ -135,14 +135,16 @@ def chunked(a, budget):
   return jnp.pad(a, ((0, n_chunks * chunk - m), (0, 0), (0, 0))).reshape(n_chunks, chunk, b, b)
 
 
-def _map_chunks(fn, a, budget):
-  """fn over chunks of about `budget` bytes of a [m, b, b], one after another (lax.map)."""
+def _map_chunks(fn, budget, *arrays):
+  """fn over chunks of about `budget` bytes of arrays [m, b, b] (all alike; fn takes a chunk of
+  each and returns one), one after another (lax.map)."""
+  a = arrays[0]
   if not a.shape[0]:
     return a
-  parts = chunked(a, budget)
-  if parts.shape[0] == 1:
-    return fn(a)
-  out = jax.lax.map(fn, parts)
+  parts = [chunked(x, budget) for x in arrays]
+  if parts[0].shape[0] == 1:
+    return fn(*arrays)
+  out = jax.lax.map(lambda xs: fn(*xs), tuple(parts))
   return out.reshape(-1, *a.shape[1:])[:a.shape[0]]
 
 
@@ -158,8 +160,7 @@ def _backward_algebra(d: dots_lib.Dots, elementwise_blocks: int) -> Algebra:
 
 
 def _cond(numerics, a):
-  return _map_chunks(functools.partial(_scaled_piece, numerics, 'cond'), a,
-                     numerics.chunk_bytes)
+  return _scaled(numerics, 'cond', a)
 
 
 def _cond_squared(alg, p, s):
@@ -170,8 +171,7 @@ def _cond_squared(alg, p, s):
 
 
 def _loop(numerics, a):
-  fn = functools.partial(_scaled_piece, numerics, 'loop')
-  return _map_chunks(fn, a, numerics.chunk_bytes) if numerics.platform == 'cpu' else fn(a)
+  return _scaled(numerics, 'loop', a)
 
 
 def _loop_squared(alg, p, s):
@@ -189,26 +189,48 @@ def _piece_squarings(form, powers):
   return jnp.max(taylor_lib.squarings(powers, TAYLORS[form].theta, _CAPS[form]))
 
 
+def _in_chunks(numerics, expm_form, fn, *arrays):
+  """fn over `expm_form`'s pieces of arrays [m, b, b]: cond's chunks, and loop's on the CPU (a
+  stack elsewhere)."""
+  if expm_form == 'cond' or numerics.platform == 'cpu':
+    return _map_chunks(fn, numerics.chunk_bytes, *arrays)
+  return fn(*arrays)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _scaled(numerics, expm_form, a):
+  """'cond' or 'loop' on a [m, b, b], a piece (`_in_chunks`) at a time, one scale a piece:
+  NS(p(a 2^-s)^(2^s)); its VJP is taylor.py's adjoint, which keeps a and R alone (R is the
+  output) and recomputes each piece's squarings beside its own levels
+  (docs/decisions/026-expm-adjoint.md)."""
+  return _in_chunks(numerics, expm_form, functools.partial(_scaled_piece, numerics, expm_form), a)
+
+
+def _scaled_fwd(numerics, expm_form, a):
+  r = _scaled(numerics, expm_form, a)
+  return r, (a, r)
+
+
+def _scaled_bwd(numerics, expm_form, res, g):
+  return _in_chunks(numerics, expm_form, functools.partial(_scaled_piece_vjp, numerics, expm_form),
+                    *res, g),
+
+
+_scaled.defvjp(_scaled_fwd, _scaled_bwd)
+
+
 def _scaled_piece(numerics, expm_form, a):
-  """'cond' or 'loop' on one piece a [c, b, b] (one scale for it): NS(p(a 2^-s)^(2^s)), with
-  the VJP of taylor.py's adjoint, which keeps a and R alone and recomputes the squarings beside
-  its own levels (docs/decisions/026-expm-adjoint.md)."""
-  return _scaled_piece_fwd(numerics, expm_form, a)[0]
-
-
-def _scaled_piece_fwd(numerics, expm_form, a):
   d, taylor = numerics.products, TAYLORS[expm_form]
   alg = xla_algebra(d, numerics.elementwise_blocks, plain=d.forward)
   powers = taylor.powers(alg, a)
   s = _piece_squarings(expm_form, powers)
   r0 = _SQUARED[expm_form](alg, taylor_lib.scaled_polynomial(alg, taylor, powers, s), s)
-  r = taylor_lib.newton_schulz(alg, r0)
-  return r, (a, r)
+  return taylor_lib.newton_schulz(alg, r0)
 
 
-def _scaled_piece_bwd(numerics, expm_form, res, g):
-  a, r = res
+def _scaled_piece_vjp(numerics, expm_form, a, r, g):
+  """The cotangent of a piece a for the cotangent g of its R: the piece's squarings as
+  _scaled_piece runs them (so R0 = p(x)^(2^s) is R's), 3 products a level with taylor.py's."""
   alg, taylor = _backward_algebra(numerics.products, numerics.elementwise_blocks), TAYLORS[
       expm_form]
   powers = taylor.powers(alg, a)
@@ -217,10 +239,7 @@ def _scaled_piece_bwd(numerics, expm_form, res, g):
   scale = jnp.exp2(-s.astype(jnp.float32)).reshape(1, 1)  # As scaled_polynomial shapes it.
   e, m = taylor_lib.adjoint_base(alg, taylor, powers, scale, w)
   e, m = jax.lax.fori_loop(0, s, lambda _, c: taylor_lib.adjoint_level(alg, *c), (e, m))
-  return taylor_lib.adjoint_end(alg, m, r, e, s > 0),
-
-
-_scaled_piece.defvjp(_scaled_piece_fwd, _scaled_piece_bwd)
+  return taylor_lib.adjoint_end(alg, m, r, e, s > 0)
 
 
 def select_residuals() -> int:
@@ -237,7 +256,7 @@ def select_remat(n_matrices: int, block: int, limit: int = REMAT_ABOVE_BYTES) ->
 def _select(numerics, a, limit=REMAT_ABOVE_BYTES):
   fn = functools.partial(_select_piece, numerics)
   if select_remat(*a.shape[:2], limit):
-    return _map_chunks(jax.checkpoint(fn), a, numerics.chunk_bytes)
+    return _map_chunks(jax.checkpoint(fn), numerics.chunk_bytes, a)
   return fn(a)
 
 
