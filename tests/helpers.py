@@ -317,3 +317,41 @@ def assert_training_randomness_is_a_function_of_seed_and_step(switch, resumed=Fa
   assert same == again, 'the training RNG is not the same for the same (seed, step)'
   assert later != same, 'the training RNG ignores the step'
   assert other_seed != same, 'the training RNG ignores the seed'
+
+
+def skew_of_radii(seed, block, radii, per=1):
+  """Random skew-symmetric matrices [len(radii) * per, b, b] float32, `per` of each spectral
+  radius in `radii` (in order), and cotangents of their shape (standard normal, float32)."""
+  rng = np.random.default_rng(seed)
+  u = rng.standard_normal((len(radii) * per, block, block))
+  a = u - np.swapaxes(u, -1, -2)
+  radius = np.repeat(np.asarray(radii, np.float64), per)
+  a *= (radius / np.abs(np.linalg.eigvals(a)).max(-1))[:, None, None]
+  return a.astype(np.float32), rng.standard_normal(a.shape).astype(np.float32)
+
+
+def expm_vjp64(a, g):
+  """The skew part (what a skew-symmetric parametrisation sees) of jax.vjp of
+  jax.scipy.linalg.expm at a for the cotangent g, in float64 (a, g: [m, b, b])."""
+  import jax
+  with jax.enable_x64(True):
+    _, vjp = jax.vjp(jax.vmap(jax.scipy.linalg.expm), jax.numpy.asarray(a, np.float64))
+    out = np.asarray(vjp(jax.numpy.asarray(g, np.float64))[0])
+  return 0.5 * (out - np.swapaxes(out, -1, -2))
+
+
+# Spectral radii of the exponential's gradient tests (test_expm, test_kernels_expm: blocks of 3
+# to 64, each XLA form and the kernel), and the tolerance at each, relative to the largest entry
+# of the float64 gradient of the radius's matrices: float32's rounding, which grows with the
+# radius. Measured under conftest's XLA flags: at most 5.4e-7 up to 3, 2.4e-6 at 30 and 1.1e-5
+# at 250 (loop, blocks of 4; 7.2e-6 elsewhere); the backward before taylor.py's adjoint
+# 5.6e-7, 2.3e-6 and 9.9e-6 on the same matrices. LieRE64's own at 250 keep 1e-5
+# (test_expm.test_loop_form_and_its_gradient_within_1e_5_of_float64_at_training).
+ADJOINT_RADII = {1e-3: 1e-6, 0.3: 1e-6, 3.0: 1e-6, 30.0: 3e-6, 250.0: 1.5e-5}
+
+
+def adjoint_errors(grad, ref, per):
+  """Max |skew(grad) - ref| / max |ref| over each group of `per` matrices."""
+  grad = np.asarray(grad, np.float64)
+  diff = np.abs(0.5 * (grad - np.swapaxes(grad, -1, -2)) - ref).reshape(-1, per, *ref.shape[1:])
+  return diff.max(axis=(1, 2, 3)) / np.abs(ref).reshape(diff.shape).max(axis=(1, 2, 3))

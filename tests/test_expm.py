@@ -5,6 +5,7 @@ precision as `bench lower` sees them in the lowered train step, and the error of
 preset, emulated (liere_jax.dots) since the CPU computes the BF16 presets in float32 and refuses
 TF32. The tests marked `numerics` (tiny stacks, seconds) are the numerics scope's
 selection for expm.py in the mutation runs (docs/mutation.md)."""
+import functools
 import math
 
 import jax
@@ -213,8 +214,8 @@ def test_emulated_presets_split_operands_into_narrower_numbers():
 
 def test_loop_form_and_its_gradient_within_1e_5_of_float64_at_training():
   """'loop' in float32 on LieRE64's largest matrices at the training range: R within 1e-5 of
-  float64 SciPy and orthogonal to 1e-6, the gradient (its VJP: the program run forward on a^T)
-  within 1e-5 relative. Bader-Blanes-Casas, with the identity split off (as published, the
+  float64 SciPy and orthogonal to 1e-6, the gradient (its VJP: taylor.py's adjoint) within 1e-5
+  relative. Bader-Blanes-Casas, with the identity split off (as published, the
   gradient missed: 1.2e-5)."""
   a, g = presets.largest('imagenet_vitb16_liere64', 16)
   fn = lambda x: expm.expm(x, plan('cpu', expm='loop'))
@@ -248,13 +249,102 @@ def test_loop_form_stays_the_exponential_past_any_cap():
 
 
 def test_loop_form_s_vjp_keeps_no_intermediate():
-  """'loop''s backward stores a and its count alone (and Newton-Schulz's few stacks):
-  fwd+bwd temp memory a fraction of the select form's, which keeps every squaring."""
+  """'loop''s backward keeps a and R alone and recomputes its squarings: fwd+bwd temp memory
+  a fraction of the select form's, which keeps every squaring's input."""
   u = np.random.default_rng(0).standard_normal((256, 16, 16)).astype(np.float32)
   a = 4 * (u - np.swapaxes(u, 1, 2))
   temp = lambda form: jax.jit(jax.grad(lambda x: jnp.sum(expm.expm(
       x, plan('cpu', expm=form))**2))).lower(a).compile().memory_analysis().temp_size_in_bytes
   assert temp('loop') * 3 < temp('select'), (temp('loop'), temp('select'))
+
+
+@pytest.mark.parametrize('block', [3, 4, 8, 16, 64])
+@pytest.mark.parametrize('form', ['cond', 'loop', 'select'])
+def test_each_form_s_gradient_is_exp_s_vjp_in_float64(form, block):
+  """The gradient of a linear functional of R (its skew part: what a skew-symmetric
+  parametrisation of a sees) against jax.vjp of jax.scipy.linalg.expm in float64, within
+  helpers.ADJOINT_RADII's tolerance at each radius from 1e-3 to 250: 3 matrices a radius in one
+  stack (cond and loop scale a stack by its largest: the small ones' adjoint runs 8 levels), and
+  the two smallest radii alone (no squaring: the adjoint's base and end alone)."""
+  radii = list(helpers.ADJOINT_RADII)
+  a, g = helpers.skew_of_radii(block, block, radii, per=3)
+  ref = helpers.expm_vjp64(a, g)
+  n = plan('cpu', expm=form)
+  grad = jax.jit(lambda x, g: jax.grad(lambda y: jnp.sum(expm.expm(y, n) * g))(x))
+  errors = {'stack': helpers.adjoint_errors(grad(a, g), ref, 3),
+            'small alone': helpers.adjoint_errors(grad(a[:6], g[:6]), ref[:6], 3)}
+  for name, err in errors.items():
+    assert all(e <= helpers.ADJOINT_RADII[r] for e, r in zip(err, radii)), (name, list(err))
+
+
+@pytest.mark.parametrize('form', ['cond', 'loop', 'select'])
+def test_each_form_s_gradient_is_its_forward_s_derivative(form):
+  """Finite differences of the float32 forward itself, <G, R(a + hD) - R(a - hD)> / 2h with
+  Richardson's extrapolation from h and 2h, along a random skew-symmetric D, against the
+  gradient's <abar, D>: within 3e-3 of abar's largest entry for blocks of 3, 8 and 64 at radii
+  0.5, 5 and 50 (h = 0.05: the forward's float32 rounding over 2h, ~1e-3 of it for 64 x 64 at
+  radius 50, bounds it; a wrong transpose, sign or factor is off by O(1))."""
+  n = plan('cpu', expm=form)
+  fn = jax.jit(lambda x: expm.expm(x, n))
+  for block in (3, 8, 64):
+    a, g = helpers.skew_of_radii(10 + block, block, [0.5, 5.0, 50.0])
+    u = np.random.default_rng(block).standard_normal(a.shape)
+    d = (u - np.swapaxes(u, -1, -2)) / np.sqrt(2 * block * block)
+    grad = np.asarray(jax.jit(jax.grad(lambda x: jnp.sum(fn(x) * g)))(a), np.float64)
+    value = lambda x: np.einsum('mij,mij->m', np.asarray(fn(x.astype(np.float32)), np.float64),
+                                g.astype(np.float64))
+    central = lambda h: (value(a + h * d) - value(a - h * d)) / (2 * h)
+    h = 0.05
+    fd = (4 * central(h) - central(2 * h)) / 3
+    want = np.einsum('mij,mij->m', grad, d)
+    err = np.abs(fd - want) / np.abs(grad).max(axis=(1, 2))
+    assert (err <= 3e-3).all(), (block, err, fd, want)
+
+
+def _dots(jaxpr):
+  """dot_generals in a jaxpr: (outside any loop, in each while loop's body)."""
+  outside, inside = 0, []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'dot_general':
+      outside += 1
+    elif eqn.primitive.name == 'while':
+      inside.append(_dots(eqn.params['body_jaxpr'].jaxpr)[0])
+    else:
+      for p in eqn.params.values():
+        if hasattr(p, 'jaxpr'):
+          sub = _dots(getattr(p.jaxpr, 'jaxpr', p.jaxpr))
+          outside, inside = outside + sub[0], inside + sub[1]
+  return outside, inside
+
+
+@pytest.mark.numerics
+def test_the_adjoint_costs_its_base_and_three_products_a_level():
+  """taylor.py's adjoint as the recomputing forms run it: loop (Bader-Blanes-Casas) 13 products
+  (a^2, a^3, W, the powers' tangents 3, the polynomial 2 and its tangent 4, the end) and cond
+  (Paterson-Stockmeyer) 15 outside the loop, 3 a level in it (E^2, E M, M E); the backward
+  before it: 17 + 3 s (a^T's powers and polynomial differentiated forward after the
+  Newton-Schulz adjoint's 5)."""
+  a = jnp.zeros((4, 8, 8), jnp.float32)
+  for form, base in (('loop', 13), ('cond', 15)):
+    n = plan('cpu', expm=form)
+    jaxpr = jax.make_jaxpr(lambda a, r, g: expm._scaled_piece_vjp(n, form, a, r, g))(a, a, a)
+    assert _dots(jaxpr.jaxpr) == (base, [3]), (form, _dots(jaxpr.jaxpr))
+
+
+@pytest.mark.numerics
+def test_the_powers_tangents_are_their_jvp():
+  """taylor.skew_tangents, a skew-symmetric x in a skew-symmetric direction w (an even power's
+  tangent one product and its transpose), against jax.jvp of each scheme's powers."""
+  rng = np.random.default_rng(0)
+  u, v = rng.standard_normal((2, 3, 8, 8))
+  x, w = jnp.asarray(u - np.swapaxes(u, -1, -2)), jnp.asarray(v - np.swapaxes(v, -1, -2))
+  alg = taylor_lib.stacked(functools.partial(jnp.matmul, precision='highest'))
+  for taylor in (taylor_lib.TAYLOR12, taylor_lib.TAYLOR12_PS):
+    powers, want = jax.jvp(lambda y: taylor.powers(alg, y), (x,), (w,))
+    got = taylor_lib.skew_tangents(alg, powers, w)
+    assert sorted(got) == sorted(want)
+    for k in want:
+      np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-5 * np.abs(want[k]).max())
 
 
 def test_select_form_scales_each_matrix_and_stops_at_the_cap():
