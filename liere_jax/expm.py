@@ -10,11 +10,11 @@ spectral-radius bound, a Taylor polynomial (liere_jax.taylor) and a final Newton
   select  a scale a matrix, SELECT_CAP squarings kept by select: no control flow (a GPU copies
           every predicate to the host); past the cap the result is wrong.
   scipy   jax.scipy.linalg.expm under vmap at HIGHEST: the reference (its gradient JAX's).
-The XLA forms' VJP is taylor.py's adjoint for skew-symmetric a (a custom_vjp a piece: abar =
-skew(L(a, W) R0^{-1}), W = skew(R^T G), L forward through the squarings at 2 products a level):
-cond and loop keep a and R and recompute the squarings (3 products a level; a loop of dynamic
-trip count cannot keep its levels), select keeps its squarings' inputs (2 a level).
-docs/decisions/026-expm-adjoint.md.
+Each XLA form's VJP (a custom_vjp) is taylor.py's adjoint for skew-symmetric a: abar =
+skew(L(a, W) R0^{-1}), W = skew(R^T G), L carried forward through the squarings at 2 products a
+level. cond and loop keep a and R and recompute their squarings (3 products a level; a loop of
+dynamic trip count cannot keep its levels), select keeps its squarings' inputs (2 a level):
+docs/decisions/027-expm-adjoint.md.
 Products run at `Numerics.products`, blocks up to `Numerics.elementwise_blocks` as float32
 multiply-adds. Why each platform runs its form: docs/decisions/.
 """
@@ -202,7 +202,7 @@ def _scaled(numerics, expm_form, a):
   """'cond' or 'loop' on a [m, b, b], a piece (`_in_chunks`) at a time, one scale a piece:
   NS(p(a 2^-s)^(2^s)); its VJP is taylor.py's adjoint, which keeps a and R alone (R is the
   output) and recomputes each piece's squarings beside its own levels
-  (docs/decisions/026-expm-adjoint.md)."""
+  (docs/decisions/027-expm-adjoint.md)."""
   return _in_chunks(numerics, expm_form, functools.partial(_scaled_piece, numerics, expm_form), a)
 
 
@@ -231,8 +231,8 @@ def _scaled_piece(numerics, expm_form, a):
 def _scaled_piece_vjp(numerics, expm_form, a, r, g):
   """The cotangent of a piece a for the cotangent g of its R: the piece's squarings as
   _scaled_piece runs them (so R0 = p(x)^(2^s) is R's), 3 products a level with taylor.py's."""
-  alg, taylor = _backward_algebra(numerics.products, numerics.elementwise_blocks), TAYLORS[
-      expm_form]
+  alg = _backward_algebra(numerics.products, numerics.elementwise_blocks)
+  taylor = TAYLORS[expm_form]
   powers = taylor.powers(alg, a)
   s = _piece_squarings(expm_form, powers)
   w = taylor_lib.skew_cotangent(alg, r, g)

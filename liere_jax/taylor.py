@@ -4,7 +4,7 @@ blocks, or a Pallas kernel's entries layout (liere_jax.expm, liere_jax.kernels.e
 polynomial is exp's Taylor sum to 2e-16 relative (tests/test_expm.py).
 
 The adjoint (`skew_cotangent`, `adjoint_base`, `adjoint_level`, `adjoint_end`; the math and the
-figures: docs/decisions/026-expm-adjoint.md). For a skew-symmetric a and R = exp(a) orthogonal,
+figures: docs/decisions/027-expm-adjoint.md). For a skew-symmetric a and R = exp(a) orthogonal,
 the VJP of R (after the Newton-Schulz step, which removes the symmetric part of a tangent R K)
 for a cotangent G is
   abar = J(a)(W),  W = skew(R^T G),  J(a)(W) = int_0^1 e^{ta} W e^{-ta} dt = L(a, W) R^{-1},

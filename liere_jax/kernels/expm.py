@@ -11,7 +11,7 @@ rotation once: per matrix, in on-chip memory (VMEM on a TPU, registers on a GPU)
   3. the degree-12 Bader-Blanes-Casas polynomial at a 2^-s (taylor.TAYLOR12, over the kernel's
      `Algebra`), the s squarings and the Newton-Schulz step.
 The VJP stores a and R. A second kernel computes the cotangent of a as the XLA forms do, by
-taylor.py's adjoint for skew-symmetric a (docs/decisions/026-expm-adjoint.md): W = skew(R^T G),
+taylor.py's adjoint for skew-symmetric a (docs/decisions/027-expm-adjoint.md): W = skew(R^T G),
 L(x, W) at x = a 2^-s (the polynomial's derivative, `jax.jvp` inside the kernel), then each
 matrix's own s levels L(2x, W) = (E L + L E) / 2 beside the squarings E -> E^2 recomputed, and
 abar = skew(L(a, W) (2R - R0)^T): 13 + 3s products a matrix (the Frechet kernel before it, the
