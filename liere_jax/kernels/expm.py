@@ -158,9 +158,10 @@ def _tpu_kw(platform):
 
 def _counted_products(kind):
   """Products a matrix at COUNTED_SQUARINGS: forward a^2, a^3, the polynomial's 2, Newton-Schulz's
-  2 and one a squaring; backward the Newton-Schulz adjoint's 5, then the powers' and the
-  polynomial's 4 with their tangents (a tangent product two products) and 3 a squaring."""
-  return {'forward': 6, 'forward_res': 6, 'backward': 5 + 3 * 4}[kind] + (
+  2 and one a squaring; backward (taylor.py's adjoint) R^T G, a^2, a^3, the powers' skew
+  tangents 3, the polynomial's 2 and its tangent's 4 (a tangent product two products), the end's
+  1, and 3 a level (E^2, E M, M E)."""
+  return {'forward': 6, 'backward': 13}[kind] + (
       3 if kind == 'backward' else 1) * COUNTED_SQUARINGS
 
 
@@ -171,31 +172,37 @@ def cost(kind, b, matrices, steps, entries, arrays) -> Cost:
   count is data: the estimate's). Per matrix, E = b^2 elements:
     a product (`_counted_products`): stacks 2 b^3 MXU flops (HIGHEST's six bf16 passes counted
       once, as XLA counts its own); entries b^3 multiplies and (b - 1) b^2 adds on the vector
-      unit; a tangent product (jax.jvp inside the backward) is two and their sum (E);
+      unit; a tangent product (jax.jvp inside the backward) is two;
     forward: the bound on rho: |a^3|, |a| (2 E), their column sums (2 E) and maxima (2 b), two
       log2 (a log and a divide each) over 3, and s from them: 14 ops, 2 logs; the scaling
       2^-s (a conversion, a negation, an exp2, its square and cube: 5 ops) applied to a, a^2,
       a^3 (3 E); the polynomial: four sums of three scaled powers (6 E each: 3 multiplies and 3
-      adds, the first onto 0), X6 and Y (2 E), T's two scalings and three adds (5 E), I added
-      (entries: b; stacks: E, and 3 b^2 a step for jnp.eye); the squarings' count (a max) and
-      each squaring's test (1) and select (E); Newton-Schulz's 1.5 r - 0.5 (.) (3 E):
-      (41 + S) E + 2 b + 20 + S, and 3 transcendentals;
-    backward: the Newton-Schulz adjoint (5 E), the powers' tangents (2 E), the bound and the
-      scaling as forward (4 E + 2 b, 20 ops, 3 transcendentals), the scaled powers and their
-      tangents (6 E), the polynomial (31 E) and its tangent (29 E: the sums' 3 multiplies and 2
-      adds each, X6's 2 E, Y's E, T's 6 E), each squaring's selects of y and its tangent and
-      the tangent's sum (3 E) and test (1): (77 + 3 S) E + 2 b + 20 + S.
+      adds, the first onto 0), X6 and Y (2 E), T's two scalings and three adds (5 E); the
+      squarings' count (a max) and each squaring's test (1) and select (E); Newton-Schulz's
+      1.5 r - 0.5 (.) (3 E): (41 + S) E + 2 b + 20 + S, and 3 transcendentals;
+    backward: W = skew(R^T G) (4 E: R - I's negation, G minus the product, the skew part's
+      difference and halving), the bound and the scaling as forward (4 E + 2 b, 20 ops, 3
+      transcendentals), the scaled powers (3 E) and their skew tangents' sums (2 E), the
+      polynomial (31 E) and its tangent (29 E: the sums' 3 multiplies and 2 adds each, X6's
+      2 E, Y's E, T's 6 E), the levels' count (a max) and each level's selects of E and M and
+      (E M + M E) / 2 (4 E) and its two tests (2), the end's 2R - R0 or R (3 E) and its test
+      s > 0 (1), its deviation from I (E), M minus the product and the skew part (3 E):
+      (80 + 4 S) E + 2 b + 21 + 2 S, and 3 transcendentals;
+    I added once forward, three times backward (W, the polynomial, the end): entries b each;
+      stacks E each, and 3 b^2 a step for its jnp.eye.
   HBM: each matrix read and written once, as laid out (stacks: rows of whole 128 lanes;
   entries: whole tiles of 8 rows of 128 matrices)."""
   backward = kind == 'backward'
   e, s = b * b, COUNTED_SQUARINGS
   products = _counted_products(kind)
-  vpu = e * ((77 + 3 * s) if backward else (41 + s)) + 2 * b + 20 + s
+  identities = 3 if backward else 1
+  vpu = (e * (80 + 4 * s) + 2 * b + 21 + 2 * s if backward else
+         e * (41 + s) + 2 * b + 20 + s)
   if entries:
-    mxu, vpu, eye = 0, vpu + b + products * (2 * b**3 - e), 0
+    mxu, vpu, eye = 0, vpu + identities * b + products * (2 * b**3 - e), 0
     moved = 4 * e * padded(matrices // LANES, jnp.float32) * LANES
   else:
-    mxu, vpu, eye = products * 2 * b**3, vpu + e, 3 * e * steps
+    mxu, vpu, eye = products * 2 * b**3, vpu + identities * e, identities * 3 * e * steps
     moved = 4 * padded(b, jnp.float32) * padded(b) * matrices
   return Cost(mxu * matrices, vpu * matrices + eye, 3 * matrices, moved * arrays)
 
