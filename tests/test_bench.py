@@ -174,7 +174,7 @@ def test_step_bench_cli_json(fake_official):
              '--config.model.depth=1', '--config.model.width=128', '--config.model.heads=2',
              '--config.model.mlp_dim=64', '--config.model.pool=cls', '--config.batch_size=8',
              '--steps', '2', '--warmup', '1', '--official', str(fake_official),
-             '--official_threads', '1', '--json')
+             '--official_threads', '1', '--breakdown', '--json')
   res = json.loads(out.strip().splitlines()[-1])
   for key in ('config', 'baseline', 'train_s', 'baseline_train_s', 'train_ratio', 'eval_s',
               'baseline_eval_s', 'eval_ratio', 'compile_s'):
@@ -183,6 +183,8 @@ def test_step_bench_cli_json(fake_official):
   assert res['baseline'] == 'configs/arrows.py:grid=3,pe=abs'
   assert res['overrides']['batch_size'] == 8
   assert res['train_s'] > 0 and res['baseline_eval_s'] > 0
+  # The breakdown against abs, whose context has no float leaf (only integer positions).
+  assert res['cached_rot_ratio'] > 0 and res['baseline_pe_fwd_bwd_s'] > 0
   assert 'A / B' in out
   assert res['official_train_s'] > 0 and res['official_over_train'] > 0
   assert res['official']['kwargs']['dim'] == 128 and res['official']['threads'] == 1

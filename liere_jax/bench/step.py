@@ -158,8 +158,9 @@ class StepBench:
 
     def pe_fwd_bwd(params):
       def f(params):
-        ctx = t.model(params).pe_context(self.grid)
-        return sum(jnp.sum(x) for x in jax.tree.leaves(ctx)) if ctx is not None else 0.
+        ctx = t.model(params).pe_context(self.grid)  # Its float leaves (abs's: none).
+        return sum((jnp.sum(x, dtype=jnp.float32) for x in jax.tree.leaves(ctx)
+                    if jnp.issubdtype(x.dtype, jnp.floating)), jnp.float32(0))
       return jax.grad(f)(params)
 
     p = self.state['params']
