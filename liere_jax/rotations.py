@@ -281,7 +281,11 @@ _pairs.defvjp(_pairs_fwd, _pairs_bwd)
 
 
 def _elementwise(xr, rot):
-  return jnp.sum(rot.astype(jnp.float32) * xr.astype(jnp.float32)[..., None, :], axis=-1)
+  # The sum over j unrolled, not a reduce: jax 0.10.2's XLA:CPU YNNPACK fusion of a reduce
+  # with the bf16 convert after it gave wrong sums from 16 x 65 x 3 x 64 bf16 elements up
+  # (tests/test_rotations.py; --xla_cpu_experimental_ynn_fusion_type= avoided it too).
+  rot, xr = rot.astype(jnp.float32), xr.astype(jnp.float32)
+  return sum(rot[..., j] * xr[..., j, None] for j in range(rot.shape[-1]))
 
 
 def _apply_einsum(xr, rot):

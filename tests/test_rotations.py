@@ -355,6 +355,19 @@ def test_pairs_on_x_layout_equal_the_blocks_form_forward_and_backward(heads, d, 
   np.testing.assert_array_equal(rotations.rotate(x, rot, CPU)[..., 64:], x[..., 64:])
 
 
+def test_the_blocks_form_in_bf16_at_a_size_xla_cpu_s_ynn_fusion_summed_wrong():
+  """rotations._elementwise as a reduce over j, fused with the bf16 convert after it, came out of
+  jax 0.10.2's XLA:CPU YNNPACK fusion off by up to 18 here (values of about 5); the unrolled sum
+  gives numpy's product to bf16's rounding."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((16, 65, 3, 64)), jnp.bfloat16)
+  rot = jnp.asarray(rng.standard_normal((3, 65, 32, 2, 2)), jnp.bfloat16)
+  out = jax.jit(lambda x, r: rotations.rotate(x, r, CPU.replace(pairs='blocks')))(x, rot)
+  want = np.einsum('htkij,bthkj->bthki', np.asarray(rot, np.float32),
+                   np.asarray(x, np.float32).reshape(16, 65, 3, 32, 2)).reshape(x.shape)
+  np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=0.07, rtol=0.01)
+
+
 def test_rotate_takes_each_platforms_form():
   """Each platform's plan, forward and backward: the program lowered for tpu exchanges the dims
   of pairs without a product (roll), for cpu with one (matmul); for cuda it rotates [..., k, 2]
