@@ -89,15 +89,20 @@ def test_the_cli_works_from_a_copy_of_the_library(tmp_path):
   assert runner.commit(str(lib / 'liere_jax')) == ''  # No checkout: no commit recorded.
 
 
-def test_the_programs_get_huge_pages_unless_the_user_set_tunables(monkeypatch):
+def test_the_programs_get_huge_pages_and_a_compilation_cache_unless_the_user_set_them(
+    monkeypatch):
   monkeypatch.delenv('GLIBC_TUNABLES', raising=False)
-  environment = runner._environment  # pylint: disable=protected-access
+  monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR', raising=False)
+  environment = lambda: runner._environment('/runs')  # pylint: disable=protected-access
   env = environment()
   assert env['GLIBC_TUNABLES'] == runner.MALLOC_TUNABLES
   assert runner.MALLOC_TUNABLES.startswith('glibc.malloc.hugetlb=1:')
+  assert env['JAX_COMPILATION_CACHE_DIR'] == '/runs/.jax_cache'
   assert env['PYTHONPATH'].split(os.pathsep)[0] == os.path.dirname(runner.LIBRARY)
   monkeypatch.setenv('GLIBC_TUNABLES', 'glibc.malloc.hugetlb=0')
+  monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', '/mine')
   assert environment()['GLIBC_TUNABLES'] == 'glibc.malloc.hugetlb=0'
+  assert environment()['JAX_COMPILATION_CACHE_DIR'] == '/mine'
 
 
 def test_a_run_records_the_commit_it_started_at(tmp_path, monkeypatch):
