@@ -29,7 +29,8 @@ TOPOLOGIES = ('v5litepod-8', 'v6e-8', 'v4-8')
 # LieRE's TPU cost (docs/performance.md): ImageNet ViT-B/16 at 128 images a chip on v5e-8, and
 # PaPE's beside it (a lift: docs/decisions/026). The cells of earlier forms are in git history
 # (docs/decisions/ names the commits).
-COST_CELLS = tuple(f'imagenet:{pe}:v5litepod-8:1024' for pe in PES + ('pape', 'pape_ri'))
+COST_CELLS = tuple(f'imagenet:{pe}:v5litepod-8:1024'
+                   for pe in PES + ('pape', 'pape_ri', 'liere8+pape'))
 
 
 def paper_cells():  # Every config on the first slice, then on the next.
@@ -69,13 +70,16 @@ def run_cell(out, cell):
     cmd.append(f'--config.batch_size={batch[0]}')
   cmd += [f'--config.{o}' for o in overrides]
   t0 = time.time()
+  head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True,
+                        text=True, check=False).stdout.strip()  # The code compiled, from here.
   p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                      env={**os.environ, 'ALLOW_MULTIPLE_LIBTPU_LOAD': '1'})
   lines = p.stdout.strip().splitlines()
   if p.returncode not in (0, 2) or not lines or not lines[-1].startswith('['):
     return cell, f'failed ({p.returncode}): {p.stderr.strip().splitlines()[-1:]}'
   res, = json.loads(lines[-1])
-  res.update(cell=cell, compile_s=round(time.time() - t0, 1), command=' '.join(cmd[1:]))
+  res.update(cell=cell, compile_s=round(time.time() - t0, 1), command=' '.join(cmd[1:]),
+             commit=head)
   _keep(out, cell, res)
   return cell, f"{'fits' if res['fits'] else 'does not fit'} ({res['compile_s']:.0f} s)"
 
