@@ -131,7 +131,7 @@ def weights(x, kernel, bias, heads: int, ctx: LayerContext, numerics: Numerics):
   three = split_qkv(numerics, ctx, (b, t, heads, width // heads))
   q, k, v = project(x, kernel, bias, heads, three)
   q, k, bias = ctx.attend(q, k, numerics)
-  return _softmax_attention(q, k, v, bias, width // heads, ctx.features(x) if ctx.lifts else None)
+  return _softmax_attention(q, k, v, bias, width // heads, ctx.features(x))
 
 
 def _softmax_attention(q, k, v, bias, head_dim, lift=None):

@@ -497,6 +497,7 @@ def parabolic_lift(x, q, k, u, weights, isotropic):
     ab = ab.reshape(x.shape[0], t, 2, heads, m)
     a, b = F.softplus(ab[:, :, 0]), ab[:, :, 1]
   u = u.transpose(0, 1).float()  # [T, H, M]
+  u = u - u.mean(0, keepdim=True)  # Centred: the bias reads u_i - u_j alone.
   u2 = (u * u).sum(-1, keepdim=True) if isotropic else u * u
   first, linear = -(a * u2).sum(-1, keepdim=True), 2 * a * u
   if b is not None:

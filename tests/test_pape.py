@@ -234,7 +234,7 @@ def test_attention_with_a_lift_is_the_softmax_of_the_biased_scores_at_the_head_s
     np.testing.assert_allclose(got, want, atol=1e-4)
   out, weights = attention.weights(x, kernel, None, H, ctx, plan('cpu'))
   np.testing.assert_allclose(out, want, atol=1e-4)
-  np.testing.assert_allclose(weights, w, atol=3e-5)  # Logits up to 86: float32's 5e-6 each.
+  np.testing.assert_allclose(weights, w, atol=1e-5)
 
 
 @pytest.mark.parametrize('pe', ['pape', 'pape_ri'])
@@ -322,21 +322,30 @@ def test_the_official_fixtures_are_there():
 
 def _compact(q, k, d, m, iso, size):
   """The official q', k' (d + 3M + 2 channels; PaPE-RI d + 2n + 1, n = m) in our channels
-  (encodings.base.Lift), checking on the way the products that let them share: PaPE's b block
-  meets -u (the negative of a's linear block's u), and PaPE-RI's a is one value in n channels."""
-  ks = [k[..., :d], k[..., d:d + 1]]
+  (encodings.base.Lift: u centred over the tokens), built from the official a, b and u after
+  checking the products that let them share: PaPE's b block meets -u, its first channels are
+  -sum a u^2 and sum b u, and PaPE-RI's a is one value in n channels."""
+  a = q[..., d + 1:d + 1 + m]
+  u = k[..., d + 1 + m:d + 1 + 2 * m]  # [B, T, H, m]
+  np.testing.assert_allclose(k[..., d + 1:d + 1 + m], -u * u, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(q[..., d + 1 + m:d + 1 + 2 * m], 2 * a * u, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(q[..., d], -(a * u * u).sum(-1), rtol=1e-5, atol=1e-5)
+  c = u - u.mean(1, keepdims=True)
   if iso:
-    a = q[..., d + 1:d + 1 + m]
     np.testing.assert_array_equal(a, np.broadcast_to(a[..., :1], a.shape))
-    qs = [q[..., :d + 1], a[..., :1], q[..., d + 1 + m:d + 1 + 2 * m]]
-    ks += [k[..., d + 1:d + 1 + m].sum(-1, keepdims=True), k[..., d + 1 + m:d + 1 + 2 * m]]
+    a = a[..., :1]
+    u2 = (c * c).sum(-1, keepdims=True)
+    b = 0.
   else:
-    linear, b = slice(d + 1 + m, d + 1 + 2 * m), slice(d + 2 + 2 * m, d + 2 + 3 * m)
+    b = q[..., d + 2 + 2 * m:d + 2 + 3 * m]
     np.testing.assert_array_equal(k[..., d + 1 + 2 * m], 1.)
-    np.testing.assert_allclose(k[..., b], -k[..., linear], rtol=1e-6, atol=1e-7)
-    qs = [q[..., :d], q[..., d:d + 1] + q[..., d + 1 + 2 * m:d + 2 + 2 * m],
-          q[..., d + 1:d + 1 + m], q[..., linear] - q[..., b]]
-    ks += [k[..., d + 1:d + 1 + m], k[..., linear]]
+    np.testing.assert_allclose(k[..., d + 2 + 2 * m:d + 2 + 3 * m], -u, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(q[..., d + 1 + 2 * m], (b * u).sum(-1), rtol=1e-5, atol=1e-5)
+    u2 = c * c
+  first = (b * c - a * u2).sum(-1, keepdims=True) if not iso else -(a * u2)
+  qs = [q[..., :d], first, a, 2 * a * c - b]
+  ks = [k[..., :d], np.ones_like(first), np.broadcast_to(-u2, first.shape[:-1] + u2.shape[-1:]),
+        c]
   pad = lambda parts: np.concatenate(
       parts + [np.zeros(q.shape[:-1] + (size - sum(p.shape[-1] for p in parts),), q.dtype)], -1)
   return pad(qs), pad(ks)

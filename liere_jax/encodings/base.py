@@ -65,8 +65,8 @@ class LayerContext(struct.PyTreeNode):
 
   def features(self, x):
     """The lift as the channels it adds to q ([B, T, H, c], from x) and to k ([T, H, c]):
-    q'.k' = q.k + their product; only called when `lifts`."""
-    raise NotImplementedError
+    q'.k' = q.k + their product; None: no channels (no lift)."""
+    del x
 
 
 class Rotate(LayerContext):
@@ -120,7 +120,8 @@ class Lift(LayerContext):
   a = softplus(x weights_a) > 0 and b = x weights_b. The lift
     q' = [q, sum_m (b u - a u^2), a,    2 a u - b, 0...]
     k' = [k, 1,                    -u^2, u,         0...]   (PaPE-RI: one a against -|u|^2)
-  padded with zeros to a multiple of 8 channels, gives q'_i . k'_j = q_i . k_j + bias_ij with
+  padded with zeros to a multiple of 8 channels (u centred over the tokens), gives
+  q'_i . k'_j = q_i . k_j + bias_ij with
     bias_ij = -sum_m a_m(i) (u_m(i) - u_m(j))^2 + sum_m b_m(i) (u_m(i) - u_m(j)),
   a function of u(i) - u(j) only, with the query's a and b (tests/test_pape.py holds the lift
   to this T x T form). The official code lifts to the same products in d + 3M + 2 channels
@@ -159,6 +160,9 @@ class Lift(LayerContext):
     [T, H, c] (the positions' alone), c = 2M + 1 (PaPE-RI n + 2)."""
     a, b = self.coefficients(x)
     u = jnp.swapaxes(self.u, 0, 1)  # [T, H, M]
+    # Centred over the tokens: the bias reads u(i) - u(j) alone, and smaller u^2 terms cancel
+    # with less float32 (or bf16) rounding in q'.k'.
+    u = u - jnp.mean(u, 0, keepdims=True)
     u2 = u * u
     if self.isotropic:
       u2 = jnp.sum(u2, -1, keepdims=True)
