@@ -51,12 +51,22 @@ def path(numerics: Numerics, ctx: LayerContext, shape) -> str:
     return numerics.attention
   if not _kernel_takes(ctx, shape):  # A logit bias, or shapes it does not take.
     return 'xla'
-  if isinstance(ctx, Angles) or (isinstance(ctx, Rotate)
-                                  and ctx.block <= attention_kernel.MAX_BLOCK):
+  diagonals = _diagonals(ctx)
+  if diagonals and _kernel_takes(ctx, shape, band=diagonals):
     return 'kernel, band'
-  if _rotation_kernel_takes(ctx, shape):
+  if not diagonals and _rotation_kernel_takes(ctx, shape):
     return 'rotation kernel'
   return 'kernel after xla' if ctx.rotates else 'kernel'
+
+
+def _diagonals(ctx) -> int:
+  """The diagonals of the band that rotates q and k inside the attention kernel (RoPE's 3, 2b - 1
+  for blocks of b up to MAX_BLOCK), 0 where the kernel does not rotate them itself."""
+  if isinstance(ctx, Angles):
+    return 3
+  if isinstance(ctx, Rotate) and ctx.block <= attention_kernel.MAX_BLOCK:
+    return 2 * ctx.block - 1
+  return 0
 
 
 def lifted(ctx: LayerContext, shape) -> int:
@@ -83,14 +93,14 @@ def _lift_path(numerics, ctx, shape) -> str:
 
 
 def split_qkv(numerics: Numerics, ctx: LayerContext, shape) -> bool:
-  """Whether q, k and v come from three products, not one: where the plan asks for it and XLA's
-  einsum rotates blocks above 8 first (a TPU's attention kernels take the rest in place)."""
+  """Whether q, k and v come from three products, not one: where the plan asks for it and XLA
+  rotates q and k first, blocks above 8 or before the attention kernel ('kernel after xla'; the
+  kernels take the rest in place)."""
   if not (numerics.split_qkv and isinstance(ctx, Rotate) and ctx.block > 2):
     return False
-  _, t, heads, d = shape
-  kernels = ctx.block <= attention_kernel.MAX_BLOCK or (
-      attention_kernel.supported(heads, d, t) and _rotation_kernel_takes(ctx, shape))
-  return not (numerics.attention == 'kernel' and kernels)
+  how = path(numerics, ctx, shape)
+  return how == 'kernel after xla' or (
+      how not in ('kernel, band', 'rotation kernel') and ctx.block > attention_kernel.MAX_BLOCK)
 
 
 def attend(x, kernel, bias, heads: int, ctx: LayerContext, numerics: Numerics):
@@ -194,13 +204,14 @@ def _model_axis():
   return 'model' if not mesh.empty and mesh.shape.get('model', 1) > 1 else None
 
 
-def _kernel_takes(ctx, shape, lift=None) -> bool:
+def _kernel_takes(ctx, shape, lift=None, band=0) -> bool:
   """Whether the attention kernel takes q [B, T, H, d] (each device's heads) under ctx: no logit
-  bias; lift: q's and k's lifted head size (attention_kernel.supported)."""
+  bias; lift: q's and k's lifted head size, band: the diagonals it rotates them by
+  (attention_kernel.supported)."""
   _, t, heads, d = shape
   model = jax.sharding.get_abstract_mesh().shape['model'] if _model_axis() else 1
   return (not ctx.biased and not heads % model
-          and attention_kernel.supported(heads // model, d, t, lift))
+          and attention_kernel.supported(heads // model, d, t, lift, band))
 
 
 def _band(ctx, shape, dtype):

@@ -10,7 +10,9 @@ from liere_jax import attention, rotations
 from liere_jax.encodings.base import Angles, Bias, LayerContext, Rotate
 from liere_jax.numerics import plan
 
-SHORT, LONG = (2, 17, 4, 64), (2, 785, 4, 64)  # 4 heads of 64: a kernel's; 785 tokens: not.
+# 4 heads of 64: a kernel's. 785 tokens (UCF101's): the kernel's rows, but past LieRE8's band;
+# 1025: past every row of the kernel.
+SHORT, VIDEO, LONG = (2, 17, 4, 64), (2, 785, 4, 64), (2, 1025, 4, 64)
 
 
 def _rot(block, tokens=17):
@@ -22,7 +24,10 @@ def _rot(block, tokens=17):
     (_rot(64), SHORT, 'rotation kernel'), (_rot(32), SHORT, 'rotation kernel'),
     (_rot(12), SHORT, 'kernel after xla'), (LayerContext(), SHORT, 'kernel'),
     (Bias(jnp.zeros((4, 17, 17))), SHORT, 'xla'),  # A logit bias: never the kernel.
-    (_rot(8, 785), LONG, 'xla'), (_rot(64, 785), LONG, 'xla'),  # Rows past the kernel's.
+    (_rot(8, 785), VIDEO, 'kernel after xla'), (_rot(64, 785), VIDEO, 'rotation kernel'),
+    (Angles(jnp.zeros((1, 785, 32))), VIDEO, 'kernel, band'), (LayerContext(), VIDEO, 'kernel'),
+    (_rot(8, 1025), LONG, 'xla'), (_rot(64, 1025), LONG, 'xla'),  # Rows past the kernel's.
+    (Angles(jnp.zeros((1, 1025, 32))), LONG, 'xla'), (LayerContext(), LONG, 'xla'),
 ])
 def test_the_tpu_plan_s_path_for_each_context(ctx, shape, want):
   assert attention.path(plan('tpu'), ctx, shape) == want
@@ -31,15 +36,18 @@ def test_the_tpu_plan_s_path_for_each_context(ctx, shape, want):
   assert attention.path(plan('cpu', attention='kernel'), ctx, shape) == want  # Interpret mode.
 
 
-def test_three_products_only_where_xla_rotates_blocks_above_8_on_the_plan_that_asks():
+def test_three_products_only_where_xla_rotates_first_on_the_plan_that_asks():
   split = lambda p, ctx, shape: attention.split_qkv(p, ctx, shape)
-  assert split(plan('tpu'), _rot(64, 785), LONG)  # XLA's attention after XLA's rotation.
+  assert split(plan('tpu'), _rot(64, 1025), LONG)  # XLA's attention after XLA's rotation.
   assert split(plan('tpu'), _rot(12), SHORT)  # XLA's rotation, then the kernel.
+  assert split(plan('tpu'), _rot(8, 785), VIDEO)  # Past the band's rows: the same.
   assert not split(plan('tpu'), _rot(64), SHORT)  # The rotation kernel reads one product.
-  assert not split(plan('tpu'), _rot(8, 785), LONG)  # Blocks up to 8: one product everywhere.
-  assert not split(plan('tpu'), Angles(jnp.zeros((1, 785, 32))), LONG)
-  assert not split(plan('cuda'), _rot(64, 785), LONG) and split(
-      plan('cuda', split_qkv=True), _rot(64, 785), LONG)
+  assert not split(plan('tpu'), _rot(64, 785), VIDEO)
+  assert not split(plan('tpu'), _rot(8), SHORT)  # The band: one product.
+  assert not split(plan('tpu'), _rot(8, 1025), LONG)  # XLA's blocks up to 8: one product.
+  assert not split(plan('tpu'), Angles(jnp.zeros((1, 785, 32))), VIDEO)
+  assert not split(plan('cuda'), _rot(64, 1025), LONG) and split(
+      plan('cuda', split_qkv=True), _rot(64, 1025), LONG)
 
 
 @pytest.mark.parametrize('kind', ['rotate', 'angles', 'bias', 'none'])

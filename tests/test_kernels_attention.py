@@ -176,6 +176,32 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
   assert not any('197,197]' in line for line in hlo.splitlines())
 
 
+def test_the_rows_the_kernel_takes_shrink_with_its_band():
+  """MAX_TOKENS: a band not listed takes the limit of the next listed above it; none past 15."""
+  takes = attention_kernel.supported
+  assert takes(12, 64, 1024) and not takes(12, 64, 1025)  # No band: UCF101's 785 and more.
+  assert takes(12, 64, 785, band=3) and not takes(12, 64, 833, band=3)  # RoPE's pairs.
+  assert takes(12, 64, 624, band=5) and not takes(12, 64, 625, band=5)  # Blocks of 3: as 7.
+  assert takes(12, 64, 368, band=15) and not takes(12, 64, 785, band=15)  # LieRE8.
+  assert not takes(12, 64, 17, band=17)
+
+
+@pytest.mark.parametrize('band', [0, 15])
+def test_the_longest_rows_compile_for_the_tpu_with_the_least_vmem(band):
+  """kernels.attention.MAX_TOKENS against the TPU compiler (deviceless v4, 16 MiB of VMEM):
+  the forward and backward compile at the limit (scripts/kernel_limits.py finds it, and that a
+  band's limit + 32 tokens does not)."""
+  pytest.importorskip('libtpu', reason='requirements-tpu.txt')
+  import importlib.util, os
+  from liere_jax import tpu_slices
+  spec = importlib.util.spec_from_file_location('kernel_limits', os.path.join(
+      os.path.dirname(__file__), '..', 'scripts', 'kernel_limits.py'))
+  kernel_limits = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(kernel_limits)
+  device = tpu_slices.slice_devices(tpu_slices.parse_slice('v4-8'))[0]
+  assert kernel_limits.fits(device, attention_kernel.MAX_TOKENS[band], band)
+
+
 def test_rope_s_band_from_its_angles_is_the_band_of_its_blocks():
   """kernels.attention.pair_band (cos and sin, no 2 x 2 blocks) equals `band` of
   angle_rotations' blocks in float32 and bf16, pass-through dims included, per head or shared."""

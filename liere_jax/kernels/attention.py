@@ -7,7 +7,8 @@ ViT-B/16 step moved 1.6x as much for abs: docs/decisions/002). Here a grid step 
 batch elements' q, k, v of 128 lanes (128 // d heads) for all T tokens in VMEM: q and k rotate
 in registers, the logits and softmax never leave the chip. The backward recomputes the logits
 and keeps nothing but q, k, v and the output (which the projection after it keeps anyway). For
-a ViT's token counts (`supported`: up to 512) a whole row of logits fits: no online softmax.
+a ViT's token counts (`supported`: up to 1024, UCF101's 785 too) a whole row of logits fits: no
+online softmax.
 
 q, k, v are read in place, as the qkv projection writes them: [B, T, 3 H d] (`attention_qkv`)
 or three [B, T, H d] (`attention`), or q and k rotated by liere_jax.kernels.rotation and v from
@@ -42,22 +43,30 @@ from liere_jax.kernels.common import LANES, call_kw, in_hbm, nt as _nt, pltpu, v
 from liere_jax.kernels.common import Cost, estimate, padded
 
 MAX_BLOCK = 8  # Larger blocks rotate before the kernel (liere_jax.kernels.rotation or an einsum).
-MAX_TOKENS = 512
+# The most tokens a grid step's rows of logits fit in VMEM's 16 MiB (v4's whole VMEM, v5e's
+# default scope), by the band's diagonals n (0: no band; a band of n not listed takes the next
+# listed above it): deviceless v4-8 compiles of the forward and backward at 12 heads of 64, in
+# bf16, batch 8 (scripts/kernel_limits.py; docs/decisions/029). Longer sequences keep XLA's
+# attention, or (a band past its row) rotate by XLA before the kernel.
+MAX_TOKENS = {0: 1024, 3: 832, 7: 624, 15: 368}
 # A lift's q (or k) a grid step, tokens x lanes: one batch row of them in float32 fits VMEM's
 # default scope (16 MiB) with the rest; twice this does not (deviceless v5e compiles).
-MAX_LIFT = MAX_TOKENS * 4 * LANES
+MAX_LIFT = 512 * 4 * LANES
+LIFT_TOKENS = 512  # The lifted heads' longest rows compiled (ViT-B's PaPE and PaPE-RI).
 ROW_BYTES = 2**18  # q's bytes a grid step, about: a few batch elements a step.
 
 
-def supported(heads: int, head_dim: int, tokens: int, lift: Optional[int] = None) -> bool:
+def supported(heads: int, head_dim: int, tokens: int, lift: Optional[int] = None,
+              band: int = 0) -> bool:
   """Whether the kernel takes these shapes: heads of d dividing 128 lanes, H d a multiple of
-  128, and rows of logits that fit VMEM's default scope on every TPU (16 MiB; longer sequences,
-  e.g. UCF101's, keep XLA's attention). lift: each head's channels of q and k where wider than
-  v's d (`lifted`: a multiple of 128), whose 128 / d heads a grid step hold at most MAX_LIFT
-  tokens x lanes (ViT-B/16's 197 tokens: PaPE's 256 lanes a head of 64 or of 32)."""
+  128, and rows of logits that fit VMEM on every TPU (MAX_TOKENS for a band of `band`
+  diagonals, 0: none). lift: each head's channels of q and k where wider than v's d (`lifted`:
+  a multiple of 128), whose 128 / d heads a grid step hold at most MAX_LIFT tokens x lanes
+  (ViT-B/16's 197 tokens: PaPE's 256 lanes a head of 64 or of 32)."""
+  limit = MAX_TOKENS[min(n for n in MAX_TOKENS if n >= band)] if band <= max(MAX_TOKENS) else 0
   return (LANES % head_dim == 0 and (heads * head_dim) % LANES == 0 and head_dim >= 8
-          and tokens <= MAX_TOKENS
-          and (lift is None or (lift % LANES == 0
+          and tokens <= limit
+          and (lift is None or (lift % LANES == 0 and tokens <= LIFT_TOKENS
                                 and tokens * LANES // head_dim * lift <= MAX_LIFT)))
 
 
