@@ -49,10 +49,10 @@ def path(numerics: Numerics, ctx: LayerContext, shape) -> str:
     return _lift_path(numerics, ctx, shape)
   if numerics.attention != 'kernel':
     return numerics.attention
-  if not _kernel_takes(ctx, shape):  # A logit bias, or shapes it does not take.
+  if not _kernel_takes(numerics, ctx, shape):  # A logit bias, or shapes it does not take.
     return 'xla'
   diagonals = _diagonals(ctx)
-  if diagonals and _kernel_takes(ctx, shape, band=diagonals):
+  if diagonals and _kernel_takes(numerics, ctx, shape, band=diagonals):
     return 'kernel, band'
   if not diagonals and _rotation_kernel_takes(ctx, shape):
     return 'rotation kernel'
@@ -85,7 +85,7 @@ def _lift_path(numerics, ctx, shape) -> str:
     return 'xla'
   d2 = lifted(ctx, shape)
   if numerics.attention == 'kernel' and _kernel_takes(
-      ctx, shape, attention_kernel.lifted(d2)):
+      numerics, ctx, shape, attention_kernel.lifted(d2)):
     return 'kernel, lift'
   if numerics.attention == 'cudnn' and d2 <= CUDNN_HEAD_DIM and d2 % 8 == 0:
     return 'cudnn, lift'
@@ -204,14 +204,14 @@ def _model_axis():
   return 'model' if not mesh.empty and mesh.shape.get('model', 1) > 1 else None
 
 
-def _kernel_takes(ctx, shape, lift=None, band=0) -> bool:
-  """Whether the attention kernel takes q [B, T, H, d] (each device's heads) under ctx: no logit
-  bias; lift: q's and k's lifted head size, band: the diagonals it rotates them by
-  (attention_kernel.supported)."""
+def _kernel_takes(numerics, ctx, shape, lift=None, band=0) -> bool:
+  """Whether the attention kernel takes q [B, T, H, d] (each device's heads) under ctx on the
+  plan's chip: no logit bias; lift: q's and k's lifted head size, band: the diagonals it rotates
+  them by (attention_kernel.supported)."""
   _, t, heads, d = shape
   model = jax.sharding.get_abstract_mesh().shape['model'] if _model_axis() else 1
   return (not ctx.biased and not heads % model
-          and attention_kernel.supported(heads // model, d, t, lift, band))
+          and attention_kernel.supported(heads // model, d, t, lift, band, numerics.vmem))
 
 
 def _band(ctx, shape, dtype):

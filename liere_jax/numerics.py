@@ -22,6 +22,15 @@ PAIRS = ('swap_matmul', 'swap_roll', 'blocks')  # liere_jax.rotations.rotate, bl
 PRECISIONS = ('auto', 'highest')  # model.pe.expm_precision
 
 
+MiB = 2**20
+# A TensorCore's VMEM by jax's device_kind (Cloud TPU's system architecture pages; v4's is what
+# its compiler reports). VMEM_LEAST, v4's, is also the compiler's default scope for a kernel on
+# the others: a plan without a chip (`plan('tpu')`) assumes it.
+TPU_VMEM = {'TPU v4': 16 * MiB, 'TPU v5 lite': 128 * MiB, 'TPU v5': 95 * MiB,
+            'TPU v6 lite': 128 * MiB}
+VMEM_LEAST = 16 * MiB
+
+
 @dataclasses.dataclass(frozen=True)
 class Numerics:
   """How a platform computes LieRE and attention (the platform's row, plus any override)."""
@@ -37,6 +46,8 @@ class Numerics:
   attention: str  # ATTENTION: XLA's, cuDNN's where it takes the shapes, or the Pallas kernels.
   pairs: str  # PAIRS: how blocks of 2 (RoPE) rotate outside a kernel.
   split_qkv: bool  # q, k, v from three products where XLA rotates blocks above 8 first.
+  vmem: int = VMEM_LEAST  # Bytes of VMEM a Pallas kernel may hold: the chip's (for_mesh,
+  # TPU_VMEM); where the kernel's rows need more than its default scope, it asks for more.
 
   @property
   def interpret(self) -> bool:
@@ -104,5 +115,9 @@ def plan(platform: Optional[str] = None, **overrides) -> Numerics:
 
 
 def for_mesh(mesh, **overrides) -> Numerics:
-  """The plan of the platform a mesh's devices are on (MaxText reads it the same way)."""
-  return plan(mesh.devices.flat[0].platform, **overrides)
+  """The plan of the platform a mesh's devices are on (MaxText reads it the same way), with its
+  chip's VMEM (TPU_VMEM; VMEM_LEAST for a chip not listed)."""
+  device = mesh.devices.flat[0]
+  chip = {'vmem': TPU_VMEM.get(device.device_kind, VMEM_LEAST)} if (
+      platform_of(device.platform) == 'tpu') else {}
+  return plan(device.platform, **{**chip, **overrides})

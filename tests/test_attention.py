@@ -36,6 +36,18 @@ def test_the_tpu_plan_s_path_for_each_context(ctx, shape, want):
   assert attention.path(plan('cpu', attention='kernel'), ctx, shape) == want  # Interpret mode.
 
 
+def test_a_chip_with_more_vmem_rotates_longer_rows_inside_the_kernel():
+  """LieRE8's band at UCF101's 785 tokens: past v4's VMEM (and a plan without a chip), inside
+  the kernel on v5e's (the kernel asks for the wider scope itself)."""
+  v5e = plan('tpu', vmem=128 * 2**20)
+  assert attention.path(plan('tpu'), _rot(8, 785), VIDEO) == 'kernel after xla'
+  assert attention.path(plan('tpu', vmem=16 * 2**20), _rot(8, 785), VIDEO) == 'kernel after xla'
+  assert attention.path(v5e, _rot(8, 785), VIDEO) == 'kernel, band'
+  assert not attention.split_qkv(v5e, _rot(8, 785), VIDEO)
+  assert attention.path(v5e, _rot(8, 1360), (2, 1360, 4, 64)) == 'kernel after xla'
+  assert attention.path(v5e, _rot(8, 2049), (2, 2049, 4, 64)) == 'xla'
+
+
 def test_three_products_only_where_xla_rotates_first_on_the_plan_that_asks():
   split = lambda p, ctx, shape: attention.split_qkv(p, ctx, shape)
   assert split(plan('tpu'), _rot(64, 1025), LONG)  # XLA's attention after XLA's rotation.

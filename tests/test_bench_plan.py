@@ -5,6 +5,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -115,6 +116,18 @@ def test_plans_by_platform_and_bad_fields_refused_naming_them():
     plan('metal')
   mesh = jax.make_mesh((len(jax.devices()),), ('data',))
   assert numerics.for_mesh(mesh, attention='kernel').attention == 'kernel'
+  assert numerics.for_mesh(mesh).vmem == numerics.VMEM_LEAST  # Not a TPU: the default.
+
+
+@pytest.mark.parametrize('topology, mib', [('v4-8', 16), ('v5litepod-8', 128), ('v6e-8', 128),
+                                           ('v5p-8', 95)])
+def test_a_tpu_mesh_s_plan_holds_its_chip_s_vmem(topology, mib):
+  pytest.importorskip('libtpu', reason='requirements-tpu.txt')
+  from liere_jax import tpu_slices
+  devices = tpu_slices.slice_devices(tpu_slices.parse_slice(topology))
+  mesh = jax.sharding.Mesh(np.array(devices).reshape(-1), ('data',))
+  assert numerics.for_mesh(mesh).vmem == mib * 2**20
+  assert numerics.for_mesh(mesh, vmem=1).vmem == 1  # An A/B's field wins.
 
 
 @pytest.mark.parametrize('args, says', [

@@ -176,21 +176,28 @@ def test_the_kernel_compiles_for_a_tpu_slice_deviceless():
   assert not any('197,197]' in line for line in hlo.splitlines())
 
 
-def test_the_rows_the_kernel_takes_shrink_with_its_band():
-  """MAX_TOKENS: a band not listed takes the limit of the next listed above it; none past 15."""
-  takes = attention_kernel.supported
+def test_the_rows_the_kernel_takes_shrink_with_its_band_and_grow_with_the_chip_s_vmem():
+  """MAX_TOKENS: a band not listed takes the limit of the next listed above it; none past 15; a
+  chip with WIDE_SCOPE's VMEM takes the wide rows (not with a lift, compiled in the default)."""
+  takes, wide = attention_kernel.supported, attention_kernel.WIDE_SCOPE
   assert takes(12, 64, 1024) and not takes(12, 64, 1025)  # No band: UCF101's 785 and more.
   assert takes(12, 64, 785, band=3) and not takes(12, 64, 833, band=3)  # RoPE's pairs.
   assert takes(12, 64, 624, band=5) and not takes(12, 64, 625, band=5)  # Blocks of 3: as 7.
   assert takes(12, 64, 368, band=15) and not takes(12, 64, 785, band=15)  # LieRE8.
   assert not takes(12, 64, 17, band=17)
+  assert takes(12, 64, 785, band=15, vmem=wide) and takes(12, 64, 785, band=15, vmem=2 * wide)
+  assert not takes(12, 64, 785, band=15, vmem=wide - 1)
+  assert attention_kernel._scope(368, 15) is None and attention_kernel._scope(785, 15) == wide
+  assert not takes(12, 64, 785, 256, vmem=wide)  # A lift: the default scope's rows.
 
 
-@pytest.mark.parametrize('band', [0, 15])
-def test_the_longest_rows_compile_for_the_tpu_with_the_least_vmem(band):
-  """kernels.attention.MAX_TOKENS against the TPU compiler (deviceless v4, 16 MiB of VMEM):
-  the forward and backward compile at the limit (scripts/kernel_limits.py finds it, and that a
-  band's limit + 32 tokens does not)."""
+@pytest.mark.parametrize('scope, band', [
+    ('default', 0), ('default', 15), pytest.param('wide', 15, marks=pytest.mark.slow),
+    pytest.param('wide', 3, marks=pytest.mark.slow), pytest.param('wide', 0, marks=pytest.mark.slow)])
+def test_the_longest_rows_compile_for_the_tpu(scope, band):
+  """kernels.attention.MAX_TOKENS against the TPU compiler, deviceless: the forward and backward
+  compile at each limit, the default scope's on v4 (16 MiB of VMEM), the wide one's on v5e
+  (scripts/kernel_limits.py finds them, and that 16 tokens more do not)."""
   pytest.importorskip('libtpu', reason='requirements-tpu.txt')
   import importlib.util, os
   from liere_jax import tpu_slices
@@ -198,8 +205,11 @@ def test_the_longest_rows_compile_for_the_tpu_with_the_least_vmem(band):
       os.path.dirname(__file__), '..', 'scripts', 'kernel_limits.py'))
   kernel_limits = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(kernel_limits)
-  device = tpu_slices.slice_devices(tpu_slices.parse_slice('v4-8'))[0]
-  assert kernel_limits.fits(device, attention_kernel.MAX_TOKENS[band], band)
+  chip = {'default': 'v4-8', 'wide': 'v5litepod-8'}[scope]
+  device = tpu_slices.slice_devices(tpu_slices.parse_slice(chip))[0]
+  limits = attention_kernel.MAX_TOKENS[{'default': attention_kernel.SCOPE,
+                                        'wide': attention_kernel.WIDE_SCOPE}[scope]]
+  assert kernel_limits.fits(device, limits[band], band)
 
 
 def test_rope_s_band_from_its_angles_is_the_band_of_its_blocks():

@@ -6,7 +6,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from liere_jax import command
+from liere_jax import command, tpu_slices
 from liere_jax.config import parse_flags
 from liere_jax.numerics import PRECISIONS
 from liere_jax.bench.data import bench_data, data_table
@@ -62,7 +62,8 @@ _PLATFORM = flags.DEFINE_enum('platform', None, PLATFORMS, 'lower: the platform 
                               'print (default: this backend).')
 _TOPOLOGY = flags.DEFINE_string('topology', 'v5litepod-8', 'compile: the Cloud TPU slice, as '
                                 'its accelerator type: v4-8 .. v4-4096, v5litepod-1 .. '
-                                'v5litepod-256, v5p-8 .., v6e-1 .. v6e-256.')
+                                'v5litepod-256, v5p-8 .., v6e-1 .. v6e-256; plan: its chip '
+                                "(its VMEM; default: v4's, the least).")
 _NO_EVAL = flags.DEFINE_bool('train_only', False, 'compile: the train step only.')
 _JSON = flags.DEFINE_bool('json', False, 'Print the result as JSON on the last line.')
 
@@ -124,7 +125,9 @@ def _plan(log):
   if _CONFIG.value is None:
     raise app.UsageError('plan needs --config CONFIG[:args].')
   with command.refusing():
-    res = plan_of(_CONFIG.value, _PLATFORM.value)
+    chip = (tpu_slices.parse_slice(_TOPOLOGY.value).chip.device_kind
+            if flags.FLAGS['topology'].present else None)
+    res = plan_of(_CONFIG.value, _PLATFORM.value, chip)
   res['config'] = config_flags.get_config_filename(flags.FLAGS['config'])
   return f"{res['config']} on {res['platform']} (liere_jax.numerics)", plan_table(res), res
 

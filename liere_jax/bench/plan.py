@@ -2,6 +2,7 @@ r"""bench plan: what a platform computes for a config, read from the numerics pl
 built with (liere_jax.numerics) through the functions that dispatch on it.
 
   python -m liere_jax.bench plan --config configs/imagenet.py:pe=liere8 [--platform cpu|cuda|tpu]
+      [--topology v5litepod-8: a TPU chip's VMEM; default the least, v4's]
 
 Prints the exponential (its form, products, squarings, kernel or XLA), the rotations' path
 (lattice or every token), how q and k are rotated, the attention path and the qkv projection,
@@ -26,10 +27,13 @@ _SQUARINGS = {
 _KERNEL = {'tpu': 'Pallas (Mosaic)', 'cuda': 'Pallas (Triton)', 'cpu': 'Pallas (interpret mode)'}
 
 
-def plan_of(config, platform=None) -> dict:
-  """What `platform` (default: this backend) computes for the config's model: a dict of lines."""
+def plan_of(config, platform=None, device_kind=None) -> dict:
+  """What `platform` (default: this backend) computes for the config's model: a dict of lines;
+  device_kind: a TPU chip's (its VMEM, numerics.TPU_VMEM; default: the least)."""
   spec = resolve(config.model)
   numerics = numerics_lib.plan(platform)
+  if device_kind is not None:
+    numerics = numerics.replace(vmem=numerics_lib.TPU_VMEM[device_kind])
   model = nnx.eval_shape(lambda: ViT(spec, rngs=nnx.Rngs(0), numerics=numerics))
   graphdef, state = nnx.split(model)
   grid = spec.train_grid
@@ -39,7 +43,9 @@ def plan_of(config, platform=None) -> dict:
   positions = model.pe_positions(grid)
   heads, d = spec.heads, spec.head_dim
   shape = (config.batch_size, len(positions), heads, d)
-  out = {'config': spec.pe.name, 'platform': numerics.platform,
+  out = {'config': spec.pe.name, 'platform': numerics.platform + (
+             f' ({device_kind}: {numerics.vmem // numerics_lib.MiB} MiB of VMEM)'
+             if device_kind else ''),
          'dtypes': f'model {spec.dtype}; parameters, rotations and exponentials float32'}
   # A composition ('liere8+pape'): its rotary part rotates as alone, its lift follows.
   pe = model.pe.rotary if isinstance(model.pe, encodings.Composition) else model.pe

@@ -43,12 +43,16 @@ from liere_jax.kernels.common import LANES, call_kw, in_hbm, nt as _nt, pltpu, v
 from liere_jax.kernels.common import Cost, estimate, padded
 
 MAX_BLOCK = 8  # Larger blocks rotate before the kernel (liere_jax.kernels.rotation or an einsum).
-# The most tokens a grid step's rows of logits fit in VMEM's 16 MiB (v4's whole VMEM, v5e's
-# default scope), by the band's diagonals n (0: no band; a band of n not listed takes the next
-# listed above it): deviceless v4-8 compiles of the forward and backward at 12 heads of 64, in
-# bf16, batch 8 (scripts/kernel_limits.py; docs/decisions/029). Longer sequences keep XLA's
-# attention, or (a band past its row) rotate by XLA before the kernel.
-MAX_TOKENS = {0: 1024, 3: 832, 7: 624, 15: 368}
+# The most tokens a grid step's rows of logits fit in VMEM, by the scope the kernel runs in and
+# the band's diagonals n (0: no band; a band of n not listed takes the next listed above it):
+# deviceless compiles of the forward and backward at 12 heads of 64 in bf16, batch 8
+# (scripts/kernel_limits.py; docs/decisions/029). The compiler's default scope (16 MiB: v4's
+# whole VMEM) on v4; past it, the kernel asks for WIDE_SCOPE, which a chip with that much
+# (numerics.TPU_VMEM: v5e, v5p, v6e) grants. Longer rows keep XLA's attention, or (a band past
+# its rows) rotate by XLA before the kernel.
+SCOPE, WIDE_SCOPE = 16 * 2**20, 64 * 2**20
+MAX_TOKENS = {SCOPE: {0: 1024, 3: 832, 7: 624, 15: 368},
+              WIDE_SCOPE: {0: 2048, 3: 2016, 7: 1344, 15: 1344}}
 # A lift's q (or k) a grid step, tokens x lanes: one batch row of them in float32 fits VMEM's
 # default scope (16 MiB) with the rest; twice this does not (deviceless v5e compiles).
 MAX_LIFT = 512 * 4 * LANES
@@ -57,17 +61,27 @@ ROW_BYTES = 2**18  # q's bytes a grid step, about: a few batch elements a step.
 
 
 def supported(heads: int, head_dim: int, tokens: int, lift: Optional[int] = None,
-              band: int = 0) -> bool:
-  """Whether the kernel takes these shapes: heads of d dividing 128 lanes, H d a multiple of
-  128, and rows of logits that fit VMEM on every TPU (MAX_TOKENS for a band of `band`
-  diagonals, 0: none). lift: each head's channels of q and k where wider than v's d (`lifted`:
-  a multiple of 128), whose 128 / d heads a grid step hold at most MAX_LIFT tokens x lanes
-  (ViT-B/16's 197 tokens: PaPE's 256 lanes a head of 64 or of 32)."""
-  limit = MAX_TOKENS[min(n for n in MAX_TOKENS if n >= band)] if band <= max(MAX_TOKENS) else 0
+              band: int = 0, vmem: int = SCOPE) -> bool:
+  """Whether the kernel takes these shapes on a chip of `vmem` bytes of VMEM: heads of d
+  dividing 128 lanes, H d a multiple of 128, and rows of logits that fit (MAX_TOKENS for a band
+  of `band` diagonals, 0: none). lift: each head's channels of q and k where wider than v's d
+  (`lifted`: a multiple of 128), whose 128 / d heads a grid step hold at most MAX_LIFT tokens x
+  lanes (ViT-B/16's 197 tokens: PaPE's 256 lanes a head of 64 or of 32), in the default scope."""
+  scope = WIDE_SCOPE if vmem >= WIDE_SCOPE and lift is None else SCOPE
   return (LANES % head_dim == 0 and (heads * head_dim) % LANES == 0 and head_dim >= 8
-          and tokens <= limit
+          and band <= max(MAX_TOKENS[scope]) and tokens <= _limit(scope, band)
           and (lift is None or (lift % LANES == 0 and tokens <= LIFT_TOKENS
                                 and tokens * LANES // head_dim * lift <= MAX_LIFT)))
+
+
+def _limit(scope: int, band: int) -> int:
+  limits = MAX_TOKENS[scope]
+  return limits[min(n for n in limits if n >= band)]
+
+
+def _scope(tokens: int, band: int) -> Optional[int]:
+  """The VMEM scope the kernel asks for: None (the default) where its rows fit it, else WIDE."""
+  return None if band <= max(MAX_TOKENS[SCOPE]) and tokens <= _limit(SCOPE, band) else WIDE_SCOPE
 
 
 def lifted(channels: int) -> int:
@@ -228,7 +242,7 @@ def _call(kernel, interpret, d, scale, xs, diag, out=None, g=None):
       outs.append(jax.ShapeDtypeStruct(diag.shape, jnp.float32))
       out_specs.append(d_spec)
   kw = call_kw(interpret, ('parallel', 'arbitrary' if backward and rotated else 'parallel',
-                           'arbitrary')[:len(grid)])
+                           'arbitrary')[:len(grid)], _scope(t, n if rotated else 0))
   res = pl.pallas_call(
       functools.partial(kernel, d, n // 2 if rotated else None, lift, rows,
                         1 / math.sqrt(d) if scale is None else scale,

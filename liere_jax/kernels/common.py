@@ -28,12 +28,14 @@ def in_hbm(x):
   return pltpu().with_memory_space_constraint(x, pltpu().HBM)
 
 
-def call_kw(interpret: bool, semantics) -> dict:
+def call_kw(interpret: bool, semantics, vmem=None) -> dict:
   """pallas_call's arguments: interpret mode (CPU), or Mosaic with these dimension semantics
-  ('parallel' grid axes split over a chip's cores; 'arbitrary' ones run in order)."""
+  ('parallel' grid axes split over a chip's cores; 'arbitrary' ones run in order) and a VMEM
+  scope of `vmem` bytes (None: the compiler's default)."""
   if interpret:
     return {'interpret': True}
-  return {'compiler_params': pltpu().CompilerParams(dimension_semantics=tuple(semantics))}
+  return {'compiler_params': pltpu().CompilerParams(dimension_semantics=tuple(semantics),
+                                                    vmem_limit_bytes=vmem)}
 
 
 def nt(a, b):
