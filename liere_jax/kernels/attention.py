@@ -93,20 +93,17 @@ def lifted(channels: int) -> int:
 @jax.named_scope('pe_rotate')  # The rotation's part of a step (bench.compile.SCOPES).
 def band(rot: jax.Array, head_dim: int) -> jax.Array:
   """[T, H, k, b, b] block rotations -> the kernel's band [2b - 1, T, H * d] (D_s, s = -(b-1)
-  .. b-1), in rot's dtype; dims past k * b pass through (D_0 = 1). One product of each head's
-  k b^2 entries with a 0 / 1 selection (exact: one term an output), read and written with the
-  head's entries and dims as the minor axes: a TPU pads a minor axis of b (< 128 lanes) to a
-  whole tile, 16x for LieRE8's blocks of 8 (docs/decisions/029)."""
+  .. b-1), in rot's dtype; dims past k * b pass through (D_0 = 1). One product of each block's
+  b * b entries with a 0 / 1 selection (exact), so nothing of [..., b, b] is copied or sliced (a
+  TPU pads such minor dimensions to 8 x 128 tiles)."""
   t, h, k, b, _ = rot.shape
-  sel = np.zeros((k, b * b, 2 * b - 1, k, b), np.float32)  # block i's (r, r + s) -> D_s[i b + r]
-  for i in range(k):
-    for s in range(-(b - 1), b):
-      for r in range(max(0, -s), min(b, b - s)):
-        sel[i, r * b + r + s, s + b - 1, i, r] = 1
+  sel = np.zeros((b * b, 2 * b - 1, b), np.float32)  # entry (r, r + s) -> D_s[r]
+  for s in range(-(b - 1), b):
+    for r in range(max(0, -s), min(b, b - s)):
+      sel[r * b + r + s, s + b - 1, r] = 1
   precision = jax.lax.Precision.HIGHEST if rot.dtype == jnp.float32 else None
-  out = jnp.einsum('the,esc->sthc', rot.reshape(t, h, k * b * b),
-                   jnp.asarray(sel.reshape(k * b * b, 2 * b - 1, k * b), rot.dtype),
-                   precision=precision)
+  out = jnp.einsum('thke,esr->sthkr', rot.reshape(t, h, k, b * b), jnp.asarray(sel, rot.dtype),
+                   precision=precision).reshape(2 * b - 1, t, h, k * b)
   if k * b < head_dim:
     rest = np.zeros((2 * b - 1, 1, 1, head_dim - k * b), np.float32)
     rest[b - 1] = 1
