@@ -256,7 +256,8 @@ def test_q_k_and_v_as_three_products_equal_one_product(pe):
   """The qkv projection as three products (a TPU's where XLA's einsum rotates q and k) gives the
   model one product gives, to float32 rounding, and the plan asks for them exactly there
   (attention.split_qkv): LieRE64 on a TPU where its rotation cannot go to the rotation kernel
-  (785 tokens: XLA's attention), no other here."""
+  (1025 tokens: XLA's attention), LieRE8 where its band is past the kernel's rows (785 tokens
+  on a plan without a chip: XLA rotates before the kernel), no other here."""
   cfg = tiny_model_config(pe=pe, width=128)  # 2 heads of 64 dims
   cfg.qkv_bias = True
   spec = model_spec.resolve(cfg)
@@ -265,8 +266,8 @@ def test_q_k_and_v_as_three_products_equal_one_product(pe):
   one = vit(x)
   ctx = vit.pe.layer(vit.pe_context(vit.grid(x.shape)), 0)
   split = lambda t, platform='tpu': attention.split_qkv(plan(platform), ctx, (2, t, 2, 64))
-  assert not split(17) and not split(785, 'cpu') and not split(785, 'cuda')  # the TPU's kernels
-  assert split(785) == (pe == 'liere64')
+  assert not split(17) and not split(1025, 'cpu') and not split(1025, 'cuda')  # the TPU's kernels
+  assert split(1025) == (pe == 'liere64') and split(785) == (pe == 'liere8')
   if pe == 'liere64':  # Three products where the kernels do not take it: XLA's attention.
     three = ViT(spec, rngs=nnx.Rngs(0), numerics=plan('cpu', split_qkv=True))(x)
     np.testing.assert_allclose(three, one, rtol=1e-5, atol=1e-5 * float(np.abs(one).max()))
