@@ -45,7 +45,7 @@ class Numerics:
   elementwise_blocks: int  # Products of blocks up to this size as float32 multiply-adds.
   attention: str  # ATTENTION: XLA's, cuDNN's where it takes the shapes, or the Pallas kernels.
   pairs: str  # PAIRS: how blocks of 2 (RoPE) rotate outside a kernel.
-  split_qkv: bool  # q, k, v from three products where XLA rotates blocks above 8 first.
+  split_qkv: bool  # q, k, v from three products where XLA rotates q and k first (attention).
   vmem: int = VMEM_LEAST  # Bytes of VMEM a Pallas kernel may hold: the chip's (for_mesh,
   # TPU_VMEM); where the kernel's rows need more than its default scope, it asks for more.
 
