@@ -75,6 +75,16 @@ def test_the_plans_name_each_platform_s_forms():
           tpu['attention'].split(':')[0]) == ('xla', 'cudnn', 'kernel, band')
 
 
+def test_a_tpu_plan_for_a_chip_names_the_path_its_vmem_allows():
+  """UCF101's LieRE8 (785 tokens): its band past v4's VMEM (XLA rotates first, three products),
+  inside the kernel on v5e's (`bench plan --topology v5litepod-8`)."""
+  config = helpers.load_config(helpers.ROOT + '/configs/ucf101.py', 'pe=liere8')
+  least, v5e = plan_of(config, 'tpu'), plan_of(config, 'tpu', 'TPU v5 lite')
+  assert least['attention'].startswith('kernel after xla') and least['qkv'] == 'three products'
+  assert v5e['attention'].startswith('kernel, band') and v5e['qkv'] == 'one product'
+  assert v5e['platform'] == 'tpu (TPU v5 lite: 128 MiB of VMEM)'
+
+
 def test_pape_s_plan_names_the_lift_s_path_and_the_tpu_program_runs_the_kernel():
   """ImageNet's PaPE (heads of 64, 168 lifted channels): the attention kernel on a TPU (256
   lanes a head), cuDNN on a GPU, XLA's explicit softmax on CPU; the tiny model's gradient
