@@ -16,6 +16,7 @@ tiny_config / TINY / TINY_RUN (the tiny arrows run, as a config, overrides or fl
 tiny_config_and_batch (it with a random batch) and tiny_run_spec (its RunSpec)."""
 import ast
 import functools
+import importlib.util
 import os
 import shutil
 import socket
@@ -40,6 +41,14 @@ TINY = {'model.width': 32, 'model.depth': 1, 'model.heads': 2, 'model.mlp_dim': 
         'batch_size': 16, 'eval_batch_size': 16, 'data.num_eval': 40, 'log_every': 1,
         'warmup_steps': 2, 'resolutions': (60,)}
 TINY_RUN = tuple(f'--config.{key}={value}' for key, value in TINY.items())
+
+
+def script(name: str):
+  """scripts/NAME.py as a module (the scripts are not a package)."""
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, 'scripts', name + '.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def load_config(path: str, arg: str = ''):

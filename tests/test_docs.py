@@ -4,13 +4,14 @@ writes from the committed result files, and every program README.md shows answer
 knows the action (its first word) and the flags README.md passes it."""
 import concurrent.futures
 import glob
-import importlib.util
 import os
 import re
 import subprocess
 import sys
 
 import pytest
+
+from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = [os.path.join(ROOT, 'README.md')] + sorted(
@@ -74,16 +75,8 @@ def test_every_relative_link_and_anchor_resolves(page):
   assert broken_links(os.path.join(ROOT, page)) == []
 
 
-def _docs_tables():
-  spec = importlib.util.spec_from_file_location(
-      'docs_tables', os.path.join(ROOT, 'scripts', 'docs_tables.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def test_every_generated_block_equals_what_the_result_files_give():
-  tables = _docs_tables()
+  tables = helpers.script('docs_tables')
   stale = [os.path.relpath(p, ROOT) for p, _ in tables.stale()]
   assert stale == [], f'run `python scripts/docs_tables.py` (stale: {stale})'
   names = set()

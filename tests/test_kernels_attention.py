@@ -13,7 +13,7 @@ from liere_jax.encodings.base import Lift, Rotate
 from liere_jax.kernels import attention as attention_kernel
 from liere_jax.kernels.common import DECLARED, LANES
 from liere_jax.numerics import plan
-from tests import kernel_count
+from tests import helpers, kernel_count
 from tests.helpers import tiny_model
 
 CPU = plan('cpu')
@@ -191,6 +191,19 @@ def test_the_rows_the_kernel_takes_shrink_with_its_band_and_grow_with_the_chip_s
   assert not takes(12, 64, 785, 256, vmem=wide)  # A lift: the default scope's rows.
 
 
+def test_the_kernel_asks_for_the_wide_scope_only_past_the_default_s_rows():
+  """The lowered TPU program's forward and backward carry WIDE_SCOPE's VMEM limit for LieRE8's
+  band at 785 tokens, and no limit (the compiler's default) at 368."""
+  def lowered(t):
+    qkv = jax.ShapeDtypeStruct((1, t, 3, 2, 64), jnp.bfloat16)
+    band = jax.ShapeDtypeStruct((15, t, 128), jnp.bfloat16)
+    loss = lambda q, b: attention_kernel.attention_qkv(q, b).astype(jnp.float32).sum()
+    return jax.jit(jax.grad(loss, (0, 1))).trace(qkv, band).lower(
+        lowering_platforms=('tpu',)).as_text()
+  wide = str(attention_kernel.WIDE_SCOPE)
+  assert lowered(785).count(wide) == 2 and lowered(368).count(wide) == 0
+
+
 @pytest.mark.parametrize('scope, band', [
     ('default', 0), ('default', 15), pytest.param('wide', 15, marks=pytest.mark.slow),
     pytest.param('wide', 3, marks=pytest.mark.slow), pytest.param('wide', 0, marks=pytest.mark.slow)])
@@ -199,12 +212,8 @@ def test_the_longest_rows_compile_for_the_tpu(scope, band):
   compile at each limit, the default scope's on v4 (16 MiB of VMEM), the wide one's on v5e
   (scripts/kernel_limits.py finds them by bisection: 16 to 32 tokens more did not)."""
   pytest.importorskip('libtpu', reason='requirements-tpu.txt')
-  import importlib.util, os
   from liere_jax import tpu_slices
-  spec = importlib.util.spec_from_file_location('kernel_limits', os.path.join(
-      os.path.dirname(__file__), '..', 'scripts', 'kernel_limits.py'))
-  kernel_limits = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(kernel_limits)
+  kernel_limits = helpers.script('kernel_limits')
   chip = {'default': 'v4-8', 'wide': 'v5litepod-8'}[scope]
   device = tpu_slices.slice_devices(tpu_slices.parse_slice(chip))[0]
   limits = attention_kernel.MAX_TOKENS[{'default': attention_kernel.SCOPE,

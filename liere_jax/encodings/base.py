@@ -67,6 +67,7 @@ class LayerContext(struct.PyTreeNode):
     """The lift as the channels it adds to q ([B, T, H, c], from x) and to k ([T, H, c]):
     q'.k' = q.k + their product; None: no channels (no lift)."""
     del x
+    return None
 
 
 class Rotate(LayerContext):

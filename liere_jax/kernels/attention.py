@@ -7,8 +7,8 @@ ViT-B/16 step moved 1.6x as much for abs: docs/decisions/002). Here a grid step 
 batch elements' q, k, v of 128 lanes (128 // d heads) for all T tokens in VMEM: q and k rotate
 in registers, the logits and softmax never leave the chip. The backward recomputes the logits
 and keeps nothing but q, k, v and the output (which the projection after it keeps anyway). For
-a ViT's token counts (`supported`: up to 1024, UCF101's 785 too) a whole row of logits fits: no
-online softmax.
+a ViT's token counts (`supported`, by MAX_TOKENS) a whole row of logits fits: no online
+softmax.
 
 q, k, v are read in place, as the qkv projection writes them: [B, T, 3 H d] (`attention_qkv`)
 or three [B, T, H d] (`attention`), or q and k rotated by liere_jax.kernels.rotation and v from
