@@ -216,14 +216,28 @@ def _kernel_takes(numerics, ctx, shape, lift=None, band=0) -> bool:
 
 def _band(ctx, shape, dtype):
   """The rotation of q and k as the attention kernel's band, which it applies itself (RoPE's
-  angles; blocks up to 8: path 'kernel, band'), or None (path 'kernel')."""
+  angles; blocks up to 8: path 'kernel, band'), as (build, x): the band is build(x), x [T, H,
+  ...] the context's data a token (the angles; the blocks' entries in dtype), which a mesh's
+  devices share by tokens (`_kernel_attention`); None where the kernel does not rotate (path
+  'kernel')."""
   _, t, heads, d = shape
   if isinstance(ctx, Angles):
-    return attention_kernel.pair_band(jnp.swapaxes(ctx.angles, 0, 1), heads, d, dtype)
+    angles = jnp.swapaxes(ctx.angles, 0, 1)[:t]  # [T, H or 1, k]
+    return (functools.partial(_pair_band, d, dtype),
+            jnp.broadcast_to(angles, (t, heads, angles.shape[-1])))
   if not ctx.rotates:
     return None
   rot = jnp.swapaxes(ctx.rot[:, :t], 0, 1).astype(dtype)  # [T, H or 1, k, b, b]
-  return attention_kernel.band(jnp.broadcast_to(rot, rot.shape[:1] + (heads,) + rot.shape[2:]), d)
+  entries = jnp.broadcast_to(rot, (t, heads) + rot.shape[2:]).reshape(t, heads, -1)
+  return functools.partial(_block_band, d, ctx.block), entries
+
+
+def _pair_band(d, dtype, angles):
+  return attention_kernel.pair_band(angles, angles.shape[1], d, dtype)
+
+
+def _block_band(d, b, entries):
+  return attention_kernel.band(entries.reshape(entries.shape[:2] + (-1, b, b)), d)
 
 
 def _rotation_kernel_takes(ctx, shape) -> bool:
@@ -242,31 +256,44 @@ def _rows(ctx, shape):
 
 def _kernel_attention(xs, band, numerics, rot=None, scale=None):
   """The attention kernel of xs at `scale` (None: 1 / sqrt(d)): (q, k, v) [B, T, H, d] (q and k
-  may be lifted: [B, T, H, d'], d' whole lane tiles) or ([B, T, 3, H, d],), the latter's q and
-  k first rotated by the rotation kernel's rows `rot` [H / n, T' >= T, d, n b] where given; on
-  a mesh each device attends its part of the batch (and of the heads, over 'model'). rot's
-  tokens come split over 'data' where they divide (rotations.liere_rotations' split_tokens): the
-  rotation kernel gathers them."""
+  may be lifted: [B, T, H, d'], d' whole lane tiles) or ([B, T, 3, H, d],), q and k rotated by
+  `band` (`_band`'s (build, x), or None), or the latter's first rotated by the rotation kernel's
+  rows `rot` [H / n, T' >= T, d, n b] where given. On a mesh each device attends its part of the
+  batch (and of the heads, over 'model'), and builds the band of its share of the tokens
+  (padded to a multiple of 'data'), all-gathered for the kernel, its gradient reduce-scattered:
+  the band depends on the tokens alone, so no device builds all of it, nor sums the whole of
+  its gradient with the others. rot's tokens come split over 'data' where they divide
+  (rotations.liere_rotations' split_tokens): the rotation kernel gathers them."""
   interpret = numerics.interpret
+  build, per_token = band or (None, None)
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return _kernel_call(xs, band, rot, interpret, None, scale)
+    return _kernel_call(xs, per_token, rot, build, interpret, None, None, scale)
   model, data = _model_axis(), 'data' if 'data' in mesh.axis_names else None
   n = mesh.shape[data] if data else 1
   gather = data if rot is not None and n > 1 and rot.shape[1] % n == 0 else None
+  share = data if build is not None and n > 1 else None
+  if share:
+    per_token = jnp.pad(per_token, [(0, -len(per_token) % n)] + [(0, 0)] * (per_token.ndim - 1))
   spec = {4: P(data, None, model, None), 5: P(data, None, None, model, None)}
-  fn = functools.partial(_kernel_call, interpret=interpret, gather=gather, scale=scale)
-  return jax.shard_map(fn, in_specs=(tuple(spec[a.ndim] for a in xs), P(None, None, model),
+  fn = functools.partial(_kernel_call, build=build, interpret=interpret, gather=gather,
+                         share=share, scale=scale)
+  return jax.shard_map(fn, in_specs=(tuple(spec[a.ndim] for a in xs), P(share, model),
                                      P(model, gather)),
-                       out_specs=spec[4], check_vma=False)(xs, band, rot)
+                       out_specs=spec[4], check_vma=False)(xs, per_token, rot)
 
 
-def _kernel_call(xs, band, rot, interpret, gather, scale):
+def _kernel_call(xs, per_token, rot, build, interpret, gather, share, scale):
   if rot is not None:
     (qkv,) = xs
     b, t, _, h, d = qkv.shape
     out = rotation_kernel.attention(qkv.reshape(b, t, 3 * h * d), rot, interpret, gather)
     return out.reshape(b, t, h, d)
+  band = None if build is None else build(per_token)
+  if share:  # The devices' shares of the tokens; the transpose reduce-scatters the gradient.
+    band = jax.lax.all_gather(band, share, axis=1, tiled=True)
+  if band is not None:
+    band = band[:, :xs[0].shape[1]]
   if len(xs) == 1:
     return attention_kernel.attention_qkv(xs[0], band, interpret=interpret)
   return attention_kernel.attention(*xs, band, interpret=interpret, scale=scale)
