@@ -220,15 +220,18 @@ def _band(ctx, shape, dtype):
   ...] the context's data a token (the angles; the blocks' entries in dtype), which a mesh's
   devices share by tokens (`_kernel_attention`); None where the kernel does not rotate (path
   'kernel')."""
-  _, t, heads, d = shape
+  heads, d = shape[2:]
   if isinstance(ctx, Angles):
-    angles = jnp.swapaxes(ctx.angles, 0, 1)[:t]  # [T, H or 1, k]
+    angles = jnp.swapaxes(ctx.angles, 0, 1)  # [T, H or 1, k]
     return (functools.partial(_pair_band, d, dtype),
-            jnp.broadcast_to(angles, (t, heads, angles.shape[-1])))
+            jnp.broadcast_to(angles, (len(angles), heads, angles.shape[-1])))
   if not ctx.rotates:
     return None
-  rot = jnp.swapaxes(ctx.rot[:, :t], 0, 1).astype(dtype)  # [T, H or 1, k, b, b]
-  entries = jnp.broadcast_to(rot, (t, heads) + rot.shape[2:]).reshape(t, heads, -1)
+  # Every token of rot's (padding past q's: split over a mesh's 'data', each device builds its
+  # share; the kernel's caller slices the band to q's).
+  rot = jnp.swapaxes(ctx.rot, 0, 1).astype(dtype)  # [T' >= T, H or 1, k, b, b]
+  entries = jnp.broadcast_to(rot, rot.shape[:1] + (heads,) + rot.shape[2:]).reshape(
+      len(rot), heads, -1)
   return functools.partial(_block_band, d, ctx.block), entries
 
 
@@ -291,9 +294,7 @@ def _kernel_call(xs, per_token, rot, build, interpret, gather, share, scale):
     return out.reshape(b, t, h, d)
   band = None if build is None else build(per_token)
   if share:  # The devices' shares of the tokens; the transpose reduce-scatters the gradient.
-    band = jax.lax.all_gather(band, share, axis=1, tiled=True)
-  if band is not None:
-    band = band[:, :xs[0].shape[1]]
+    band = jax.lax.all_gather(band, share, axis=1, tiled=True)  # Its first T rows are read.
   if len(xs) == 1:
     return attention_kernel.attention_qkv(xs[0], band, interpret=interpret)
   return attention_kernel.attention(*xs, band, interpret=interpret, scale=scale)

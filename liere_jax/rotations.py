@@ -45,10 +45,11 @@ def path(numerics: Numerics, block: int, positions, lattice_ok: bool = True) -> 
 
 
 def every_token_kernel(numerics: Numerics, block: int) -> bool:
-  """Whether every token's exponential is the Pallas kernel, a matrix at a time (its one read and
-  write cost a TPU less than the lattice table's products: `Numerics.every_token`)."""
-  return (numerics.every_token and block >= expm_kernel.MIN_BLOCK
-          and expm_form(numerics, block) == 'kernel')
+  """Whether every token's exponential is the Pallas kernel (blocks of 3 and up: a TPU's), each
+  device of a mesh its share of the tokens': their one read and write, split, cost a TPU less
+  than the lattice table's products and gathers, replicated (`Numerics.every_token`;
+  docs/decisions/008, 030)."""
+  return numerics.every_token and block >= 3 and expm_form(numerics, block) == 'kernel'
 
 
 def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,

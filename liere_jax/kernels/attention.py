@@ -215,7 +215,8 @@ def _call(kernel, interpret, d, scale, xs, diag, out=None, g=None):
   spec = lambda offset, n=LANES: pl.BlockSpec((rows, t, n), lambda j, i, *_: (i, 0, offset + j))
   rotated = diag is not None
   n = diag.shape[0] if rotated else 1
-  d_spec = pl.BlockSpec((n, t, LANES), lambda j, *_: (0, 0, j))
+  # The band may hold more tokens than q (a mesh's shares, padded): its first t rows are read.
+  d_spec = pl.BlockSpec((n, diag.shape[1] if rotated else t, LANES), lambda j, *_: (0, 0, j))
   sources = _sources(len(xs), blocks)
   if len(xs) == 2 and not interpret:
     # Rotated q' and k' (liere_jax.kernels.rotation, in HBM) read from HBM as they are: the
@@ -302,8 +303,9 @@ def cost(batch, tokens, width, d, dtype, band=None, backward=False, lift=None) -
     n, cb = band.shape[0], int(band.dtype != jnp.float32)
     rotate = (3 * n - 2 + cb * n) * e
     row += 2 * (rotate + 2 * c * e) + (2 * rotate + (6 * n - 2 + 2 * c) * e if backward else 0)
-    moved += n * width * (padded(tokens, band.dtype) * band.dtype.itemsize
-                          + (padded(tokens, jnp.float32) * 4 if backward else 0))
+    rows_b = band.shape[1]  # The band's tokens (>= q's: a mesh's shares, padded).
+    moved += n * width * (padded(rows_b, band.dtype) * band.dtype.itemsize
+                          + (padded(rows_b, jnp.float32) * 4 if backward else 0))
   rows = batch * width // LANES
   products = 3 * depth + 2 * LANES if backward else depth + LANES
   return Cost(mxu_flops=rows * nh * 2 * l * products, vpu_ops=rows * row,
@@ -373,12 +375,18 @@ def _softmax(s):
   return p / jnp.sum(p, axis=1, keepdims=True)
 
 
+def _rows(ref, s, t):
+  """Diagonal s of a band ref [n, T' >= t, 128], its first t rows (a view)."""
+  return ref.at[s] if ref.shape[1] == t else ref.at[s, pl.ds(0, t)]
+
+
 def _inputs(d_ref, half, q_ref, k_ref, r):
   """q and k of batch row r, rotated (float32 rotation, then q's dtype), and the band reader."""
   q, k = q_ref[r], k_ref[r]
   if half is None:
     return q, k, None
-  band = lambda s: d_ref[s + half].astype(jnp.float32)
+  t = q.shape[0]
+  band = lambda s: _rows(d_ref, s + half, t)[...].astype(jnp.float32)
   rot = lambda x: _rotate(x.astype(jnp.float32), band, half).astype(x.dtype)
   return rot(q), rot(k), band
 
@@ -464,7 +472,8 @@ def _backward_row(d, half, lift, scale, q_ref, k_ref, v_ref, d_ref, o_ref, g_ref
   if half is not None:
     x_q, x_k = q_ref[r].astype(jnp.float32), k_ref[r].astype(jnp.float32)
     for s in range(-half, half + 1):
-      dd_ref[s + half] += dq * _shift(x_q, s) + dk * _shift(x_k, s)
+      rows = _rows(dd_ref, s + half, dq.shape[0])
+      rows[...] += dq * _shift(x_q, s) + dk * _shift(x_k, s)
     dq, dk = _unrotate(dq, band, half), _unrotate(dk, band, half)
   write(r, dq, dk, dv)
   return carry
