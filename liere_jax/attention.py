@@ -31,6 +31,7 @@ and of the heads over 'model'.
 """
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -214,33 +215,31 @@ def _kernel_takes(numerics, ctx, shape, lift=None, band=0) -> bool:
           and attention_kernel.supported(heads // model, d, t, lift, band, numerics.vmem))
 
 
+class Entries(NamedTuple):
+  """Rotation blocks up to 8 as the attention kernel's band will read them (`band`): each
+  token's entries x [T' >= T, H, k b b] (tokens past q's padding) in the model's dtype."""
+  x: jax.Array
+  block: int
+
+  def band(self, head_dim: int) -> jax.Array:
+    b = self.block
+    return attention_kernel.band(self.x.reshape(self.x.shape[:2] + (-1, b, b)), head_dim)
+
+
 def _band(ctx, shape, dtype):
-  """The rotation of q and k as the attention kernel's band, which it applies itself (RoPE's
-  angles; blocks up to 8: path 'kernel, band'), as (build, x): the band is build(x), x [T, H,
-  ...] the context's data a token (the angles; the blocks' entries in dtype), which a mesh's
-  devices share by tokens (`_kernel_attention`); None where the kernel does not rotate (path
-  'kernel')."""
+  """The rotation of q and k that the attention kernel applies itself (path 'kernel, band'):
+  RoPE's band [3, T, H d] from its angles, built whole (cos and sin of small replicated angles);
+  blocks up to 8 as their `Entries`, whose band a mesh's devices build each for its share of
+  the tokens, where a TPU's exponential left them (`_kernel_attention`). None where the kernel
+  does not rotate (path 'kernel')."""
   heads, d = shape[2:]
   if isinstance(ctx, Angles):
-    angles = jnp.swapaxes(ctx.angles, 0, 1)  # [T, H or 1, k]
-    return (functools.partial(_pair_band, d, dtype),
-            jnp.broadcast_to(angles, (len(angles), heads, angles.shape[-1])))
+    return attention_kernel.pair_band(jnp.swapaxes(ctx.angles, 0, 1), heads, d, dtype)
   if not ctx.rotates:
     return None
-  # Every token of rot's (padding past q's: split over a mesh's 'data', each device builds its
-  # share; the kernel's caller slices the band to q's).
   rot = jnp.swapaxes(ctx.rot, 0, 1).astype(dtype)  # [T' >= T, H or 1, k, b, b]
-  entries = jnp.broadcast_to(rot, rot.shape[:1] + (heads,) + rot.shape[2:]).reshape(
-      len(rot), heads, -1)
-  return functools.partial(_block_band, d, ctx.block), entries
-
-
-def _pair_band(d, dtype, angles):
-  return attention_kernel.pair_band(angles, angles.shape[1], d, dtype)
-
-
-def _block_band(d, b, entries):
-  return attention_kernel.band(entries.reshape(entries.shape[:2] + (-1, b, b)), d)
+  return Entries(jnp.broadcast_to(rot, rot.shape[:1] + (heads,) + rot.shape[2:]).reshape(
+      len(rot), heads, -1), ctx.block)
 
 
 def _rotation_kernel_takes(ctx, shape) -> bool:
@@ -260,41 +259,44 @@ def _rows(ctx, shape):
 def _kernel_attention(xs, band, numerics, rot=None, scale=None):
   """The attention kernel of xs at `scale` (None: 1 / sqrt(d)): (q, k, v) [B, T, H, d] (q and k
   may be lifted: [B, T, H, d'], d' whole lane tiles) or ([B, T, 3, H, d],), q and k rotated by
-  `band` (`_band`'s (build, x), or None), or the latter's first rotated by the rotation kernel's
-  rows `rot` [H / n, T' >= T, d, n b] where given. On a mesh each device attends its part of the
-  batch (and of the heads, over 'model'), and builds the band of its share of the tokens
-  (padded to a multiple of 'data'), all-gathered for the kernel, its gradient reduce-scattered:
-  the band depends on the tokens alone, so no device builds all of it, nor sums the whole of
-  its gradient with the others. rot's tokens come split over 'data' where they divide
-  (rotations.liere_rotations' split_tokens): the rotation kernel gathers them."""
-  interpret = numerics.interpret
-  build, per_token = band or (None, None)
+  `band` ([n, T' >= T, H d], its first T rows read; `Entries`; or None), or the latter's first
+  rotated by the rotation kernel's rows `rot` [H / n, T' >= T, d, n b] where given. On a mesh
+  each device attends its part of the batch (and of the heads, over 'model'); it builds the
+  band of `Entries` for its share of the tokens (padded to a multiple of 'data'), all-gathered
+  for the kernel, its gradient reduce-scattered: no device builds the whole band or sums the
+  whole of its gradient with the others (docs/decisions/030). rot's tokens come split over
+  'data' where they divide (rotations.liere_rotations' split_tokens): the rotation kernel
+  gathers them."""
+  interpret, d = numerics.interpret, xs[-1].shape[-1]
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1:
-    return _kernel_call(xs, per_token, rot, build, interpret, None, None, scale)
   model, data = _model_axis(), 'data' if 'data' in mesh.axis_names else None
-  n = mesh.shape[data] if data else 1
+  n = mesh.shape[data] if data and not mesh.empty else 1
+  share = data if isinstance(band, Entries) and n > 1 else None
+  entries, block = (band.x, band.block) if share else (None, None)
+  if share:  # The tokens padded to a multiple of the devices.
+    band, entries = None, jnp.pad(entries, [(0, -len(entries) % n), (0, 0), (0, 0)])
+  elif isinstance(band, Entries):
+    band = band.band(d)
+  if mesh.empty or mesh.size == 1:
+    return _kernel_call(xs, band, None, rot, None, interpret, None, None, scale)
   gather = data if rot is not None and n > 1 and rot.shape[1] % n == 0 else None
-  share = data if build is not None and n > 1 else None
-  if share:
-    per_token = jnp.pad(per_token, [(0, -len(per_token) % n)] + [(0, 0)] * (per_token.ndim - 1))
   spec = {4: P(data, None, model, None), 5: P(data, None, None, model, None)}
-  fn = functools.partial(_kernel_call, build=build, interpret=interpret, gather=gather,
+  fn = functools.partial(_kernel_call, block=block, interpret=interpret, gather=gather,
                          share=share, scale=scale)
-  return jax.shard_map(fn, in_specs=(tuple(spec[a.ndim] for a in xs), P(share, model),
-                                     P(model, gather)),
-                       out_specs=spec[4], check_vma=False)(xs, per_token, rot)
+  return jax.shard_map(fn, in_specs=(tuple(spec[a.ndim] for a in xs), P(None, None, model),
+                                     P(share, model), P(model, gather)),
+                       out_specs=spec[4], check_vma=False)(xs, band, entries, rot)
 
 
-def _kernel_call(xs, per_token, rot, build, interpret, gather, share, scale):
+def _kernel_call(xs, band, entries, rot, block, interpret, gather, share, scale):
   if rot is not None:
     (qkv,) = xs
     b, t, _, h, d = qkv.shape
     out = rotation_kernel.attention(qkv.reshape(b, t, 3 * h * d), rot, interpret, gather)
     return out.reshape(b, t, h, d)
-  band = None if build is None else build(per_token)
   if share:  # The devices' shares of the tokens; the transpose reduce-scatters the gradient.
-    band = jax.lax.all_gather(band, share, axis=1, tiled=True)  # Its first T rows are read.
+    band = jax.lax.all_gather(Entries(entries, block).band(xs[-1].shape[-1]), share, axis=1,
+                              tiled=True)
   if len(xs) == 1:
     return attention_kernel.attention_qkv(xs[0], band, interpret=interpret)
   return attention_kernel.attention(*xs, band, interpret=interpret, scale=scale)

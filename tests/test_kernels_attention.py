@@ -248,6 +248,28 @@ def test_the_band_holds_each_block_s_diagonals(block):
   np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_on_a_mesh_each_device_builds_its_share_of_the_tokens_band():
+  """Over 4 'data' devices, 13 tokens: each device builds the band of its share of the tokens
+  (the entries of 4, the tokens padded to 16) inside the kernel's shard_map, all-gathered for
+  the kernel (which reads its first 13 rows: no slice); the gradient's transpose reduce-scatters
+  the band's gradient, and nothing of the band is psummed (it was built whole on every device,
+  its gradient summed over them). The equality with XLA on a mesh:
+  test_the_kernel_equals_xla_attention_after_the_rotation_forward_and_backward."""
+  rng = np.random.default_rng(3)
+  q = jnp.asarray(rng.standard_normal((4, 13, 2, 64)), jnp.float32)
+  rot = jnp.asarray(rng.standard_normal((2, 13, 8, 8, 8)), jnp.float32)
+  mesh = jax.make_mesh((4,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:4])
+
+  def loss(q, rot):
+    return jnp.sum(attention._kernel_attention((q, q, q), _band(rot, q), KERNEL))
+  with jax.set_mesh(mesh):
+    text = str(jax.make_jaxpr(jax.grad(loss, (0, 1)))(q, rot))
+  assert 'bf16' not in text and 'f32[4,2,512]' in text  # a device's 4 tokens' entries
+  assert 'all_gather' in text and 'f32[15,16,128]' in text  # the band, gathered to 16 tokens
+  assert 'reduce_scatter' in text and 'psum' not in text
+
+
 @pytest.mark.parametrize('fused', [True, False])
 def test_the_kernel_splits_heads_over_a_model_axis(fused):
   """On a ('data', 'model') mesh (model_parallel=2) each device attends its heads (2 of 4 heads

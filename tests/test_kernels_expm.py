@@ -286,15 +286,16 @@ def test_a_tpu_exponentiates_every_token_where_the_kernel_runs_them():
                              atol=2e-5)
 
 
-def test_small_blocks_keep_the_lattice_on_a_tpu_its_points_in_the_kernel():
-  """LieRE8 on a TPU: the lattice path (a 4 x 4 grid's 9 primitive points exponentiated, the
-  rest multiplied from the table; the attention kernel's band reads the tokens' blocks), its
-  exponentials the kernel in the entries layout: [8, 8, 1, 128] (L H k P = 2 x 2 x 9 = 36
-  matrices, padded to a row of 128), not every token's."""
+def test_small_blocks_on_a_tpu_exponentiate_every_token_in_the_entries_layout():
+  """LieRE8 on a TPU: every token's exponential (a 4 x 4 grid: 16, not the lattice's 9 primitive
+  points and a table), the kernel in the entries layout: [8, 8, 1, 128] (L H T k = 1 x 2 x 16 x 2
+  = 64 matrices, padded to a row of 128); on a mesh each chip exponentiates its share of the
+  tokens (docs/decisions/030)."""
   from liere_jax import positions
   pos = positions.grid_positions((4, 4), (4, 4), 'normalized')
   gens = jnp.asarray(np.random.default_rng(0).standard_normal((1, 2, 2, 2, 28)) / 4, jnp.float32)
-  assert rotations.path(plan('tpu'), 8, pos) == 'lattice'
+  assert rotations.path(plan('tpu'), 8, pos) == 'every token'
+  assert rotations.path(plan('cpu'), 8, pos) == 'lattice'
   fn = lambda g: rotations.liere_rotations(g, pos, 8, plan('tpu'))
   text = jax.jit(jax.grad(lambda g: jnp.sum(fn(g) ** 3))).trace(gens).lower(
       lowering_platforms=('tpu',)).as_text()
