@@ -62,10 +62,10 @@ def path(numerics: Numerics, ctx: LayerContext, shape) -> str:
 
 def _diagonals(ctx) -> int:
   """The diagonals of the band that rotates q and k inside the attention kernel (RoPE's 3, 2b - 1
-  for blocks of b up to MAX_BLOCK), 0 where the kernel does not rotate them itself."""
+  for blocks of b in BLOCKS), 0 where the kernel does not rotate them itself."""
   if isinstance(ctx, Angles):
     return 3
-  if isinstance(ctx, Rotate) and ctx.block <= attention_kernel.MAX_BLOCK:
+  if isinstance(ctx, Rotate) and ctx.block in attention_kernel.BLOCKS:
     return 2 * ctx.block - 1
   return 0
 
@@ -221,9 +221,10 @@ class Entries(NamedTuple):
   x: jax.Array
   block: int
 
-  def band(self, head_dim: int) -> jax.Array:
+  def array(self, head_dim: int) -> jax.Array:
+    """The kernel's entries [b, T', H d] (attention_kernel.entries)."""
     b = self.block
-    return attention_kernel.band(self.x.reshape(self.x.shape[:2] + (-1, b, b)), head_dim)
+    return attention_kernel.entries(self.x.reshape(self.x.shape[:2] + (-1, b, b)), head_dim)
 
 
 def _band(ctx, shape, dtype):
@@ -234,7 +235,7 @@ def _band(ctx, shape, dtype):
   does not rotate (path 'kernel')."""
   heads, d = shape[2:]
   if isinstance(ctx, Angles):
-    return attention_kernel.pair_band(jnp.swapaxes(ctx.angles, 0, 1), heads, d, dtype)
+    return attention_kernel.pair_entries(jnp.swapaxes(ctx.angles, 0, 1), heads, d, dtype)
   if not ctx.rotates:
     return None
   rot = jnp.swapaxes(ctx.rot, 0, 1).astype(dtype)  # [T' >= T, H or 1, k, b, b]
@@ -276,7 +277,7 @@ def _kernel_attention(xs, band, numerics, rot=None, scale=None):
   if share:  # The tokens padded to a multiple of the devices.
     band, entries = None, jnp.pad(entries, [(0, -len(entries) % n), (0, 0), (0, 0)])
   elif isinstance(band, Entries):
-    band = band.band(d)
+    band = band.array(d)
   if mesh.empty or mesh.size == 1:
     return _kernel_call(xs, band, None, rot, None, interpret, None, None, scale)
   gather = data if rot is not None and n > 1 and rot.shape[1] % n == 0 else None
@@ -295,7 +296,7 @@ def _kernel_call(xs, band, entries, rot, block, interpret, gather, share, scale)
     out = rotation_kernel.attention(qkv.reshape(b, t, 3 * h * d), rot, interpret, gather)
     return out.reshape(b, t, h, d)
   if share:  # The devices' shares of the tokens; the transpose reduce-scatters the gradient.
-    band = jax.lax.all_gather(Entries(entries, block).band(xs[-1].shape[-1]), share, axis=1,
+    band = jax.lax.all_gather(Entries(entries, block).array(xs[-1].shape[-1]), share, axis=1,
                               tiled=True)
   if len(xs) == 1:
     return attention_kernel.attention_qkv(xs[0], band, interpret=interpret)

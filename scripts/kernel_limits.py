@@ -21,7 +21,9 @@ def fits(device, tokens: int, band: int) -> bool:
   """Whether the kernel's forward and backward at these shapes compile for the device."""
   where = jax.sharding.SingleDeviceSharding(device)
   qkv = jax.ShapeDtypeStruct((8, tokens, 3, 12, 64), jnp.bfloat16, sharding=where)
-  diag = jax.ShapeDtypeStruct((max(band, 1), tokens, 12 * 64), jnp.bfloat16, sharding=where)
+  # The kernel takes blocks of b as their entries (b rows) and builds the band of n = 2b - 1.
+  diag = jax.ShapeDtypeStruct(((band + 1) // 2 or 1, tokens, 12 * 64), jnp.bfloat16,
+                              sharding=where)
   loss = lambda qkv, diag: attention_kernel.attention_qkv(
       qkv, diag if band else None).astype(jnp.float32).sum()
   step = jax.grad(loss, argnums=(0, 1) if band else 0)

@@ -193,10 +193,10 @@ def test_the_rows_the_kernel_takes_shrink_with_its_band_and_grow_with_the_chip_s
 
 def test_the_kernel_asks_for_the_wide_scope_only_past_the_default_s_rows():
   """The lowered TPU program's forward and backward carry WIDE_SCOPE's VMEM limit for LieRE8's
-  band at 785 tokens, and no limit (the compiler's default) at 368."""
+  band (its entries: 8 rows) at 785 tokens, and no limit (the compiler's default) at 368."""
   def lowered(t):
     qkv = jax.ShapeDtypeStruct((1, t, 3, 2, 64), jnp.bfloat16)
-    band = jax.ShapeDtypeStruct((15, t, 128), jnp.bfloat16)
+    band = jax.ShapeDtypeStruct((8, t, 128), jnp.bfloat16)
     loss = lambda q, b: attention_kernel.attention_qkv(q, b).astype(jnp.float32).sum()
     return jax.jit(jax.grad(loss, (0, 1))).trace(qkv, band).lower(
         lowering_platforms=('tpu',)).as_text()
@@ -221,30 +221,27 @@ def test_the_longest_rows_compile_for_the_tpu(scope, band):
   assert kernel_limits.fits(device, limits[band], band)
 
 
-def test_rope_s_band_from_its_angles_is_the_band_of_its_blocks():
-  """kernels.attention.pair_band (cos and sin, no 2 x 2 blocks) equals `band` of
+def test_rope_s_entries_from_its_angles_are_the_entries_of_its_blocks():
+  """kernels.attention.pair_entries (cos and sin, no 2 x 2 blocks) equals `entries` of
   angle_rotations' blocks in float32 and bf16, pass-through dims included, per head or shared."""
   angles = jax.random.normal(jax.random.key(0), (5, 1, 12)) * 3  # [T, 1, k]: shared by heads
   for dtype in (jnp.float32, jnp.bfloat16):
     rot = jnp.broadcast_to(rotations.angle_rotations(angles).astype(dtype), (5, 4, 12, 2, 2))
-    np.testing.assert_array_equal(attention_kernel.pair_band(angles, 4, 32, dtype),
-                                  attention_kernel.band(rot, 32))
+    np.testing.assert_array_equal(attention_kernel.pair_entries(angles, 4, 32, dtype),
+                                  attention_kernel.entries(rot, 32))
 
 
 @pytest.mark.parametrize('block', [2, 4, 8])
-def test_the_band_holds_each_block_s_diagonals(block):
-  """band: D_s[i] = R[i % b, i % b + s] inside a block, 0 across blocks, 1 / 0 on pass-through
-  dims; by an explicit loop over entries."""
+def test_the_entries_hold_each_dim_s_row_of_its_block(block):
+  """entries: E_m[i] = R[i % b, m] of dim i's block, the identity's on pass-through dims; by an
+  explicit loop (16 dims rotated of 24)."""
   rot = np.random.default_rng(block).standard_normal((3, 2, 16 // block, block, block))
-  got = np.asarray(attention_kernel.band(jnp.asarray(rot, jnp.float32), 20)).reshape(
-      2 * block - 1, 3, 2, 20)
+  got = np.asarray(attention_kernel.entries(jnp.asarray(rot, jnp.float32), 24)).reshape(
+      block, 3, 2, 24)
   want = np.zeros_like(got)
-  for s in range(-(block - 1), block):
-    want[s + block - 1, ..., 16:] = s == 0
-    for i in range(16):
-      r, c = i % block, i % block + s
-      if 0 <= c < block:
-        want[s + block - 1, :, :, i] = rot[:, :, i // block, r, c]
+  for m in range(block):
+    for i in range(24):
+      want[m, ..., i] = rot[:, :, i // block, i % block, m] if i < 16 else m == i % block
   np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
@@ -335,7 +332,7 @@ def test_the_cost_estimate_declares_what_the_kernel_does(block, fused, lift, mon
   x = jnp.zeros((b, t, width), jnp.bfloat16)
   q = x if lift is None else jnp.zeros((b, t, width // d * lift), jnp.bfloat16)
   xs = (jnp.zeros((b, t, 3 * width), jnp.bfloat16),) if fused else (q, q, x)
-  band = None if block is None else jnp.zeros((2 * block - 1, t, width), jnp.bfloat16)
+  band = None if block is None else jnp.zeros((block, t, width), jnp.bfloat16)
   for kernel, extra in ((attention_kernel._forward_kernel, ()),
                         (attention_kernel._backward_kernel, (x, x))):
     call, = kernel_count.pallas_calls(

@@ -24,10 +24,14 @@ softmax scale given (d**-0.5, not from q's width). A grid step then reads v's 12
 same 128 // d heads' lanes of q and k; each head's logits, dq and dk are products of its own
 tiles (slices, not masks), and the backward writes three arrays like its inputs.
 
-The rotation is a band of 2b - 1 diagonals along the head dims (blocks of b <= 8; RoPE's pairs
-are b = 2): q'[i] = sum_s D_s[i] q[i + s] (`band`), applied by lane shifts (`pltpu.roll`) to q
-and k as they are read; its gradient, the batch's sum of dq' q[. + s] + dk' k[. + s],
-accumulates on chip across the batch (the batch axis runs in order). On CPU the same kernels
+The rotation comes as its blocks' entries (blocks of b in BLOCKS; RoPE's pairs are b = 2):
+E_m[i] = R[r, m], r = i mod b the dim's row in its block (`entries`: b values a dim). At a lane
+tile's first batch step the kernel makes them the band of 2b - 1 diagonals along the head
+dims in VMEM (D_s[i] = E_{r + s}[i], by selects), then q'[i] = sum_s D_s[i] q[i + s], applied
+by lane shifts (`pltpu.roll`) to q and k as they are read; its gradient, the batch's sum of
+dq' q[. + s] + dk' k[. + s], accumulates on chip across the batch (the batch axis runs in
+order) and leaves as the entries' at the last step. HBM holds b values a dim, not 2b - 1 (LieRE8:
+8, not 15), and their gradient in their own dtype (docs/decisions/030). On CPU the same kernels
 run in interpret mode (tests).
 """
 import functools
@@ -42,7 +46,10 @@ from jax.experimental import pallas as pl
 from liere_jax.kernels.common import LANES, call_kw, in_hbm, nt as _nt, pltpu, vmem
 from liere_jax.kernels.common import Cost, estimate, padded
 
-MAX_BLOCK = 8  # Larger blocks rotate before the kernel (liere_jax.kernels.rotation or an einsum).
+# The blocks it rotates by (a lane's row in its block is its lane mod b); others rotate before
+# the kernel (liere_jax.kernels.rotation or an einsum).
+BLOCKS = (2, 4, 8)
+MAX_BLOCK = max(BLOCKS)
 # The most tokens a grid step's rows of logits fit in VMEM, by the scope the kernel runs in and
 # the band's diagonals n (0: no band; a band of n not listed takes the next listed above it):
 # deviceless compiles of the forward and backward at 12 heads of 64 in bf16, batch 8
@@ -91,45 +98,41 @@ def lifted(channels: int) -> int:
 
 
 @jax.named_scope('pe_rotate')  # The rotation's part of a step (bench.compile.SCOPES).
-def band(rot: jax.Array, head_dim: int) -> jax.Array:
-  """[T, H, k, b, b] block rotations -> the kernel's band [2b - 1, T, H * d] (D_s, s = -(b-1)
-  .. b-1), in rot's dtype; dims past k * b pass through (D_0 = 1). One product of each block's
-  b * b entries with a 0 / 1 selection (exact), so nothing of [..., b, b] is copied or sliced (a
-  TPU pads such minor dimensions to 8 x 128 tiles)."""
+def entries(rot: jax.Array, head_dim: int) -> jax.Array:
+  """[T, H, k, b, b] block rotations -> the kernel's entries [b, T, H * d]: E_m[i] = R[r, m]
+  for dim i, row r = i mod b of its block R, in rot's dtype; dims past k * b pass through (the
+  identity's entries). b a power of 2 up to 8 (a lane's row is its lane mod b); the kernel
+  turns them into the band of 2b - 1 diagonals on chip (`_build_band`)."""
   t, h, k, b, _ = rot.shape
-  sel = np.zeros((b * b, 2 * b - 1, b), np.float32)  # entry (r, r + s) -> D_s[r]
-  for s in range(-(b - 1), b):
-    for r in range(max(0, -s), min(b, b - s)):
-      sel[r * b + r + s, s + b - 1, r] = 1
-  precision = jax.lax.Precision.HIGHEST if rot.dtype == jnp.float32 else None
-  out = jnp.einsum('thke,esr->sthkr', rot.reshape(t, h, k, b * b), jnp.asarray(sel, rot.dtype),
-                   precision=precision).reshape(2 * b - 1, t, h, k * b)
+  out = jnp.moveaxis(rot, -1, 0).reshape(b, t, h, k * b)
   if k * b < head_dim:
-    rest = np.zeros((2 * b - 1, 1, 1, head_dim - k * b), np.float32)
-    rest[b - 1] = 1
-    out = jnp.concatenate([out, jnp.broadcast_to(jnp.asarray(rest, out.dtype),
-                                                 (2 * b - 1, t, h, head_dim - k * b))], -1)
-  return out.reshape(2 * b - 1, t, h * head_dim)
+    rest = np.arange(k * b, head_dim) % b == np.arange(b)[:, None]  # [b, d - k b]
+    out = jnp.concatenate([out, jnp.broadcast_to(jnp.asarray(rest[:, None, None], out.dtype),
+                                                 (b, t, h, head_dim - k * b))], -1)
+  return out.reshape(b, t, h * head_dim)
 
 
 @jax.named_scope('pe_rotate')
-def pair_band(angles: jax.Array, heads: int, head_dim: int, dtype) -> jax.Array:
-  """RoPE's band [3, T, H d] from its angles [T, H or 1, k] (pair j rotated by angle j; dims
-  past 2k pass through): `band` of angle_rotations' blocks, cos and sin rounded to dtype alike,
-  without them."""
+def pair_entries(angles: jax.Array, heads: int, head_dim: int, dtype) -> jax.Array:
+  """RoPE's entries [2, T, H d] from its angles [T, H or 1, k] (pair j rotated by angle j; dims
+  past 2k pass through): `entries` of angle_rotations' blocks, cos and sin rounded to dtype
+  alike, without them."""
   t, _, k = angles.shape
   a = jnp.repeat(jnp.broadcast_to(angles, (t, heads, k)), 2, axis=-1)  # [T, H, 2k]: per dim
   c, s = jnp.cos(a).astype(dtype), jnp.sin(a).astype(dtype)
   even = np.arange(2 * k) % 2 == 0
-  pad = lambda x, fill: jnp.pad(x, ((0, 0), (0, 0), (0, head_dim - 2 * k)),
-                                constant_values=fill).reshape(t, heads * head_dim)
-  # D_-1 = sin on the odd dims, D_0 = cos, D_1 = -sin on the even dims.
-  return jnp.stack([pad(jnp.where(even, 0, s), 0), pad(c, 1), pad(jnp.where(even, -s, 0), 0)])
+  rest = np.arange(head_dim - 2 * k) % 2  # Pass-through dims: the identity's rows 0, 1, 0, ..
+
+  def row(rotated, m):  # -> [T, H d]
+    tail = jnp.broadcast_to(jnp.asarray(rest == m, dtype), (t, heads, len(rest)))
+    return jnp.concatenate([rotated, tail], -1).reshape(t, heads * head_dim)
+  # [[c, -s], [s, c]]: E_0 = c on the even dims, s on the odd; E_1 = -s, c.
+  return jnp.stack([row(jnp.where(even, c, s), 0), row(jnp.where(even, -s, c), 1)])
 
 
 def attention(q, k, v, diag=None, interpret: bool = False, scale: Optional[float] = None):
-  """softmax(q' k'^T scale) v per head, q' and k' q and k rotated by the band `diag`
-  [2b - 1, T, H d] (`band`; None: not rotated). q, k, v [B, T, H, d] -> [B, T, H, d] in q's
+  """softmax(q' k'^T scale) v per head, q' and k' q and k rotated by blocks of b given as their
+  `entries` diag [b, T' >= T, H d] (their first T tokens read; None: not rotated). q, k, v [B, T, H, d] -> [B, T, H, d] in q's
   dtype; logits and softmax in float32, products of q's dtype. Differentiable in q, k, v and
   diag. q and k may be wider than v (a lift, e.g. PaPE's: [B, T, H, d'], d' `lifted`, no band):
   each head's q and k span whole lane tiles of their own, v its d lanes. scale: default
@@ -214,9 +217,11 @@ def _call(kernel, interpret, d, scale, xs, diag, out=None, g=None):
   grid = (blocks, batch // rows) + ((3,) if backward and one_grad else ())
   spec = lambda offset, n=LANES: pl.BlockSpec((rows, t, n), lambda j, i, *_: (i, 0, offset + j))
   rotated = diag is not None
-  n = diag.shape[0] if rotated else 1
-  # The band may hold more tokens than q (a mesh's shares, padded): its first t rows are read.
-  d_spec = pl.BlockSpec((n, diag.shape[1] if rotated else t, LANES), lambda j, *_: (0, 0, j))
+  b = diag.shape[0] if rotated else None  # The blocks' size: their entries' rows.
+  n = 2 * b - 1 if rotated else 0  # The band's diagonals.
+  # The entries may hold more tokens than q (a mesh's shares, padded): their first t are read.
+  t_band = diag.shape[1] if rotated else t
+  d_spec = pl.BlockSpec((b or 1, t_band, LANES), lambda j, *_: (0, 0, j))
   sources = _sources(len(xs), blocks)
   if len(xs) == 2 and not interpret:
     # Rotated q' and k' (liere_jax.kernels.rotation, in HBM) read from HBM as they are: the
@@ -239,13 +244,17 @@ def _call(kernel, interpret, d, scale, xs, diag, out=None, g=None):
     else:  # Three arrays like xs, written in one step.
       outs += [jax.ShapeDtypeStruct(x.shape, dtype) for x in xs]
       out_specs += [spec(0, lanes)] * 2 + [spec(0)]
-    if rotated:  # The band's gradient sums over the batch: into one tile, in order.
-      outs.append(jax.ShapeDtypeStruct(diag.shape, jnp.float32))
+    if rotated:  # The entries' gradient, from the band's summed over the batch in order.
+      outs.append(jax.ShapeDtypeStruct(diag.shape, diag.dtype))
       out_specs.append(d_spec)
-  kw = call_kw(interpret, ('parallel', 'arbitrary' if backward and rotated else 'parallel',
-                           'arbitrary')[:len(grid)], _scope(t, n if rotated else 0))
+  if rotated:  # The band, built at a lane tile's first batch step (and its gradient's sum).
+    scratch += [vmem((n, t_band, LANES), diag.dtype)] + (
+        [vmem((n, t_band, LANES), jnp.float32)] if backward else [])
+  # The batch in order where the band is built at its first step.
+  kw = call_kw(interpret, ('parallel', 'arbitrary' if rotated else 'parallel',
+                           'arbitrary')[:len(grid)], _scope(t, n))
   res = pl.pallas_call(
-      functools.partial(kernel, d, n // 2 if rotated else None, lift, rows,
+      functools.partial(kernel, d, b, lift, rows,
                         1 / math.sqrt(d) if scale is None else scale,
                         **({'fused': one_grad} if backward else {})),
       out_shape=outs, grid=grid, in_specs=in_specs, out_specs=out_specs,
@@ -263,7 +272,8 @@ _call_jit = jax.jit(_call, static_argnums=(0, 1, 2, 3))
 
 def cost(batch, tokens, width, d, dtype, band=None, backward=False, lift=None) -> Cost:
   """What a pass does (`_call`; common.Cost): q, k, v [batch, tokens, width] of dtype, heads of
-  d, rotated by `band` [n = 2b - 1, tokens, width] (None: not), or q and k lifted to `lift`
+  d, rotated by blocks of b given as their entries `band` [b, T' >= tokens, width] (the band of
+  n = 2b - 1 diagonals built from them on chip; None: not), or q and k lifted to `lift`
   lanes a head (`lifted`; None: not). A grid step's batch rows each run `_forward_kernel`'s
   (`_backward_row`'s) body on a lane tile of v: with e = T x 128 elements of it, l = T x T
   logits, 128 / d heads a tile, each head's logits, dq and dk of depth 128 (q masked to the
@@ -284,9 +294,12 @@ def cost(batch, tokens, width, d, dtype, band=None, backward=False, lift=None) -
       backward also its transpose on dq and dk (the same without x's conversions) and the
       band's gradient, sum_s dq x_q[. + s] + dk x_k[. + s] into its tile: 2 (n - 1) rolls, 2 n
       multiplies, 2 n adds and x_q, x_k in float32: (6 n - 2 + 2 c) e.
+  Once a lane tile (e_b = T' x 128): the band from the entries, b^2 selects (e_b each) and
+  their lanes' compares (128 each), the lanes' rows (128); backward again, and the gradient's
+  transpose to the entries (the same count) in the entries' dtype (cb b e_b).
   HBM: each grid step reads its rows of q, k, v (and out, dO) and writes theirs once; the
-  band's lane tile (and its float32 gradient's) once a tile (the batch runs inside a tile):
-  every array as laid out (tokens in whole tiles of rows)."""
+  entries' lane tile (and their gradient's, in their dtype) once a tile (the batch runs inside
+  a tile): every array as laid out (tokens in whole tiles of rows)."""
   e, l, nh = tokens * LANES, tokens * tokens, LANES // d
   c = int(jnp.dtype(dtype) != jnp.float32)
   depth, masked = lift or LANES, int(lift is None)
@@ -299,16 +312,18 @@ def cost(batch, tokens, width, d, dtype, band=None, backward=False, lift=None) -
     row += nh * ((1 + masked) * e + (5 + c) * l) + c * e
   array = batch * padded(tokens, dtype) * width * jnp.dtype(dtype).itemsize
   moved = (4 if backward else 2) * (array + array * e_q // e)  # v, out (dO, dv) and q, k
+  tiles = 0
   if band is not None:
-    n, cb = band.shape[0], int(band.dtype != jnp.float32)
+    b, t_band = band.shape[:2]  # The entries' tokens: q's or more (a mesh's shares, padded).
+    n, cb, e_band = 2 * b - 1, int(band.dtype != jnp.float32), t_band * LANES
     rotate = (3 * n - 2 + cb * n) * e
     row += 2 * (rotate + 2 * c * e) + (2 * rotate + (6 * n - 2 + 2 * c) * e if backward else 0)
-    rows_b = band.shape[1]  # The band's tokens (>= q's: a mesh's shares, padded).
-    moved += n * width * (padded(rows_b, band.dtype) * band.dtype.itemsize
-                          + (padded(rows_b, jnp.float32) * 4 if backward else 0))
+    build = b * b * (e_band + LANES) + LANES
+    tiles = width // LANES * (build + (build + cb * b * e_band if backward else 0))
+    moved += (2 if backward else 1) * b * width * padded(t_band, band.dtype) * band.dtype.itemsize
   rows = batch * width // LANES
   products = 3 * depth + 2 * LANES if backward else depth + LANES
-  return Cost(mxu_flops=rows * nh * 2 * l * products, vpu_ops=rows * row,
+  return Cost(mxu_flops=rows * nh * 2 * l * products, vpu_ops=rows * row + tiles,
               transcendentals=rows * nh * l, bytes=moved)
 
 
@@ -380,22 +395,52 @@ def _rows(ref, s, t):
   return ref.at[s] if ref.shape[1] == t else ref.at[s, pl.ds(0, t)]
 
 
-def _inputs(d_ref, half, q_ref, k_ref, r):
+def _lane_rows(b):
+  """Each lane's row in its block of b (b a power of 2 dividing 128): [1, 128] int32."""
+  return jax.lax.broadcasted_iota(jnp.int32, (1, LANES), 1) & (b - 1)
+
+
+def _build_band(e_ref, band_ref, b):
+  """The band's diagonals from the entries: D_s[i] = E_{r + s}[i] for lane i of row r, 0 where
+  r + s leaves the block (a select a entry row a diagonal; rounding none)."""
+  row = _lane_rows(b)
+  for s in range(-(b - 1), b):
+    out = None
+    for m in range(max(0, s), min(b, b + s)):  # rows r = m - s of the block
+      out = jnp.where(row == m - s, e_ref[m], 0 if out is None else out)
+    band_ref[s + b - 1] = out.astype(band_ref.dtype)
+
+
+def _entries_grad(dband_ref, de_ref, b):
+  """The transpose of _build_band: dE_m[i] = dD_{m - r}[i]."""
+  row = _lane_rows(b)
+  for m in range(b):
+    out = None
+    for s in range(m - (b - 1), m + 1):
+      out = jnp.where(row == m - s, dband_ref[s + b - 1], 0 if out is None else out)
+    de_ref[m] = out.astype(de_ref.dtype)
+
+
+def _inputs(band_ref, half, q_ref, k_ref, r):
   """q and k of batch row r, rotated (float32 rotation, then q's dtype), and the band reader."""
   q, k = q_ref[r], k_ref[r]
   if half is None:
     return q, k, None
   t = q.shape[0]
-  band = lambda s: _rows(d_ref, s + half, t)[...].astype(jnp.float32)
+  band = lambda s: _rows(band_ref, s + half, t)[...].astype(jnp.float32)
   rot = lambda x: _rotate(x.astype(jnp.float32), band, half).astype(x.dtype)
   return rot(q), rot(k), band
 
 
-def _forward_kernel(d, half, lift, rows, scale, q_ref, k_ref, v_ref, *refs):
-  d_ref, o_ref = refs if half is not None else (None,) + refs
+def _forward_kernel(d, b, lift, rows, scale, q_ref, k_ref, v_ref, *refs):
+  """b: the blocks' size where q and k rotate (refs: their entries, out, the band's scratch)."""
+  e_ref, o_ref, band_ref = refs if b else (None,) + refs + (None,)
+  half = b - 1 if b else None
+  if b:
+    pl.when(pl.program_id(1) == 0)(lambda: _build_band(e_ref, band_ref, b))
 
   def row(r, carry):
-    q, k, _ = _inputs(d_ref, half, q_ref, k_ref, r)
+    q, k, _ = _inputs(band_ref, half, q_ref, k_ref, r)
     v = v_ref[r]
     out = jnp.zeros(v.shape, jnp.float32)
     for q_h, k_h, mask in _heads(d, lift, q, k):
@@ -406,36 +451,44 @@ def _forward_kernel(d, half, lift, rows, scale, q_ref, k_ref, v_ref, *refs):
   jax.lax.fori_loop(0, rows, row, 0)
 
 
-def _backward_kernel(d, half, lift, rows, scale, q_ref, k_ref, v_ref, *refs, fused):
+def _backward_kernel(d, b, lift, rows, scale, q_ref, k_ref, v_ref, *refs, fused):
   """One array: grid step 0 computes, writes dq and keeps dk and dv (`stash`) for steps 1, 2;
-  three arrays: one step writes all three."""
-  rotated = half is not None
-  d_ref = refs[0] if rotated else None
+  three arrays: one step writes all three. Rotated (blocks of b): the band built at a lane
+  tile's first step, its gradient summed over the batch and written as the entries' at the
+  last."""
+  rotated = b is not None
+  half = b - 1 if rotated else None
+  e_ref = refs[0] if rotated else None
   o_ref, g_ref, *refs = refs[rotated:]
   outs, refs = refs[:1 if fused else 3], refs[1 if fused else 3:]
-  dd_ref = refs.pop(0) if rotated else None
-  write = (functools.partial(_write_fused, outs[0], refs[0]) if fused else
+  de_ref = refs.pop(0) if rotated else None
+  stash = refs.pop(0) if fused else None
+  band_ref, dband_ref = refs if rotated else (None, None)
+  write = (functools.partial(_write_fused, outs[0], stash) if fused else
            functools.partial(_write, outs))
 
   def compute():
     jax.lax.fori_loop(0, rows, functools.partial(_backward_row, d, half, lift, scale, q_ref,
-                                                 k_ref, v_ref, d_ref, o_ref, g_ref, dd_ref,
-                                                 write), 0)
-  first = pl.program_id(1) == 0  # (read here: interpret mode has no program_id under a when)
+                                                 k_ref, v_ref, band_ref, o_ref, g_ref,
+                                                 dband_ref, write), 0)
+  # (Read here: interpret mode has no program_id under a when.)
+  first, last = pl.program_id(1) == 0, pl.program_id(1) == pl.num_programs(1) - 1
+  part = pl.program_id(2) if fused else 0  # 0: compute, write dq, keep dk and dv; 1, 2: write.
   if rotated:
-    @pl.when(first & (pl.program_id(2) == 0 if fused else True))
+    @pl.when(first & (part == 0))
     def _():
-      dd_ref[...] = jnp.zeros_like(dd_ref)
-  if not fused:
+      _build_band(e_ref, band_ref, b)
+      dband_ref[...] = jnp.zeros_like(dband_ref)
+  if fused:
+    @pl.when(part > 0)
+    def _():
+      outs[0][...] = stash[part - 1]
+
+    pl.when(part == 0)(compute)
+  else:
     compute()
-    return
-  part = pl.program_id(2)  # 0: compute, write dq, keep dk and dv; 1, 2: write them.
-
-  @pl.when(part > 0)
-  def _():
-    outs[0][...] = refs[0][part - 1]
-
-  pl.when(part == 0)(compute)
+  if rotated:
+    pl.when(last & (part == 0))(lambda: _entries_grad(dband_ref, de_ref, b))
 
 
 def _write_fused(dx_ref, stash, r, dq, dk, dv):
@@ -448,9 +501,9 @@ def _write(refs, r, *grads):
     ref[r] = g.astype(ref.dtype)
 
 
-def _backward_row(d, half, lift, scale, q_ref, k_ref, v_ref, d_ref, o_ref, g_ref, dd_ref, write,
-                  r, carry):
-  q, k, band = _inputs(d_ref, half, q_ref, k_ref, r)
+def _backward_row(d, half, lift, scale, q_ref, k_ref, v_ref, band_ref, o_ref, g_ref, dband_ref,
+                  write, r, carry):
+  q, k, band = _inputs(band_ref, half, q_ref, k_ref, r)
   v, g = v_ref[r], g_ref[r]
   dv = jnp.zeros(v.shape, jnp.float32)
   dqs, dks = [], []
@@ -472,7 +525,7 @@ def _backward_row(d, half, lift, scale, q_ref, k_ref, v_ref, d_ref, o_ref, g_ref
   if half is not None:
     x_q, x_k = q_ref[r].astype(jnp.float32), k_ref[r].astype(jnp.float32)
     for s in range(-half, half + 1):
-      rows = _rows(dd_ref, s + half, dq.shape[0])
+      rows = _rows(dband_ref, s + half, dq.shape[0])
       rows[...] += dq * _shift(x_q, s) + dk * _shift(x_k, s)
     dq, dk = _unrotate(dq, band, half), _unrotate(dk, band, half)
   write(r, dq, dk, dv)
