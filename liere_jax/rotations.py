@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 from liere_jax import lattice
 from liere_jax.expm import expm, form as expm_form
-from liere_jax.kernels import expm as expm_kernel
+from liere_jax.kernels import attention as attention_kernel, expm as expm_kernel
 from liere_jax.numerics import Numerics
 
 
@@ -39,17 +39,23 @@ def path(numerics: Numerics, block: int, positions, lattice_ok: bool = True) -> 
   """How liere_rotations computes R(p) for these positions: 'lattice' (exponentials of the
   primitive points, the rest their powers: liere_jax.lattice) or 'every token' (one exponential a
   token: traced positions, off a lattice, blocks of 2, or `every_token_kernel`)."""
-  if every_token_kernel(numerics, block) or not lattice_ok or block <= 2 or lattice.lattice_plan(positions) is None:
+  if every_token_kernel(numerics, block, len(positions)) or not lattice_ok or block <= 2 or lattice.lattice_plan(positions) is None:
     return 'every token'
   return 'lattice'
 
 
-def every_token_kernel(numerics: Numerics, block: int) -> bool:
-  """Whether every token's exponential is the Pallas kernel (blocks of 3 and up: a TPU's), each
-  device of a mesh its share of the tokens': their one read and write, split, cost a TPU less
-  than the lattice table's products and gathers, replicated (`Numerics.every_token`;
-  docs/decisions/008, 030)."""
-  return numerics.every_token and block >= 3 and expm_form(numerics, block) == 'kernel'
+def every_token_kernel(numerics: Numerics, block: int, tokens: int) -> bool:
+  """Whether every token's exponential is the Pallas kernel (a TPU's), each device of a mesh
+  exponentiating its share of the tokens (`Numerics.every_token`): blocks of 16 and up (a
+  matrix at a time; the rotation kernel reads them split), and blocks the attention kernel
+  rotates by itself where it takes their band at these tokens on the plan's chip (LieRE8: its
+  band built from each chip's share, docs/decisions/030). Elsewhere XLA rotates small blocks
+  before attention, from the lattice's table (a table, replicated, costs XLA less than the
+  shares' [.., b, b] gathered)."""
+  if not (numerics.every_token and block >= 3 and expm_form(numerics, block) == 'kernel'):
+    return False
+  return (block >= expm_kernel.MIN_BLOCK
+          or attention_kernel.takes_band(block, tokens, numerics.vmem))
 
 
 def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
@@ -79,7 +85,8 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
   if how == 'lattice':
     return _lattice_rotations(generators, lattice.lattice_plan(positions), block, numerics)
   exp = lambda a: expm(a, numerics)
-  n = _data_devices() if split_tokens and every_token_kernel(numerics, block) else 1
+  n = (_data_devices() if split_tokens and every_token_kernel(numerics, block, len(positions))
+       else 1)
   pad = -len(positions) % n
   if pad:  # Position 0: the identity.
     known = lattice.concrete_positions(positions)

@@ -58,7 +58,7 @@ def test_each_platform_s_plan_is_what_its_lowered_program_runs(pe, platform):
     names = {'float32': 'HIGHEST', 'BF16_BF16_F32_X6': 'BF16_BF16_F32_X6'}
     assert summary['expm_dot_algorithms'] == [names[preset]], summary
   lattice = said['rotations'].startswith('lattice')
-  assert lattice == (platform != 'tpu' or pe == 'liere8')  # The TPU kernel: every token.
+  assert lattice == (platform != 'tpu')  # The TPU's exponential kernel: every token.
   assert ('liere_lattice' in text) == lattice
 
 
@@ -70,18 +70,21 @@ def test_the_plans_name_each_platform_s_forms():
   assert cuda['exponential'].startswith('select: XLA, products at BF16_BF16_F32_X6')
   assert tpu['exponential'].startswith('kernel: Pallas (Mosaic), entries layout')
   assert cpu['rotation'] == cuda['rotation'] == 'XLA: einsum, float32 sums'
-  assert tpu['rotation'].startswith('inside the attention kernel: a band of 15 diagonals')
+  assert tpu['rotation'].startswith("inside the attention kernel: the blocks' 8 entries a dim")
   assert (cpu['attention'].split(':')[0], cuda['attention'].split(':')[0],
           tpu['attention'].split(':')[0]) == ('xla', 'cudnn', 'kernel, band')
 
 
 def test_a_tpu_plan_for_a_chip_names_the_path_its_vmem_allows():
-  """UCF101's LieRE8 (785 tokens): its band past v4's VMEM (XLA rotates first, three products),
-  inside the kernel on v5e's (`bench plan --topology v5litepod-8`)."""
+  """UCF101's LieRE8 (785 tokens): its band past v4's VMEM (XLA rotates first, three products,
+  from the lattice's table), inside the kernel on v5e's (`bench plan --topology v5litepod-8`;
+  every token's exponential, each chip its share)."""
   config = helpers.load_config(helpers.ROOT + '/configs/ucf101.py', 'pe=liere8')
   least, v5e = plan_of(config, 'tpu'), plan_of(config, 'tpu', 'TPU v5 lite')
   assert least['attention'].startswith('kernel after xla') and least['qkv'] == 'three products'
   assert v5e['attention'].startswith('kernel, band') and v5e['qkv'] == 'one product'
+  assert least['rotations'].startswith('lattice')
+  assert v5e['rotations'].endswith('split over the data axis by tokens')
   assert v5e['platform'] == 'tpu (TPU v5 lite: 128 MiB of VMEM)'
 
 

@@ -97,9 +97,9 @@ def _liere(numerics, block, positions) -> dict:
     out['rotations'] = (f'lattice: {len(plan.primitives)} primitive points exponentiated, '
                         f'{plan.n_products} products (XLA, {products}) a (layer, head, block)')
   else:
+    split = rotations.every_token_kernel(numerics, block, len(positions))
     out['rotations'] = f'every token: {len(positions)} exponentials a stack' + (
-        ', split over the data axis by tokens' if rotations.every_token_kernel(numerics, block)
-        else '')
+        ', split over the data axis by tokens' if split else '')
   return out
 
 
@@ -127,8 +127,8 @@ def _application(numerics, ctx, path, dtype) -> str:
     return 'none' + (' (a logit bias)' if ctx.biased else '')
   if path == 'kernel, band':
     b = ctx.block
-    return (f'inside the attention kernel: a band of {2 * b - 1} diagonals in {dtype} by lane '
-            'shifts, float32 sums')
+    return (f'inside the attention kernel: the blocks\' {b} entries a dim in {dtype}, made a '
+            f'band of {2 * b - 1} diagonals on chip, by lane shifts, float32 sums')
   if path == 'rotation kernel':
     return (f'the rotation kernel: each token\'s 128 x 128 tile in {dtype}, float32 sums')
   if not isinstance(ctx, (encodings.Rotate, encodings.Angles)):

@@ -53,7 +53,8 @@ MAX_BLOCK = max(BLOCKS)
 # The most tokens a grid step's rows of logits fit in VMEM, by the scope the kernel runs in and
 # the band's diagonals n (0: no band; a band of n not listed takes the next listed above it):
 # deviceless compiles of the forward and backward at 12 heads of 64 in bf16, batch 8
-# (scripts/kernel_limits.py; docs/decisions/029). The compiler's default scope (16 MiB: v4's
+# (scripts/kernel_limits.py; docs/decisions/029, measured with the band in HBM; with its
+# entries there and the band in VMEM the limits compile: tests/test_kernels_attention.py). The compiler's default scope (16 MiB: v4's
 # whole VMEM) on v4; past it, the kernel asks for WIDE_SCOPE, which a chip with that much
 # (numerics.TPU_VMEM: v5e, v5p, v6e) grants. Longer rows keep XLA's attention, or (a band past
 # its rows) rotate by XLA before the kernel.
@@ -79,6 +80,13 @@ def supported(heads: int, head_dim: int, tokens: int, lift: Optional[int] = None
           and band <= max(MAX_TOKENS[scope]) and tokens <= _limit(scope, band)
           and (lift is None or (lift % LANES == 0 and tokens <= LIFT_TOKENS
                                 and tokens * LANES // head_dim * lift <= MAX_LIFT)))
+
+
+def takes_band(block: int, tokens: int, vmem: int = SCOPE) -> bool:
+  """Whether the kernel rotates by blocks of `block` itself at `tokens` on a chip of `vmem`
+  bytes of VMEM (their band's rows fit: `supported`'s rule for 2b - 1 diagonals)."""
+  scope = WIDE_SCOPE if vmem >= WIDE_SCOPE else SCOPE
+  return block in BLOCKS and tokens <= _limit(scope, 2 * block - 1)
 
 
 def _limit(scope: int, band: int) -> int:
