@@ -10,8 +10,8 @@ names it:
                         chosen while tracing on a GPU, XLA's otherwise);
   'kernel'              the Pallas attention kernel (liere_jax.kernels.attention), q, k and v read
                         in place from the qkv projection;
-  'kernel, band'        the same rotating q and k inside, by a band of diagonals (blocks up to 8:
-                        every RoPE, LieRE8);
+  'kernel, band'        the same rotating q and k inside (blocks of 2, 4, 8: every RoPE, LieRE8),
+                        read as the blocks' entries, the band of diagonals built on chip;
   'rotation kernel'     larger blocks (LieRE64) rotated by liere_jax.kernels.rotation first, which
                         runs the attention kernel after it;
   'kernel after xla'    the context applied by XLA, then the attention kernel;
@@ -216,8 +216,8 @@ def _kernel_takes(numerics, ctx, shape, lift=None, band=0) -> bool:
 
 
 class Entries(NamedTuple):
-  """Rotation blocks up to 8 as the attention kernel's band will read them (`band`): each
-  token's entries x [T' >= T, H, k b b] (tokens past q's padding) in the model's dtype."""
+  """Rotation blocks of 2, 4 or 8 on their way to the attention kernel: each token's entries
+  x [T' >= T, H, k b b] (tokens past q's padding) in the model's dtype."""
   x: jax.Array
   block: int
 
@@ -229,10 +229,10 @@ class Entries(NamedTuple):
 
 def _band(ctx, shape, dtype):
   """The rotation of q and k that the attention kernel applies itself (path 'kernel, band'):
-  RoPE's band [3, T, H d] from its angles, built whole (cos and sin of small replicated angles);
-  blocks up to 8 as their `Entries`, whose band a mesh's devices build each for its share of
-  the tokens, where a TPU's exponential left them (`_kernel_attention`). None where the kernel
-  does not rotate (path 'kernel')."""
+  RoPE's entries [2, T, H d] from its angles, built whole (cos and sin of small replicated
+  angles); blocks of 4 or 8 as their `Entries`, whose kernel entries a mesh's devices build each
+  for its share of the tokens, where a TPU's exponential left them (`_kernel_attention`). None
+  where the kernel does not rotate (path 'kernel')."""
   heads, d = shape[2:]
   if isinstance(ctx, Angles):
     return attention_kernel.pair_entries(jnp.swapaxes(ctx.angles, 0, 1), heads, d, dtype)
@@ -260,12 +260,13 @@ def _rows(ctx, shape):
 def _kernel_attention(xs, band, numerics, rot=None, scale=None):
   """The attention kernel of xs at `scale` (None: 1 / sqrt(d)): (q, k, v) [B, T, H, d] (q and k
   may be lifted: [B, T, H, d'], d' whole lane tiles) or ([B, T, 3, H, d],), q and k rotated by
-  `band` ([n, T' >= T, H d], its first T rows read; `Entries`; or None), or the latter's first
+  `band` (blocks' entries [b, T' >= T, H d], their first T tokens read: attention_kernel.entries;
+  `Entries`; or None), or the latter's first
   rotated by the rotation kernel's rows `rot` [H / n, T' >= T, d, n b] where given. On a mesh
-  each device attends its part of the batch (and of the heads, over 'model'); it builds the
-  band of `Entries` for its share of the tokens (padded to a multiple of 'data'), all-gathered
-  for the kernel, its gradient reduce-scattered: no device builds the whole band or sums the
-  whole of its gradient with the others (docs/decisions/030). rot's tokens come split over
+  each device attends its part of the batch (and of the heads, over 'model'); it makes the
+  kernel's entries of `Entries` for its share of the tokens (padded to a multiple of 'data'),
+  all-gathered for the kernel, their gradient reduce-scattered: no device builds all of them or
+  sums the whole of their gradient with the others (docs/decisions/030). rot's tokens come split over
   'data' where they divide (rotations.liere_rotations' split_tokens): the rotation kernel
   gathers them."""
   interpret, d = numerics.interpret, xs[-1].shape[-1]
