@@ -258,17 +258,16 @@ def _rows(ctx, shape):
 
 
 def _kernel_attention(xs, band, numerics, rot=None, scale=None):
-  """The attention kernel of xs at `scale` (None: 1 / sqrt(d)): (q, k, v) [B, T, H, d] (q and k
-  may be lifted: [B, T, H, d'], d' whole lane tiles) or ([B, T, 3, H, d],), q and k rotated by
-  `band` (blocks' entries [b, T' >= T, H d], their first T tokens read: attention_kernel.entries;
-  `Entries`; or None), or the latter's first
-  rotated by the rotation kernel's rows `rot` [H / n, T' >= T, d, n b] where given. On a mesh
-  each device attends its part of the batch (and of the heads, over 'model'); it makes the
-  kernel's entries of `Entries` for its share of the tokens (padded to a multiple of 'data'),
-  all-gathered for the kernel, their gradient reduce-scattered: no device builds all of them or
-  sums the whole of their gradient with the others (docs/decisions/030). rot's tokens come split over
-  'data' where they divide (rotations.liere_rotations' split_tokens): the rotation kernel
-  gathers them."""
+  """The attention kernel of xs at `scale` (None: 1 / sqrt(d)): (q, k, v) [B, T, H, d] (q and k may
+  be lifted: [B, T, H, d'], d' whole lane tiles) or ([B, T, 3, H, d],), q and k rotated by `band`
+  (blocks' entries [b, T' >= T, H d], their first T tokens read: attention_kernel.entries;
+  `Entries`; or None), or the latter's first rotated by the rotation kernel's rows `rot` [H / n,
+  T' >= T, d, n b] where given. On a mesh each device attends its part of the batch (and of the
+  heads, over 'model'); it makes the kernel's entries of `Entries` for its share of the tokens
+  (padded to a multiple of 'data'), all-gathered for the kernel, their gradient reduce-scattered:
+  no device builds all of them or sums the whole of their gradient with the others
+  (docs/decisions/030). rot's tokens come split over 'data' where they divide
+  (rotations.liere_rotations' split_tokens): the rotation kernel gathers them."""
   interpret, d = numerics.interpret, xs[-1].shape[-1]
   mesh = jax.sharding.get_abstract_mesh()
   model, data = _model_axis(), 'data' if 'data' in mesh.axis_names else None

@@ -38,8 +38,8 @@ class Numerics:
   expm: str  # XLA's exponential (EXPM_FORMS): 'cond' one scale a chunk and lax.cond squarings,
   # 'loop' one scale a stack and a while loop, 'select' a scale a matrix and capped selects.
   expm_kernel: bool  # The Pallas exponential (liere_jax.kernels.expm) where it takes the blocks.
-  every_token: bool  # Blocks the Pallas exponential takes (3 and up): every token's exponential,
-  # split over 'data' by tokens, not the lattice's table (liere_jax.rotations.path).
+  every_token: bool  # Every token's exponential by the Pallas kernel, split over 'data' by
+  # tokens, not the lattice's table, for the blocks rotations.every_token_kernel names.
   chunk_bytes: int  # 'cond' (and 'loop' on CPU) exponentiate stacks in chunks of this size.
   products: dots.Dots  # The exponential's and the lattice table's matrix products.
   elementwise_blocks: int  # Products of blocks up to this size as float32 multiply-adds.

@@ -39,7 +39,8 @@ def path(numerics: Numerics, block: int, positions, lattice_ok: bool = True) -> 
   """How liere_rotations computes R(p) for these positions: 'lattice' (exponentials of the
   primitive points, the rest their powers: liere_jax.lattice) or 'every token' (one exponential a
   token: traced positions, off a lattice, blocks of 2, or `every_token_kernel`)."""
-  if every_token_kernel(numerics, block, len(positions)) or not lattice_ok or block <= 2 or lattice.lattice_plan(positions) is None:
+  if (every_token_kernel(numerics, block, len(positions)) or not lattice_ok or block <= 2
+      or lattice.lattice_plan(positions) is None):
     return 'every token'
   return 'lattice'
 

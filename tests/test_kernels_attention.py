@@ -340,6 +340,11 @@ def test_the_cost_estimate_declares_what_the_kernel_does(block, fused, lift, mon
         band)
     assert call.params['grid_mapping'].grid[1] == 3
     _assert_declared(call, kernel_count.count(call))
+  if block is not None:  # The band is built at a lane tile's first batch step: the batch in order.
+    tpu, = kernel_count.pallas_calls(
+        lambda xs, band: attention_kernel._call(attention_kernel._forward_kernel, False, d, None,
+                                                xs, band), xs, band)
+    assert tpu.params['compiler_params'].dimension_semantics == ('parallel', 'arbitrary')
 
 
 def _assert_declared(call, counted):

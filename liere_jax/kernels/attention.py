@@ -50,14 +50,13 @@ from liere_jax.kernels.common import Cost, estimate, padded
 # the kernel (liere_jax.kernels.rotation or an einsum).
 BLOCKS = (2, 4, 8)
 MAX_BLOCK = max(BLOCKS)
-# The most tokens a grid step's rows of logits fit in VMEM, by the scope the kernel runs in and
-# the band's diagonals n (0: no band; a band of n not listed takes the next listed above it):
-# deviceless compiles of the forward and backward at 12 heads of 64 in bf16, batch 8
-# (scripts/kernel_limits.py; docs/decisions/029, measured with the band in HBM; with its
-# entries there and the band in VMEM the limits compile: tests/test_kernels_attention.py). The compiler's default scope (16 MiB: v4's
-# whole VMEM) on v4; past it, the kernel asks for WIDE_SCOPE, which a chip with that much
-# (numerics.TPU_VMEM: v5e, v5p, v6e) grants. Longer rows keep XLA's attention, or (a band past
-# its rows) rotate by XLA before the kernel.
+# The most tokens a grid step's rows of logits fit in VMEM, by the scope the kernel runs in and the
+# band's diagonals n (0: no band; a band of n not listed takes the next listed above it): deviceless
+# compiles of the forward and backward at 12 heads of 64 in bf16, batch 8 (scripts/kernel_limits.py;
+# docs/decisions/029 and 030; tests/test_kernels_attention.py compiles each). The compiler's default
+# scope (16 MiB: v4's whole VMEM) on v4; past it, the kernel asks for WIDE_SCOPE, which a chip with
+# that much (numerics.TPU_VMEM: v5e, v5p, v6e) grants. Longer rows keep XLA's attention, or (a band
+# past its rows) rotate by XLA before the kernel.
 SCOPE, WIDE_SCOPE = 16 * 2**20, 64 * 2**20
 MAX_TOKENS = {SCOPE: {0: 1024, 3: 832, 7: 624, 15: 368},
               WIDE_SCOPE: {0: 2048, 3: 2016, 7: 1728, 15: 1344}}
@@ -75,7 +74,7 @@ def supported(heads: int, head_dim: int, tokens: int, lift: Optional[int] = None
   of `band` diagonals, 0: none). lift: each head's channels of q and k where wider than v's d
   (`lifted`: a multiple of 128), whose 128 / d heads a grid step hold at most MAX_LIFT tokens x
   lanes (ViT-B/16's 197 tokens: PaPE's 256 lanes a head of 64 or of 32), in the default scope."""
-  scope = WIDE_SCOPE if vmem >= WIDE_SCOPE and lift is None else SCOPE
+  scope = _chip_scope(vmem) if lift is None else SCOPE
   return (LANES % head_dim == 0 and (heads * head_dim) % LANES == 0 and head_dim >= 8
           and band <= max(MAX_TOKENS[scope]) and tokens <= _limit(scope, band)
           and (lift is None or (lift % LANES == 0 and tokens <= LIFT_TOKENS
@@ -85,8 +84,12 @@ def supported(heads: int, head_dim: int, tokens: int, lift: Optional[int] = None
 def takes_band(block: int, tokens: int, vmem: int = SCOPE) -> bool:
   """Whether the kernel rotates by blocks of `block` itself at `tokens` on a chip of `vmem`
   bytes of VMEM (their band's rows fit: `supported`'s rule for 2b - 1 diagonals)."""
-  scope = WIDE_SCOPE if vmem >= WIDE_SCOPE else SCOPE
-  return block in BLOCKS and tokens <= _limit(scope, 2 * block - 1)
+  return block in BLOCKS and tokens <= _limit(_chip_scope(vmem), 2 * block - 1)
+
+
+def _chip_scope(vmem: int) -> int:
+  """The widest scope a chip of `vmem` bytes of VMEM grants the kernel."""
+  return WIDE_SCOPE if vmem >= WIDE_SCOPE else SCOPE
 
 
 def _limit(scope: int, band: int) -> int:
@@ -140,11 +143,11 @@ def pair_entries(angles: jax.Array, heads: int, head_dim: int, dtype) -> jax.Arr
 
 def attention(q, k, v, diag=None, interpret: bool = False, scale: Optional[float] = None):
   """softmax(q' k'^T scale) v per head, q' and k' q and k rotated by blocks of b given as their
-  `entries` diag [b, T' >= T, H d] (their first T tokens read; None: not rotated). q, k, v [B, T, H, d] -> [B, T, H, d] in q's
-  dtype; logits and softmax in float32, products of q's dtype. Differentiable in q, k, v and
-  diag. q and k may be wider than v (a lift, e.g. PaPE's: [B, T, H, d'], d' `lifted`, no band):
-  each head's q and k span whole lane tiles of their own, v its d lanes. scale: default
-  1 / sqrt(d), v's head size (not q's)."""
+  `entries` diag [b, T' >= T, H d] (their first T tokens read; None: not rotated). q, k, v [B,
+  T, H, d] -> [B, T, H, d] in q's dtype; logits and softmax in float32, products of q's dtype.
+  Differentiable in q, k, v and diag. q and k may be wider than v (a lift, e.g. PaPE's: [B, T,
+  H, d'], d' `lifted`, no band): each head's q and k span whole lane tiles of their own, v its d
+  lanes. scale: default 1 / sqrt(d), v's head size (not q's)."""
   b, t, h, d = v.shape
   flat = lambda a: a.reshape(b, t, -1)
   return _attention(interpret, d, scale, (flat(q), flat(k), flat(v)), diag).reshape(b, t, h, d)
