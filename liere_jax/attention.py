@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from liere_jax.encodings.base import Angles, LayerContext, Rotate
+from liere_jax.encodings.base import Angles, LayerContext, Rotate, RotateEntries
 from liere_jax.kernels import attention as attention_kernel, rotation as rotation_kernel
 from liere_jax.numerics import Numerics
 
@@ -65,7 +65,7 @@ def _diagonals(ctx) -> int:
   for blocks of b in BLOCKS), 0 where the kernel does not rotate them itself."""
   if isinstance(ctx, Angles):
     return 3
-  if isinstance(ctx, Rotate) and ctx.block in attention_kernel.BLOCKS:
+  if isinstance(ctx, (Rotate, RotateEntries)) and ctx.block in attention_kernel.BLOCKS:
     return 2 * ctx.block - 1
   return 0
 
@@ -97,7 +97,7 @@ def split_qkv(numerics: Numerics, ctx: LayerContext, shape) -> bool:
   """Whether q, k and v come from three products, not one: where the plan asks for it and XLA
   rotates q and k first, blocks above 8 or before the attention kernel ('kernel after xla'; the
   kernels take the rest in place)."""
-  if not (numerics.split_qkv and isinstance(ctx, Rotate) and ctx.block > 2):
+  if not (numerics.split_qkv and isinstance(ctx, (Rotate, RotateEntries)) and ctx.block > 2):
     return False
   how = path(numerics, ctx, shape)
   return how == 'kernel after xla' or (
@@ -215,32 +215,28 @@ def _kernel_takes(numerics, ctx, shape, lift=None, band=0) -> bool:
           and attention_kernel.supported(heads // model, d, t, lift, band, numerics.vmem))
 
 
-class Entries(NamedTuple):
-  """Rotation blocks of 2, 4 or 8 on their way to the attention kernel: each token's entries
-  x [T' >= T, H, k b b] (tokens past q's padding) in the model's dtype."""
-  x: jax.Array
-  block: int
-
-  def array(self, head_dim: int) -> jax.Array:
-    """The kernel's entries [b, T', H d] (attention_kernel.entries)."""
-    b = self.block
-    return attention_kernel.entries(self.x.reshape(self.x.shape[:2] + (-1, b, b)), head_dim)
+class Shares(NamedTuple):
+  """The kernel's entries [b, T', H d] split over a mesh's 'data' axis by tokens (T' a multiple
+  of its devices: rotations.liere_entries), gathered where the kernel reads them."""
+  entries: jax.Array
 
 
 def _band(ctx, shape, dtype):
   """The rotation of q and k that the attention kernel applies itself (path 'kernel, band'):
-  RoPE's entries [2, T, H d] from its angles, built whole (cos and sin of small replicated
-  angles); blocks of 4 or 8 as their `Entries`, whose kernel entries a mesh's devices build each
-  for its share of the tokens, where a TPU's exponential left them (`_kernel_attention`). None
-  where the kernel does not rotate (path 'kernel')."""
+  its entries [b, T' >= T, H d] (attention_kernel.entries), RoPE's from its angles and other
+  blocks from `rot`, built whole, or `RotateEntries`' as they come, split by tokens (`Shares`).
+  None where the kernel does not rotate (path 'kernel')."""
   heads, d = shape[2:]
   if isinstance(ctx, Angles):
     return attention_kernel.pair_entries(jnp.swapaxes(ctx.angles, 0, 1), heads, d, dtype)
+  if isinstance(ctx, RotateEntries):  # Heads shared: [b, T', d] for every head.
+    e = ctx.entries.astype(dtype)
+    return Shares(jnp.tile(e, (1, 1, heads * d // e.shape[-1])))
   if not ctx.rotates:
     return None
   rot = jnp.swapaxes(ctx.rot, 0, 1).astype(dtype)  # [T' >= T, H or 1, k, b, b]
-  return Entries(jnp.broadcast_to(rot, rot.shape[:1] + (heads,) + rot.shape[2:]).reshape(
-      len(rot), heads, -1), ctx.block)
+  return attention_kernel.entries(jnp.broadcast_to(rot, rot.shape[:1] + (heads,) + rot.shape[2:]),
+                                  d)
 
 
 def _rotation_kernel_takes(ctx, shape) -> bool:
@@ -260,44 +256,40 @@ def _rows(ctx, shape):
 def _kernel_attention(xs, band, numerics, rot=None, scale=None):
   """The attention kernel of xs at `scale` (None: 1 / sqrt(d)): (q, k, v) [B, T, H, d] (q and k may
   be lifted: [B, T, H, d'], d' whole lane tiles) or ([B, T, 3, H, d],), q and k rotated by `band`
-  (blocks' entries [b, T' >= T, H d], their first T tokens read: attention_kernel.entries;
-  `Entries`; or None), or the latter's first rotated by the rotation kernel's rows `rot` [H / n,
-  T' >= T, d, n b] where given. On a mesh each device attends its part of the batch (and of the
-  heads, over 'model'); it makes the kernel's entries of `Entries` for its share of the tokens
-  (padded to a multiple of 'data'), all-gathered for the kernel, their gradient reduce-scattered:
-  no device builds all of them or sums the whole of their gradient with the others
-  (docs/decisions/030). rot's tokens come split over 'data' where they divide
-  (rotations.liere_rotations' split_tokens): the rotation kernel gathers them."""
-  interpret, d = numerics.interpret, xs[-1].shape[-1]
+  (blocks' entries [b, T' >= T, H d], their first T tokens read: attention_kernel.entries; or
+  `Shares` of them; or None), or the latter's first rotated by the rotation kernel's rows `rot`
+  [H / n, T' >= T, d, n b] where given. On a mesh each device attends its part of the batch (and
+  of the heads, over 'model'); `Shares` come in split by tokens, all-gathered for the kernel,
+  their gradient reduce-scattered: no device holds every token's before the kernel or sums the
+  whole of their gradient with the others (docs/decisions/030). rot's tokens come split over
+  'data' where they divide (rotations.liere_rotations' split_tokens): the rotation kernel
+  gathers them."""
+  interpret = numerics.interpret
   mesh = jax.sharding.get_abstract_mesh()
   model, data = _model_axis(), 'data' if 'data' in mesh.axis_names else None
   n = mesh.shape[data] if data and not mesh.empty else 1
-  share = data if isinstance(band, Entries) and n > 1 else None
-  entries, block = (band.x, band.block) if share else (None, None)
-  if share:  # The tokens padded to a multiple of the devices.
-    band, entries = None, jnp.pad(entries, [(0, -len(entries) % n), (0, 0), (0, 0)])
-  elif isinstance(band, Entries):
-    band = band.array(d)
+  share = data if isinstance(band, Shares) and n > 1 else None
+  if isinstance(band, Shares):
+    band = band.entries
   if mesh.empty or mesh.size == 1:
-    return _kernel_call(xs, band, None, rot, None, interpret, None, None, scale)
+    return _kernel_call(xs, band, rot, interpret, None, None, scale)
   gather = data if rot is not None and n > 1 and rot.shape[1] % n == 0 else None
   spec = {4: P(data, None, model, None), 5: P(data, None, None, model, None)}
-  fn = functools.partial(_kernel_call, block=block, interpret=interpret, gather=gather,
-                         share=share, scale=scale)
-  return jax.shard_map(fn, in_specs=(tuple(spec[a.ndim] for a in xs), P(None, None, model),
-                                     P(share, model), P(model, gather)),
-                       out_specs=spec[4], check_vma=False)(xs, band, entries, rot)
+  fn = functools.partial(_kernel_call, interpret=interpret, gather=gather, share=share,
+                         scale=scale)
+  return jax.shard_map(fn, in_specs=(tuple(spec[a.ndim] for a in xs), P(None, share, model),
+                                     P(model, gather)),
+                       out_specs=spec[4], check_vma=False)(xs, band, rot)
 
 
-def _kernel_call(xs, band, entries, rot, block, interpret, gather, share, scale):
+def _kernel_call(xs, band, rot, interpret, gather, share, scale):
   if rot is not None:
     (qkv,) = xs
     b, t, _, h, d = qkv.shape
     out = rotation_kernel.attention(qkv.reshape(b, t, 3 * h * d), rot, interpret, gather)
     return out.reshape(b, t, h, d)
   if share:  # The devices' shares of the tokens; the transpose reduce-scatters the gradient.
-    band = jax.lax.all_gather(Entries(entries, block).array(xs[-1].shape[-1]), share, axis=1,
-                              tiled=True)
+    band = jax.lax.all_gather(band, share, axis=1, tiled=True)
   if len(xs) == 1:
     return attention_kernel.attention_qkv(xs[0], band, interpret=interpret)
   return attention_kernel.attention(*xs, band, interpret=interpret, scale=scale)

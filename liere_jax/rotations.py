@@ -86,28 +86,114 @@ def liere_rotations(generators: jax.Array, positions: jax.Array, block: int,
   if how == 'lattice':
     return _lattice_rotations(generators, lattice.lattice_plan(positions), block, numerics)
   exp = lambda a: expm(a, numerics)
-  n = (_data_devices() if split_tokens and every_token_kernel(numerics, block, len(positions))
-       else 1)
+  if not (split_tokens and every_token_kernel(numerics, block, len(positions))):
+    return split_over_data(exp, liere_generators(generators, positions, block))
+  return _split_tokens(lambda g, pos: exp(liere_generators(g, pos, block)), generators,
+                       positions)
+
+
+def entries_path(numerics: Numerics, block: int, tokens: int) -> bool:
+  """Whether LieRE's rotations go to the attention kernel as its entries (`liere_entries`): the
+  every-token exponential of blocks the kernel rotates by itself (`every_token_kernel`), under a
+  plan that attends by the kernel."""
+  return (numerics.attention == 'kernel' and block < expm_kernel.MIN_BLOCK
+          and every_token_kernel(numerics, block, tokens))
+
+
+def liere_entries(generators: jax.Array, positions: jax.Array, block: int, head_dim: int,
+                  numerics: Numerics, dtype) -> jax.Array:
+  """R(p) of every token as the attention kernel reads them (`entries_path`; its entries,
+  liere_jax.kernels.attention.entries): [L, b, T', H d] in dtype, E[l, m, t, h d + c b + i] =
+  R[i, m] of block c of head h at token t (dims past the blocks: the identity's).
+
+  The generators' sums are made, exponentiated (kernels.expm.expm_entries) and handed on laid
+  out entries first, and their dims interleaved by a product with a permutation (exact: bf16
+  parts of x against 0 and 1, float32 sums): no array of [.., b, b] minor dimensions, which a
+  TPU pads to 128 lanes (16x LieRE8's bytes, each way). On a mesh each device of 'data' makes
+  its share of the tokens (T' the tokens padded to a multiple of its devices by position 0, the
+  identity) and the result stays split by tokens (axis 2): the attention kernel gathers a
+  layer's (docs/decisions/031).
+  """
+  run = functools.partial(_entries, block=block, head_dim=head_dim, numerics=numerics,
+                          dtype=dtype)
+  return _split_tokens(run, generators, positions)
+
+
+def _entries(generators, positions, block, head_dim, numerics, dtype):
+  """liere_entries of these tokens."""
+  l, h, n, k, _ = generators.shape
+  b, t = block, positions.shape[0]
+  gens = skew(jnp.asarray(generators, jnp.float32), b)  # [L, H, n, k, b, b]
+  gens = jnp.transpose(gens, (4, 5, 0, 2, 1, 3)).reshape(b * b * l, n, h * k)
+  a = jnp.einsum('tn,xny->xty', positions, gens, precision=jax.lax.Precision.HIGHEST)
+  r = expm_kernel.expm_entries(a.reshape(b, b, -1), numerics)  # [i, j, L T H k]
+  x = jnp.transpose(r.reshape(b, b, l, t, h * k), (2, 1, 3, 0, 4))  # [L, j, T, i, H k]
+  out = _interleave(x.reshape(l, b, t, b * h * k), (b, h, k, head_dim), jnp.dtype(dtype))
+  if k * b < head_dim:  # The identity's entries past the blocks.
+    rest = np.zeros((b, h, head_dim), np.float32)
+    rest[:, :, k * b:] = np.arange(k * b, head_dim) % b == np.arange(b)[:, None, None]
+    out = out + jnp.asarray(rest.reshape(1, b, 1, h * head_dim), dtype)
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def _permutation(b, h, k, head_dim):
+  """[b h k, h head_dim]: entry (i, h, c) of a token's rows to dim c b + i of head h."""
+  perm = np.zeros((b, h, k, h, head_dim), np.float32)
+  i, hh, c = np.meshgrid(np.arange(b), np.arange(h), np.arange(k), indexing='ij')
+  perm[i, hh, c, hh, c * b + i] = 1
+  return perm.reshape(b * h * k, h * head_dim)
+
+
+def _permute(x, perm):
+  """x [.., n] @ perm [n, m] (0s and 1s) exactly, in float32: x's bf16 parts (one for bf16,
+  three for float32: 8 bits of the significand each) against bf16 0s and 1s, float32 sums."""
+  perm, out = jnp.asarray(perm, jnp.bfloat16), 0
+  for _ in range(1 if x.dtype == jnp.bfloat16 else 3):
+    part = x.astype(jnp.bfloat16)
+    out = out + jnp.dot(part, perm, preferred_element_type=jnp.float32)
+    x = x - part.astype(x.dtype)
+  return out
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _interleave(x, dims, dtype):
+  """x [.., (i, h, c)] (float32) -> [.., (h, c b + i)] in dtype (`_permutation`); its transpose
+  the inverse permutation of the cotangent, exact in its dtype."""
+  return _permute(x, _permutation(*dims)).astype(dtype)
+
+
+def _interleave_fwd(x, dims, dtype):
+  return _interleave(x, dims, dtype), None
+
+
+def _interleave_bwd(dims, dtype, _, g):
+  del dtype
+  return _permute(g, _permutation(*dims).T),
+
+
+_interleave.defvjp(_interleave_fwd, _interleave_bwd)
+
+
+_TOKENS = P(None, None, 'data')  # [L, H or b, T, ...] split by tokens.
+
+
+def _split_tokens(fn, generators, positions):
+  """fn(generators, positions) for positions [T, n], each device of the context mesh's 'data'
+  axis its share of the tokens (T padded to a multiple of its devices by position 0, the
+  identity); the result [L, ., T, ...] stays split by tokens."""
+  n = _data_devices()
   pad = -len(positions) % n
-  if pad:  # Position 0: the identity.
+  if pad:
     known = lattice.concrete_positions(positions)
     xp, positions = (jnp, positions) if known is None else (np, known.astype(np.float32))
     positions = xp.concatenate([positions, xp.zeros((pad, positions.shape[1]), np.float32)])
+  positions = jnp.asarray(positions, jnp.float32)
   if n == 1:
-    return split_over_data(exp, liere_generators(generators, positions, block))
-  return jax.lax.with_sharding_constraint(
-      _split_tokens(exp, generators, positions, block), _TOKENS)
-
-
-_TOKENS = P(None, None, 'data')  # [L, H, T, ...] split by tokens.
-
-
-def _split_tokens(exp, generators, positions, block):
-  """exp of liere_generators, each device of 'data' its tokens' (T a multiple of its size); the
-  result stays split."""
-  run = lambda g, pos: exp(liere_generators(g, pos, block))
-  return jax.shard_map(run, in_specs=(P(), P('data')), out_specs=_TOKENS,
-                       check_vma=False)(generators, jnp.asarray(positions, jnp.float32))
+    return fn(generators, positions)
+  out = jax.shard_map(fn, in_specs=(P(), P('data')), out_specs=_TOKENS,
+                      check_vma=False)(generators, positions)
+  return jax.lax.with_sharding_constraint(out, _TOKENS)
 
 
 def _data_devices():

@@ -84,7 +84,8 @@ def test_a_tpu_plan_for_a_chip_names_the_path_its_vmem_allows():
   assert least['attention'].startswith('kernel after xla') and least['qkv'] == 'three products'
   assert v5e['attention'].startswith('kernel, band') and v5e['qkv'] == 'one product'
   assert least['rotations'].startswith('lattice')
-  assert v5e['rotations'].endswith('split over the data axis by tokens')
+  assert ('split over the data axis by tokens, made and handed to the attention kernel as its '
+          'entries') in v5e['rotations']
   assert v5e['platform'] == 'tpu (TPU v5 lite: 128 MiB of VMEM)'
 
 

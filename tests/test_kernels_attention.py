@@ -2,6 +2,8 @@
 plan with attention='kernel'), against XLA's attention and the XLA rotations; the model's train
 step either way; its TPU compile (the tpu plan); its cost estimate against a count of the
 traced kernel."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +11,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from liere_jax import attention, rotations
-from liere_jax.encodings.base import Lift, Rotate
+from liere_jax.encodings.base import Lift, Rotate, RotateEntries
 from liere_jax.kernels import attention as attention_kernel
 from liere_jax.kernels.common import DECLARED, LANES
 from liere_jax.numerics import plan
@@ -72,13 +74,15 @@ def test_the_kernel_equals_xla_attention_after_the_rotation_forward_and_backward
   _close(run(kernel), run(xla))
 
 
-@pytest.mark.parametrize('pe, split_qkv, kernel', [
-    ('abs', False, (1, 'no band')), ('rope_mixed', False, (1, 'band')),
-    ('liere8', False, (1, 'band')), ('liere8', True, (1, 'band')),
-    ('liere12', True, (3, 'no band')), ('liere64', False, (1, 'rows')),
-    ('liere64', True, (1, 'rows')), ('alibi', False, None), ('pape', False, (3, 'no band')),
-    ('liere8+pape', False, (3, 'no band'))])
-def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe, split_qkv, kernel, monkeypatch):
+@pytest.mark.parametrize('pe, split_qkv, kernel, every_token', [
+    ('abs', False, (1, 'no band'), False), ('rope_mixed', False, (1, 'band'), False),
+    ('liere8', False, (1, 'band'), False), ('liere8', True, (1, 'band'), False),
+    ('liere8', False, (1, 'shares'), True), ('liere12', True, (3, 'no band'), False),
+    ('liere64', False, (1, 'rows'), False), ('liere64', True, (1, 'rows'), False),
+    ('alibi', False, None, False), ('pape', False, (3, 'no band'), False),
+    ('liere8+pape', False, (3, 'no band'), False), ('liere8+pape', False, (3, 'no band'), True)])
+def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe, split_qkv, kernel, every_token,
+                                                          monkeypatch):
   """The tiny ViT (2 heads of 64) built with attention='kernel' (the kernel where the encoding
   allows: rotations up to 8 inside it by the band, LieRE64's by the rotation kernel before it,
   LieRE12's (5 blocks and 4 dims that pass through) by XLA before it from three qkv products,
@@ -86,10 +90,12 @@ def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe, split_qkv, kernel,
   LieRE8's rotation by XLA in the composition liere8+pape), gives the logits and parameter gradients of the one built with XLA's
   attention (the qkv projection one product or, where split_qkv and XLA rotates blocks above
   8, three) to float32 rounding. `kernel`: what each layer's kernel is handed (arrays, how it
-  rotates), None where it never runs."""
+  rotates: 'shares', LieRE8's entries from rotations.liere_entries under a TPU's every-token
+  exponential, the Pallas kernel's in interpret mode), None where it never runs."""
   from flax import nnx
+  every = dict(expm_kernel=True, every_token=True) if every_token else {}
   models = {mode: tiny_model(pe=pe, width=128, heads=2,
-                             numerics=plan('cpu', attention=mode, split_qkv=split_qkv))
+                             numerics=plan('cpu', attention=mode, split_qkv=split_qkv, **every))
             for mode in ('xla', 'kernel')}
   for model in models.values():
     model.head.kernel[...] = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
@@ -98,8 +104,8 @@ def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe, split_qkv, kernel,
   calls, real = [], attention._kernel_attention
 
   def spy(xs, band, numerics, rot=None, scale=None):
-    calls.append((len(xs), 'band' if band is not None else 'rows' if rot is not None
-                  else 'no band'))
+    calls.append((len(xs), 'shares' if isinstance(band, attention.Shares) else
+                  'band' if band is not None else 'rows' if rot is not None else 'no band'))
     return real(xs, band, numerics, rot, scale)
   monkeypatch.setattr(attention, '_kernel_attention', spy)
 
@@ -245,26 +251,32 @@ def test_the_entries_hold_each_dim_s_row_of_its_block(block):
   np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-def test_on_a_mesh_each_device_builds_its_share_of_the_tokens_band():
-  """Over 4 'data' devices, 13 tokens: each device builds the band of its share of the tokens
-  (the entries of 4, the tokens padded to 16) inside the kernel's shard_map, all-gathered for
-  the kernel (which reads its first 13 rows: no slice); the gradient's transpose reduce-scatters
-  the band's gradient, and nothing of the band is psummed (it was built whole on every device,
-  its gradient summed over them). The equality with XLA on a mesh:
-  test_the_kernel_equals_xla_attention_after_the_rotation_forward_and_backward."""
+def test_on_a_mesh_each_device_hands_the_kernel_its_share_of_the_tokens_entries():
+  """Over 4 'data' devices, 13 tokens: LieRE8's entries as rotations.liere_entries leaves them
+  (split by tokens, padded to 16) enter the kernel's shard_map as each device's share [8, 4,
+  H d], all-gathered for the kernel (which reads its first 13 rows: no slice); the gradient's
+  transpose reduce-scatters them, and nothing is psummed. The equality with XLA:
+  test_the_model_attends_alike_by_the_kernel_and_by_xla ('shares')."""
   rng = np.random.default_rng(3)
   q = jnp.asarray(rng.standard_normal((4, 13, 2, 64)), jnp.float32)
-  rot = jnp.asarray(rng.standard_normal((2, 13, 8, 8, 8)), jnp.float32)
+  gens = jnp.asarray(rng.uniform(0, 1, (1, 2, 2, 8, 28)), jnp.float32)
+  pos = jnp.asarray(rng.uniform(0, 1, (13, 2)), jnp.float32)
+  numerics = KERNEL.replace(expm_kernel=True, every_token=True)
   mesh = jax.make_mesh((4,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
                        devices=jax.devices()[:4])
 
-  def loss(q, rot):
-    return jnp.sum(attention._kernel_attention((q, q, q), _band(rot, q), KERNEL))
+  def loss(q, g):
+    ctx = RotateEntries(rotations.liere_entries(g, pos, 8, 64, numerics, jnp.float32)[0], 64)
+    assert attention.path(numerics, ctx, q.shape) == 'kernel, band'
+    band = attention._band(ctx, q.shape, q.dtype)
+    return jnp.sum(attention._kernel_attention((q, q, q), band, numerics))
   with jax.set_mesh(mesh):
-    text = str(jax.make_jaxpr(jax.grad(loss, (0, 1)))(q, rot))
-  assert 'bf16' not in text and 'f32[4,2,512]' in text  # a device's 4 tokens' entries
-  assert 'all_gather' in text and 'f32[15,16,128]' in text  # the band, gathered to 16 tokens
-  assert 'reduce_scatter' in text and 'psum' not in text
+    text = str(jax.make_jaxpr(jax.grad(loss, (0, 1)))(q, gens))
+  assert 'all_gather' in text and 'f32[8,16,128]' in text  # the entries, gathered to 16 tokens
+  assert 'f32[8,4,128]' in text  # a device's 4 tokens' entries
+  # Only the generators' gradient is summed over the devices (each made its tokens' from them).
+  assert 'reduce_scatter' in text and set(re.findall(r':(\S+) = psum', text)) == {
+      'f32[1,2,2,8,28]'}
 
 
 @pytest.mark.parametrize('fused', [True, False])

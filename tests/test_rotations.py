@@ -3,6 +3,8 @@ agreement, gradients), the lattice path (one exponential per primitive lattice p
 the rest; which path runs, how a mesh's data devices share the exponentials), the positions it
 reads at trace time, and `rotate`. The tests marked `numerics` (small grids, seconds) are the
 numerics scope's selection for rotations.py in the mutation runs (docs/mutation.md)."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -307,6 +309,63 @@ def test_split_tokens_pads_them_by_identities_and_leaves_them_split_over_data(on
   np.testing.assert_allclose(out[:, :, :10], want, rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(out[:, :, 10:], np.broadcast_to(np.eye(16), out[:, :, 10:].shape))
   np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-4 * np.abs(want_grad).max())
+
+
+@pytest.mark.parametrize('block, head_dim', [(8, 64), (4, 18)])
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_liere_entries_are_the_kernel_s_entries_of_the_blocks_forward_and_backward(
+    block, head_dim, dtype):
+  """liere_entries (LieRE8 on a TPU: exponentials and dims laid out entries first, interleaved
+  by a permutation product; the Pallas kernel in interpret mode here) equals
+  attention_kernel.entries of liere_rotations' blocks, layer by layer, pass-through dims (18 of
+  4 x 4 + 2) the identity's, in float32 (three bf16 parts: exact) and bf16; the gradient of the
+  generators too."""
+  from liere_jax.kernels import attention as attention_kernel  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(block)
+  k = head_dim // block
+  gens = jnp.asarray(rng.uniform(0, 1, (2, 3, 2, k, block * (block - 1) // 2)), jnp.float32)
+  pos = jnp.asarray(rng.uniform(0, 1, (11, 2)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((2, block, 11, 3 * head_dim)), jnp.float32)
+  assert rotations.entries_path(KERNEL_EVERY_TOKEN.replace(attention='kernel'), block, len(pos))
+  assert not rotations.entries_path(KERNEL_EVERY_TOKEN, block, len(pos))  # XLA's attention
+
+  def got(p):
+    return rotations.liere_entries(p, pos, block, head_dim, KERNEL_EVERY_TOKEN, dtype)
+
+  def want(p):
+    rot = rotations.liere_rotations(p, pos, block, KERNEL_EVERY_TOKEN, lattice_ok=False)
+    return jnp.stack([attention_kernel.entries(jnp.swapaxes(r, 0, 1), head_dim) for r in rot])
+  out = got(gens)
+  assert out.shape == (2, block, 11, 3 * head_dim) and out.dtype == dtype
+  tol = 1e-6 if dtype == jnp.float32 else 1e-2
+  np.testing.assert_allclose(out.astype(jnp.float32), want(gens), rtol=tol, atol=tol)
+  loss = lambda f: lambda p: jnp.sum(f(p).astype(jnp.float32) * w)
+  grad, want_grad = jax.grad(loss(got))(gens), jax.grad(loss(want))(gens)
+  np.testing.assert_allclose(grad, want_grad, rtol=tol, atol=tol * np.abs(want_grad).max())
+
+
+def test_on_a_mesh_liere_entries_stay_split_by_tokens_with_no_array_of_blocks():
+  """Over 4 'data' devices, 13 tokens: each device makes its 4 tokens' entries [L, 8, 4, H d]
+  (padding tokens the identity's), the result split over 'data' by tokens; no array of every
+  token's [.., 8, 8] blocks exists forward or backward (a TPU pads 8 minor dims to 128 lanes)."""
+  rng = np.random.default_rng(0)
+  gens = jnp.asarray(rng.uniform(0, 1, (1, 2, 2, 8, 28)), jnp.float32)
+  pos = jnp.asarray(rng.uniform(0, 1, (13, 2)), jnp.float32)
+  mesh = jax.make_mesh((4,), ('data',), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:4])
+  run = lambda p: rotations.liere_entries(p, pos, 8, 64, KERNEL_EVERY_TOKEN, jnp.float32)
+  want = run(gens)
+  with jax.set_mesh(mesh):
+    out = jax.jit(run)(gens)
+    text = str(jax.make_jaxpr(jax.grad(lambda p: jnp.sum(run(p) ** 2)))(gens))
+  assert out.shape == (1, 8, 16, 128) and out.sharding.spec[:3] == (None, None, 'data')
+  np.testing.assert_allclose(out[:, :, :13], want, rtol=1e-6, atol=1e-6)
+  eye = np.asarray(rotations.liere_entries(jnp.zeros_like(gens), pos[:3], 8, 64,
+                                           KERNEL_EVERY_TOKEN, jnp.float32))
+  np.testing.assert_array_equal(out[:, :, 13:], eye)
+  assert 'f32[1,8,4,128]' in text  # A device's share
+  blocks = [s for s in re.findall(r'f32\[([\d,]+)\]', text) if s.endswith(',8,8')]
+  assert all(np.prod([int(x) for x in s.split(',')]) <= 2 * 8 * 8 * 64 for s in blocks), blocks
 
 
 @pytest.mark.parametrize('lattice_ok', [False, True])

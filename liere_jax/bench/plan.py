@@ -99,7 +99,10 @@ def _liere(numerics, block, positions) -> dict:
   else:
     split = rotations.every_token_kernel(numerics, block, len(positions))
     out['rotations'] = f'every token: {len(positions)} exponentials a stack' + (
-        ', split over the data axis by tokens' if split else '')
+        ', split over the data axis by tokens' if split else '') + (
+        ", made and handed to the attention kernel as its entries [L, b, T, H d] (one "
+        "permutation product to interleave the dims)"
+        if rotations.entries_path(numerics, block, len(positions)) else '')
   return out
 
 

@@ -85,6 +85,31 @@ class Rotate(LayerContext):
     return rotations.rotate(q, rot, numerics), rotations.rotate(k, rot, numerics), None
 
 
+class RotateEntries(LayerContext):
+  """Block rotations of 4 or 8 as the attention kernel reads them (rotations.liere_entries: a
+  TPU's LieRE8 where the kernel rotates by their band): entries [b, T', H d], E[m, t, h d + i] =
+  R[i mod b, m] of dim i's block (kernels.attention.entries), in the model's dtype, T' >= T
+  (padding tokens), split over a mesh's 'data' axis by tokens. `rot` is them as blocks, for the
+  paths where XLA rotates (a lift after them, the attention maps)."""
+  rotates = True
+  entries: jax.Array
+  head_dim: int = struct.field(pytree_node=False)
+
+  @property
+  def block(self) -> int:
+    return self.entries.shape[0]
+
+  @property
+  def rot(self) -> jax.Array:
+    """[H, T', k, b, b] as Rotate's (k = head_dim // b whole blocks)."""
+    b, t, d = self.block, self.entries.shape[1], self.head_dim
+    e = self.entries.reshape(b, t, -1, d)[..., :d // b * b].reshape(b, t, -1, d // b, b)
+    return jnp.transpose(e, (2, 1, 3, 4, 0))  # [H, T', k, i, m]
+
+  def attend(self, q, k, numerics):
+    return Rotate(self.rot).attend(q, k, numerics)
+
+
 class Angles(LayerContext):
   """RoPE's rotations by their angles [H or 1, T, k]: blocks of 2, [[cos, -sin], [sin, cos]]
   (rotations.angle_rotations), made only where they are applied as blocks (`rot`)."""

@@ -4,10 +4,11 @@ The names liere<b> (b x b blocks) and paper_rope_mixed (= liere2: the paper's Ro
 column ran the official code's LieRE with 2 x 2 blocks; its Table 10's b = 2 row equals it).
 """
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from liere_jax import numerics as numerics_lib, rotations
-from liere_jax.encodings.base import Encoding, Rotate, register
+from liere_jax.encodings.base import Encoding, Rotate, RotateEntries, register
 from liere_jax.encodings.registry import Option
 from liere_jax.numerics import PRECISIONS
 
@@ -46,9 +47,10 @@ class LieRE(Encoding):
   """
 
   def __init__(self, *, block, layers, heads, head_dim, n_dims, rngs, share, init_scale, expm,
-               expm_precision):
+               expm_precision, dtype='float32'):
     del share  # Resolved into layers / heads.
     self.block, self.expm, self.expm_precision = block, expm, expm_precision
+    self.head_dim, self.dtype = head_dim, dtype  # The attention kernel's entries (`context`).
     shape = (layers, heads, n_dims, head_dim // block, rotations.num_free(block))
     self.generators = nnx.Param(init_scale * jax.random.uniform(rngs.params(), shape))
 
@@ -70,7 +72,7 @@ class LieRE(Encoding):
   def from_spec(cls, spec, *, rngs):
     pe = spec.pe
     return cls(block=pe.block, layers=pe.layers, heads=pe.heads, head_dim=spec.head_dim,
-               n_dims=spec.n_dims, rngs=rngs, **pe.options)
+               n_dims=spec.n_dims, rngs=rngs, dtype=spec.dtype, **pe.options)
 
   def numerics(self, numerics=None) -> numerics_lib.Numerics:
     """The plan (default: this backend's) with this encoding's exponential and precision."""
@@ -82,6 +84,13 @@ class LieRE(Encoding):
 
   def context(self, pos, numerics=None):
     """Rotations [layers, heads, T, head_dim // b, b, b] (layers / heads 1 when shared; T split
-    over a mesh's data axis where the rotation kernel reads them: rotations.liere_rotations)."""
-    return Rotate(rotations.liere_rotations(self.generators[...], pos, self.block,
-                                            self.numerics(numerics), split_tokens=True))
+    over a mesh's data axis where the rotation kernel reads them: rotations.liere_rotations), or
+    where the attention kernel rotates by every token's blocks, their entries [layers, b, T,
+    heads * head_dim] in the model's dtype (rotations.liere_entries)."""
+    numerics = self.numerics(numerics)
+    if rotations.entries_path(numerics, self.block, len(pos)):
+      return RotateEntries(rotations.liere_entries(
+          self.generators[...], pos, self.block, self.head_dim, numerics,
+          jnp.dtype(self.dtype)), self.head_dim)
+    return Rotate(rotations.liere_rotations(self.generators[...], pos, self.block, numerics,
+                                            split_tokens=True))

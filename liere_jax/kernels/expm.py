@@ -67,32 +67,50 @@ def expm_pallas(a: jax.Array, numerics) -> jax.Array:
     raise ValueError(f'The Pallas exponential takes no blocks of {a.shape[-1]} on '
                      f'{numerics.platform}; liere_jax.expm.expm chooses where it runs.')
   flat = jnp.asarray(a, jnp.float32).reshape((-1,) + a.shape[-2:])
-  return _kernel(numerics, flat).reshape(a.shape)
+  if a.shape[-1] <= ENTRIES_UP_TO:  # Stacks [m, b, b] <-> entries [b, b, m].
+    return jnp.moveaxis(_kernel(numerics, True, jnp.moveaxis(flat, 0, -1)), -1, 0).reshape(
+        a.shape)
+  return _kernel(numerics, False, flat).reshape(a.shape)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _kernel(numerics, a):
-  """[m, b, b] -> exp, with taylor.py's adjoint as the VJP; residuals a and R."""
-  return _pallas('forward', numerics, a)
+def expm_entries(a: jax.Array, numerics) -> jax.Array:
+  """exp of the matrices of a [b, b, M] laid out entries first (a[i, j] the (i, j) entries of all
+  M matrices; blocks of 3 to ENTRIES_UP_TO, TPU or interpret mode), in that layout: no
+  transposes to and from stacks, whose [.., b, b] minor dimensions a TPU pads to 128 lanes
+  (LieRE8's every-token exponentials: rotations.liere_entries)."""
+  b = a.shape[0]
+  if not (a.ndim == 3 and a.shape[1] == b and 3 <= b <= ENTRIES_UP_TO
+          and numerics.platform != 'cuda'):
+    raise ValueError(f'expm_entries takes [b, b, M] with 3 <= b <= {ENTRIES_UP_TO} on a TPU '
+                     f'(or interpret mode), not {a.shape} on {numerics.platform}.')
+  with jax.named_scope('liere_expm'):
+    return _kernel(numerics, True, jnp.asarray(a, jnp.float32))
 
 
-def _kernel_fwd(numerics, a):
-  r = _pallas('forward', numerics, a)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _kernel(numerics, entries, a):
+  """Stacks [m, b, b] (or entries [b, b, m]) -> exp, with taylor.py's adjoint as the VJP;
+  residuals a and R."""
+  return _pallas('forward', numerics, entries, a)
+
+
+def _kernel_fwd(numerics, entries, a):
+  r = _pallas('forward', numerics, entries, a)
   return r, (a, r)
 
 
-def _kernel_bwd(numerics, res, g):
-  return _pallas('backward', numerics, *res, g),
+def _kernel_bwd(numerics, entries, res, g):
+  return _pallas('backward', numerics, entries, *res, g),
 
 
 _kernel.defvjp(_kernel_fwd, _kernel_bwd)
 
 
-def _pallas(kind, numerics, *args):
-  m, b, _ = args[0].shape
+def _pallas(kind, numerics, entries, *args):
   platform = numerics.platform
-  if b <= ENTRIES_UP_TO:
+  if entries:
     return _pallas_entries(kind, platform, *args)
+  m, b, _ = args[0].shape
   d = numerics.products
   body, n_out = _body(kind, taylor_lib.stacked(d.forward), taylor_lib.stacked(d.backward))
   name = f'liere_expm_{kind}'
@@ -121,15 +139,15 @@ def _pallas(kind, numerics, *args):
 
 
 def _pallas_entries(kind, platform, *args):
-  """_pallas for blocks of up to ENTRIES_UP_TO (TPU, interpret mode): the stacks [m, b, b] laid
-  out entries first, [b, b, m / 128, 128] (zero matrices pad m), so that each entry of a tile's
-  1,024 matrices is whole vector registers [8, 128], not an 8 x 8 block on an 8 x 128 tile; a
-  product is b^3 multiply-adds of them (float32, exact), a transpose a renaming."""
-  m, b, _ = args[0].shape
+  """_pallas for blocks of up to ENTRIES_UP_TO (TPU, interpret mode) on matrices laid out
+  entries first, [b, b, m], as [b, b, m / 128, 128] (zero matrices pad m), so that each entry of
+  a tile's 1,024 matrices is whole vector registers [8, 128], not an 8 x 8 block on an 8 x 128
+  tile; a product is b^3 multiply-adds of them (float32, exact), a transpose a renaming."""
+  b, _, m = args[0].shape
   rows = min(ENTRY_ROWS, -(-m // LANES))  # A multiple of 8, or the whole array.
   size = -(-m // (rows * LANES)) * rows * LANES
   body, n_out = _body(kind, ENTRIES, ENTRIES)
-  to_entries = lambda x: jnp.pad(jnp.moveaxis(x, 0, -1), ((0, 0), (0, 0), (0, size - m))).reshape(
+  to_entries = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, size - m))).reshape(
       b, b, size // LANES, LANES)
   spec = pl.BlockSpec((b, b, rows, LANES), lambda i: (0, 0, i, 0))
   out = jax.ShapeDtypeStruct((b, b, size // LANES, LANES), jnp.float32)
@@ -140,7 +158,7 @@ def _pallas_entries(kind, platform, *args):
       grid=(size // (rows * LANES),), in_specs=[spec] * len(args), out_specs=(spec,) * n_out,
       name=f'liere_expm_{kind}', cost_estimate=declared, **_tpu_kw(platform))(
           *map(to_entries, args))
-  res = tuple(jnp.moveaxis(x.reshape(b, b, size)[..., :m], -1, 0) for x in res)
+  res = tuple(x.reshape(b, b, size)[..., :m] for x in res)
   return res if n_out > 1 else res[0]
 
 
