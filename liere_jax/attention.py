@@ -39,7 +39,6 @@ from jax.sharding import PartitionSpec as P
 
 from liere_jax.encodings.base import Angles, LayerContext, Rotate, RotateEntries
 from liere_jax.kernels import attention as attention_kernel, rotation as rotation_kernel
-from liere_jax.kernels.common import in_hbm
 from liere_jax.numerics import Numerics
 
 CUDNN_HEAD_DIM = 256  # cuDNN's largest head from Hopper on (jax's check: 128 before, tracing).
@@ -291,8 +290,6 @@ def _kernel_call(xs, band, rot, interpret, gather, share, scale):
     return out.reshape(b, t, h, d)
   if share:  # The devices' shares of the tokens; the transpose reduce-scatters the gradient.
     band = jax.lax.all_gather(band, share, axis=1, tiled=True)
-    if not interpret:  # Read from HBM as gathered: no prefetch into VMEM in slices (decision 005).
-      band = in_hbm(band)
   if len(xs) == 1:
     return attention_kernel.attention_qkv(xs[0], band, interpret=interpret)
   return attention_kernel.attention(*xs, band, interpret=interpret, scale=scale)
