@@ -7,7 +7,9 @@ unrotated). Every rotation is stored as its blocks, [..., T, n_blocks, b, b], an
 blockwise (`rotate`), so LieRE8 costs O(d * 8) per token instead of O(d^2). RoPE is the b = 2
 case with angles instead of generators. On a patch grid only the primitive lattice points need
 an exponential (liere_jax.lattice), and on a mesh each device computes 1/n of them
-(`split_over_data`). What runs is the `Numerics` plan's: `path` and `rotation_form` name it.
+(`split_over_data`). What runs is the `Numerics` plan's: `path` and `rotation_form` name it;
+where a TPU's attention kernel rotates by every token's blocks they are made in its layout
+(`liere_entries`).
 """
 
 import functools
