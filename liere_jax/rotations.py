@@ -111,10 +111,10 @@ def liere_entries(generators: jax.Array, positions: jax.Array, block: int, head_
   The generators' sums are made, exponentiated (kernels.expm.expm_entries) and handed on laid
   out entries first, and their dims interleaved by a product with a permutation (exact: bf16
   parts of x against 0 and 1, float32 sums): no array of [.., b, b] minor dimensions, which a
-  TPU pads to 128 lanes (16x LieRE8's bytes, each way). On a mesh each device of 'data' makes
+  TPU pads to 128 lanes (docs/decisions/031). On a mesh each device of 'data' makes
   its share of the tokens (T' the tokens padded to a multiple of its devices by position 0, the
   identity) and the result stays split by tokens (axis 2): the attention kernel gathers a
-  layer's (docs/decisions/031).
+  layer's.
   """
   run = functools.partial(_entries, block=block, head_dim=head_dim, numerics=numerics,
                           dtype=dtype)

@@ -87,9 +87,9 @@ def test_the_model_attends_alike_by_the_kernel_and_by_xla(pe, split_qkv, kernel,
   allows: rotations up to 8 inside it by the band, LieRE64's by the rotation kernel before it,
   LieRE12's (5 blocks and 4 dims that pass through) by XLA before it from three qkv products,
   ALiBi's bias by XLA, PaPE's lift by XLA before it: q' and k' of 256 lanes a head, after
-  LieRE8's rotation by XLA in the composition liere8+pape), gives the logits and parameter gradients of the one built with XLA's
-  attention (the qkv projection one product or, where split_qkv and XLA rotates blocks above
-  8, three) to float32 rounding. `kernel`: what each layer's kernel is handed (arrays, how it
+  LieRE8's rotation by XLA in the composition liere8+pape), gives the logits and parameter
+  gradients of the one built with XLA's attention (the qkv projection one product or, where
+  split_qkv and XLA rotates blocks above 8, three) to float32 rounding. `kernel`: what each layer's kernel is handed (arrays, how it
   rotates: 'shares', LieRE8's entries from rotations.liere_entries under a TPU's every-token
   exponential, the Pallas kernel's in interpret mode), None where it never runs."""
   from flax import nnx

@@ -40,7 +40,8 @@ from liere_jax.encodings.registry import (ALIASES, FAMILIES, NAMES, Facts, Optio
 _LAZY = {
     # The interface and the builder.
     'base': ('Angles', 'Bias', 'Composed', 'Composition', 'Encoding', 'LayerContext', 'Lift',
-             'Rotate', 'RotateEntries', 'build', 'encoding_class', 'families', 'layer', 'register', 'validate'),
+             'Rotate', 'RotateEntries', 'build', 'encoding_class', 'families', 'layer',
+             'register', 'validate'),
     # The encodings, and their math for tests and the port's parity checks.
     'absolute': ('NoPE', 'Absolute', 'SinCos', 'sincos_table'),
     'rope': ('RopeAxial', 'PaperVisionLlama', 'RopeMixed', 'ALiBi'),

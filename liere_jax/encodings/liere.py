@@ -47,7 +47,7 @@ class LieRE(Encoding):
   """
 
   def __init__(self, *, block, layers, heads, head_dim, n_dims, rngs, share, init_scale, expm,
-               expm_precision, dtype='float32'):
+               expm_precision, dtype):
     del share  # Resolved into layers / heads.
     self.block, self.expm, self.expm_precision = block, expm, expm_precision
     self.head_dim, self.dtype = head_dim, dtype  # The attention kernel's entries (`context`).
